@@ -1,0 +1,137 @@
+"""The data contract: one record per run, every attempt inside it.
+
+A *run* is the sequence of attempts for one ``run_id`` under the retry policy; its final
+class is its last attempt's (``../shared/spec/failures.md``). Records are the primary
+artifact: raw answer and reasoning text, timings, token usage and request parameters are
+kept for every run, failures included. Summary tables are always derived from these.
+
+Units are in field names: ``*_ms`` milliseconds, ``*_s`` seconds, ``*_chars`` characters.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+ERROR_TEXT_MAX_CHARS = 2000
+
+
+class Outcome(StrEnum):
+    """Exactly one class per attempt (failures.md)."""
+
+    OK = "ok"
+    TRUNCATED = "truncated"
+    EMPTY = "empty"
+    TIMEOUT_CONNECT = "timeout_connect"
+    TIMEOUT_READ = "timeout_read"
+    TIMEOUT_TOTAL = "timeout_total"
+    CONNECT_ERROR = "connect_error"
+    RATE_LIMITED = "rate_limited"
+    RETIRED = "retired"
+    NOT_FOUND = "not_found"
+    AUTH_ERROR = "auth_error"
+    CLIENT_ERROR = "client_error"
+    SERVER_ERROR = "server_error"
+    PROTOCOL_ERROR = "protocol_error"
+    CANCELLED = "cancelled"
+
+
+class ParseOutcome(StrEnum):
+    """How the IR was extracted from the raw answer text (ir.md)."""
+
+    OK = "ok"
+    REPAIRED = "repaired"
+    INVALID_JSON = "invalid_json"
+    SCHEMA_INVALID = "schema_invalid"
+    EMPTY = "empty"
+    TRUNCATED = "truncated"
+    NOT_ATTEMPTED = "not_attempted"  # no answer text to parse (the call failed)
+
+
+class Attempt(BaseModel):
+    """One HTTP call."""
+
+    model_config = ConfigDict(frozen=True)
+
+    attempt: int = Field(ge=1, description="1-based attempt number within the run")
+    outcome: Outcome
+    started_at: dt.datetime
+    latency_ms: float
+    status_code: int | None = None
+    bytes_received: int = 0
+    retry_after_s: float | None = None
+    error: str | None = Field(default=None, max_length=ERROR_TEXT_MAX_CHARS)
+
+
+class RunRecord(BaseModel):
+    """Everything known about one run. Flat so it maps 1:1 onto the Arrow schema."""
+
+    model_config = ConfigDict(frozen=True)
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    campaign: str
+    panel: str
+    # what was asked
+    prompt_sha256: str
+    prompt_name: str
+    prompt_license: str | None = None
+    prompt_source: str | None = None
+    model: str
+    endpoint: str
+    wire_format: str
+    budget_max_tokens: int | None = Field(
+        default=None, description="the budget axis of the campaign; None = no budget axis"
+    )
+    run_index: int = Field(ge=0)
+    # request parameters actually sent
+    max_tokens: int | None = None
+    temperature: float | None = None
+    reasoning_enabled: bool | None = None
+    structured_output: bool = False
+    connect_timeout_s: float | None = None
+    read_timeout_s: float | None = None
+    total_timeout_s: float | None = None
+    instruction_version: str
+    instruction_sha256: str
+    # when
+    measured_at: dt.datetime = Field(description="UTC start of the first attempt")
+    measurement_date: dt.date = Field(description="UTC date of the first attempt; the partition key")
+    date_is_window: bool = Field(
+        default=False, description="True when only a measurement window is known (imports)"
+    )
+    # what happened
+    outcome: Outcome
+    cancel_reason: str | None = None
+    attempts: list[Attempt] = Field(default_factory=list)
+    latency_ms: float | None = Field(default=None, description="latency of the final attempt")
+    status_code: int | None = None
+    finish_reason: str | None = None
+    retired_on: str | None = None
+    # what came back
+    response_text: str | None = None
+    reasoning_text: str | None = None
+    answer_chars: int = 0
+    reasoning_chars: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    # the IR extracted from response_text
+    parse_outcome: ParseOutcome = ParseOutcome.NOT_ATTEMPTED
+    parse_repairs: list[str] = Field(default_factory=list)
+    ir_json: str | None = Field(default=None, description="the validated IR, canonical JSON")
+    node_ids: list[str] = Field(default_factory=list, description="distinct node ids, sorted")
+    node_count: int = 0
+    duplicate_id_count: int = 0
+    irbench_version: str = ""
+
+    @property
+    def succeeded(self) -> bool:
+        """A run that produced a parseable IR (the metrics' definition of a run)."""
+        return self.ir_json is not None and self.parse_outcome in (
+            ParseOutcome.OK,
+            ParseOutcome.REPAIRED,
+        )

@@ -1,0 +1,119 @@
+"""One exception tree for everything that can go wrong in irbench.
+
+    IrbenchError
+    ├── ConfigError            a spec, corpus or option is wrong; the message says how to fix it
+    ├── StorageError           the dataset cannot be read or written
+    └── ProviderError          one attempt did not yield a usable answer; carries its Outcome
+        ├── ProviderUnreachable    never got an answer
+        │   ├── ConnectTimeout     (timeout_connect)
+        │   ├── ReadTimeout        (timeout_read)
+        │   ├── TotalTimeout       (timeout_total)
+        │   └── ConnectFailed      (connect_error)
+        └── ProviderRejected       got an answer, and it was a refusal or garbage
+            ├── RateLimited        (rate_limited, retry_after_s)
+            ├── ModelRetired       (retired, retired_on, reference)
+            ├── ModelNotFound      (not_found)
+            ├── AuthFailed         (auth_error; the key is never echoed)
+            ├── ClientFailed       (client_error)
+            ├── ServerFailed       (server_error)
+            └── ProtocolFailed     (protocol_error)
+
+Providers translate httpx errors into these at the boundary; httpx and redis exceptions never
+leave ``workers/``.
+"""
+
+from __future__ import annotations
+
+from storage.records import Outcome
+
+
+class IrbenchError(Exception):
+    """Root of every error irbench raises on purpose."""
+
+
+class ConfigError(IrbenchError):
+    """Bad configuration. ``problems`` lists one human-readable line per problem."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        self.problems = problems or [message]
+        super().__init__(message if problems is None else message + "\n" + "\n".join(f"  - {p}" for p in self.problems))
+
+
+class StorageError(IrbenchError):
+    pass
+
+
+class ProviderError(IrbenchError):
+    outcome: Outcome = Outcome.PROTOCOL_ERROR
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        latency_ms: float = 0.0,
+        bytes_received: int = 0,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.latency_ms = latency_ms
+        self.bytes_received = bytes_received
+        self.retry_after_s = retry_after_s
+
+
+class ProviderUnreachable(ProviderError):
+    pass
+
+
+class ConnectTimeout(ProviderUnreachable):
+    outcome = Outcome.TIMEOUT_CONNECT
+
+
+class ReadTimeout(ProviderUnreachable):
+    outcome = Outcome.TIMEOUT_READ
+
+
+class TotalTimeout(ProviderUnreachable):
+    outcome = Outcome.TIMEOUT_TOTAL
+
+
+class ConnectFailed(ProviderUnreachable):
+    outcome = Outcome.CONNECT_ERROR
+
+
+class ProviderRejected(ProviderError):
+    pass
+
+
+class RateLimited(ProviderRejected):
+    outcome = Outcome.RATE_LIMITED
+
+
+class ModelRetired(ProviderRejected):
+    outcome = Outcome.RETIRED
+
+    def __init__(self, message: str, *, retired_on: str | None = None, reference: str | None = None, **kw) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(message, **kw)
+        self.retired_on = retired_on
+        self.reference = reference
+
+
+class ModelNotFound(ProviderRejected):
+    outcome = Outcome.NOT_FOUND
+
+
+class AuthFailed(ProviderRejected):
+    outcome = Outcome.AUTH_ERROR
+
+
+class ClientFailed(ProviderRejected):
+    outcome = Outcome.CLIENT_ERROR
+
+
+class ServerFailed(ProviderRejected):
+    outcome = Outcome.SERVER_ERROR
+
+
+class ProtocolFailed(ProviderRejected):
+    outcome = Outcome.PROTOCOL_ERROR

@@ -1,0 +1,36 @@
+"""The limiter interface shared by the in-memory and the Redis implementations.
+
+Per model: a concurrency cap (leases that expire), requests per minute and tokens per minute
+(cost = estimated prompt tokens + max_tokens, refunded to actual usage on release), and a
+cooldown set by a 429's Retry-After. ``acquire`` waits without spinning and without touching the
+retry budget; waiting on one model never blocks another model's work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from workers.runtask import ModelLimits
+
+
+@dataclass(frozen=True)
+class Permit:
+    model: str
+    holder: str
+    cost_tokens: int
+    waited_ms: float = 0.0
+
+
+class Limiter(Protocol):
+    async def acquire(self, model: str, limits: ModelLimits, holder: str, cost_tokens: int) -> Permit:
+        """Block (asynchronously) until the model may be called; return the lease."""
+        ...
+
+    async def release(self, permit: Permit, actual_tokens: int | None = None) -> None:
+        """Free the concurrency slot; refund ``cost_tokens - actual_tokens`` to the token budget."""
+        ...
+
+    async def cooldown(self, model: str, seconds: float) -> None:
+        """No new permits for ``model`` for ``seconds`` (every worker)."""
+        ...
