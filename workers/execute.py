@@ -1,0 +1,217 @@
+"""The one loop that executes a run: gate → permit → call → classify → retry → RunRecord.
+
+``execute_run`` never raises for a provider failure: every outcome, failures included, comes
+back as a ``RunRecord`` with all attempts, ready to be stored. Writing is the caller's job (the
+local executor batches, a Celery task writes one file).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+
+from storage.records import ERROR_TEXT_MAX_CHARS, Attempt, Outcome, ParseOutcome, RunRecord
+from workers.clock import Clock, SystemClock
+from workers.errors import IrbenchError, ModelRetired, ProviderError
+from workers.gate import ModelGate
+from workers.ir_extract import extract_ir
+from workers.limits.base import Limiter
+from workers.providers.base import ChatRequest, Provider, Reply
+from workers.retry import decide
+from workers.runtask import RunTask
+
+
+def _package_version() -> str:
+    try:
+        return version("irbench")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+@dataclass(frozen=True)
+class ExecuteSettings:
+    """Knobs of the loop itself (not of one model)."""
+
+    chars_per_token: float = 4.0  # prompt-token estimate for tokens/min accounting
+    assumed_completion_tokens: int = 2048  # charged when a model has no max_tokens cap
+
+
+@dataclass
+class RunContext:
+    """The side effects one run needs, injected."""
+
+    provider_for: Callable[[RunTask], Provider]
+    limiter: Limiter
+    gate: ModelGate
+    clock: Clock = field(default_factory=SystemClock)
+    settings: ExecuteSettings = field(default_factory=ExecuteSettings)
+
+
+def _estimate_cost(task: RunTask, settings: ExecuteSettings) -> int:
+    prompt = int(len(task.user_message) / settings.chars_per_token) + 1
+    return prompt + (task.max_tokens if task.max_tokens is not None else settings.assumed_completion_tokens)
+
+
+def _request(task: RunTask) -> ChatRequest:
+    schema = None
+    if task.structured_output:
+        from storage.ir import IRDocument  # the IR's JSON schema, for constrained decoding
+
+        schema = IRDocument.model_json_schema()
+    return ChatRequest(
+        model=task.model,
+        user_message=task.user_message,
+        timeouts=task.timeouts,
+        max_tokens=task.max_tokens,
+        temperature=task.temperature,
+        reasoning=task.reasoning,
+        json_schema=schema,
+        options=dict(task.options),
+    )
+
+
+def _truncate(text: str) -> str:
+    return text if len(text) <= ERROR_TEXT_MAX_CHARS else text[: ERROR_TEXT_MAX_CHARS - 1] + "…"
+
+
+async def execute_run(task: RunTask, ctx: RunContext) -> RunRecord:
+    """Execute ``task`` under its retry policy; return its record (never raises ProviderError)."""
+    clock = ctx.clock
+    measured_at = clock.now()
+    rng = random.Random(task.run_id)  # deterministic jitter per run
+    attempts: list[Attempt] = []
+    reply: Reply | None = None
+    last_error: ProviderError | None = None
+    cancel_reason: str | None = None
+    request = _request(task)
+
+    for number in range(1, task.retry.max_attempts + 1):
+        cancel_reason = ctx.gate.closed_reason(task.model)
+        if cancel_reason is not None:
+            break
+        started = clock.now()
+        try:
+            permit = await ctx.limiter.acquire(
+                task.model, task.limits, task.run_id, _estimate_cost(task, ctx.settings)
+            )
+        except IrbenchError as exc:  # model disabled while we waited
+            cancel_reason = str(exc) or "disabled"
+            break
+        actual_tokens: int | None = None
+        t0 = clock.monotonic()
+        try:
+            reply = await provider_call(ctx, task, request)
+            last_error = None
+            if reply.prompt_tokens is not None or reply.completion_tokens is not None:
+                actual_tokens = (reply.prompt_tokens or 0) + (reply.completion_tokens or 0)
+            attempts.append(
+                Attempt(
+                    attempt=number,
+                    outcome=reply.outcome,
+                    started_at=started,
+                    latency_ms=reply.latency_ms,
+                    status_code=reply.status_code,
+                    bytes_received=reply.bytes_received,
+                )
+            )
+            ctx.gate.observe(task.model, reply.outcome)
+            break
+        except ProviderError as exc:
+            reply, last_error = None, exc
+            latency = exc.latency_ms or (clock.monotonic() - t0) * 1000.0
+            attempts.append(
+                Attempt(
+                    attempt=number,
+                    outcome=exc.outcome,
+                    started_at=started,
+                    latency_ms=latency,
+                    status_code=exc.status_code,
+                    bytes_received=exc.bytes_received,
+                    retry_after_s=exc.retry_after_s,
+                    error=_truncate(str(exc)),
+                )
+            )
+            detail = None
+            if isinstance(exc, ModelRetired):
+                detail = f"retired on {exc.retired_on}" if exc.retired_on else None
+            ctx.gate.observe(task.model, exc.outcome, detail or _truncate(str(exc))[:200])
+            if exc.outcome is Outcome.RATE_LIMITED and exc.retry_after_s:
+                await ctx.limiter.cooldown(task.model, exc.retry_after_s)
+        finally:
+            await ctx.limiter.release(permit, actual_tokens)
+        decision = decide(attempts[-1].outcome, number, task.retry, attempts[-1].retry_after_s, rng)
+        if not decision.retry:
+            break
+        await clock.sleep(decision.wait_s)
+
+    return _record(task, ctx, measured_at, attempts, reply, last_error, cancel_reason)
+
+
+async def provider_call(ctx: RunContext, task: RunTask, request: ChatRequest) -> Reply:
+    return await ctx.provider_for(task).complete(request)
+
+
+def _record(
+    task: RunTask,
+    ctx: RunContext,
+    measured_at,  # noqa: ANN001 - datetime
+    attempts: list[Attempt],
+    reply: Reply | None,
+    error: ProviderError | None,
+    cancel_reason: str | None,
+) -> RunRecord:
+    base = dict(
+        run_id=task.run_id,
+        campaign=task.campaign,
+        panel=task.panel,
+        prompt_sha256=task.prompt_sha256,
+        prompt_name=task.prompt_name,
+        prompt_license=task.prompt_license,
+        prompt_source=task.prompt_source,
+        model=task.model,
+        endpoint=task.endpoint.name,
+        wire_format=task.endpoint.wire_format,
+        budget_max_tokens=task.budget_max_tokens,
+        run_index=task.run_index,
+        max_tokens=task.max_tokens,
+        temperature=task.temperature,
+        reasoning_enabled=task.reasoning,
+        structured_output=task.structured_output,
+        connect_timeout_s=task.timeouts.connect_timeout_s,
+        read_timeout_s=task.timeouts.read_timeout_s,
+        total_timeout_s=task.timeouts.total_timeout_s,
+        instruction_version=task.instruction_version,
+        instruction_sha256=task.instruction_sha256,
+        measured_at=measured_at,
+        measurement_date=task.measured_on or measured_at.date(),
+        attempts=attempts,
+        irbench_version=_package_version(),
+    )
+    if not attempts:  # closed before the first call
+        return RunRecord(**base, outcome=Outcome.CANCELLED, cancel_reason=cancel_reason or "cancelled")
+    last = attempts[-1]
+    base.update(latency_ms=last.latency_ms, status_code=last.status_code)
+    if reply is None:
+        retired_on = error.retired_on if isinstance(error, ModelRetired) else None
+        return RunRecord(**base, outcome=last.outcome, retired_on=retired_on, cancel_reason=cancel_reason)
+    extraction = extract_ir(reply.answer_text, budget_exhausted=reply.outcome is Outcome.TRUNCATED)
+    return RunRecord(
+        **base,
+        outcome=reply.outcome,
+        finish_reason=reply.finish_reason,
+        response_text=reply.answer_text,
+        reasoning_text=reply.reasoning_text or None,
+        answer_chars=len(reply.answer_text),
+        reasoning_chars=len(reply.reasoning_text),
+        prompt_tokens=reply.prompt_tokens,
+        completion_tokens=reply.completion_tokens,
+        reasoning_tokens=reply.reasoning_tokens,
+        parse_outcome=extraction.parse_outcome if reply.answer_text else ParseOutcome.EMPTY,
+        parse_repairs=list(extraction.repairs),
+        ir_json=extraction.ir_json,
+        node_ids=list(extraction.node_ids),
+        node_count=extraction.node_count,
+        duplicate_id_count=extraction.duplicate_id_count,
+    )

@@ -1,0 +1,47 @@
+"""The retry policy as pure functions: which outcomes are retried, and how long to wait.
+
+failures.md: rate_limited, server_error and connect_error are retried with capped exponential
+backoff and jitter (Retry-After honoured); timeouts only if the policy says so; everything else
+never. ``workers.execute`` is the one loop that applies this.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from storage.records import Outcome
+from workers.runtask import RetryPolicy
+
+_TRANSIENT = frozenset({Outcome.RATE_LIMITED, Outcome.SERVER_ERROR, Outcome.CONNECT_ERROR})
+_TIMEOUTS = frozenset({Outcome.TIMEOUT_CONNECT, Outcome.TIMEOUT_READ, Outcome.TIMEOUT_TOTAL})
+# Outcomes that count towards disabling a model for the campaign (failures.md).
+DISABLING = frozenset({Outcome.AUTH_ERROR, Outcome.NOT_FOUND, Outcome.CLIENT_ERROR})
+
+
+@dataclass(frozen=True)
+class RetryDecision:
+    retry: bool
+    wait_s: float = 0.0
+
+
+def decide(
+    outcome: Outcome,
+    attempt: int,
+    policy: RetryPolicy,
+    retry_after_s: float | None,
+    rng: random.Random,
+) -> RetryDecision:
+    """Whether attempt number ``attempt`` (1-based) that ended in ``outcome`` is retried.
+
+    The wait is ``min(cap, base * 2**(attempt-1))`` with full jitter, but never shorter than
+    the server's Retry-After.
+    """
+    retryable = outcome in _TRANSIENT or (policy.retry_timeouts and outcome in _TIMEOUTS)
+    if not retryable or attempt >= policy.max_attempts:
+        return RetryDecision(False)
+    backoff = min(policy.backoff_cap_s, policy.backoff_base_s * 2 ** (attempt - 1))
+    wait = rng.uniform(0.0, backoff)
+    if retry_after_s is not None:
+        wait = max(wait, retry_after_s)
+    return RetryDecision(True, wait)
