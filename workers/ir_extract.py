@@ -1,0 +1,343 @@
+"""Find, parse and leniently validate the IR in a model's raw answer text.
+
+``extract_ir(raw_text, budget_exhausted=...)`` never raises on model output: every input maps to
+exactly one ``ParseOutcome`` (``../shared/spec/ir.md``), and the raw text itself is kept by the
+caller in every case.
+
+Outcomes and repairs (``IRExtraction.repairs`` names every change, in the order applied):
+
+* ``ok`` — the answer is the JSON, possibly inside one ```json fence (repair ``stripped_fence``).
+  The study's harness stripped that fence too, so a fence alone is *not* a content change and
+  keeps the outcome ``ok``; ``repairs`` still records it so fence use can be counted.
+* ``repaired`` — the IR was usable only after changing content: ``extracted_from_prose`` (text
+  before/after the JSON), ``stripped_think`` (a leading ``<think>…</think>`` block),
+  ``trailing_comma``, ``wrapped_node_list`` (a bare list of nodes), ``missing_version``,
+  ``missing_uri``, ``missing_meta``, ``missing_node_meta``, ``missing_label``,
+  ``coerced_priority``, ``coerced_id``, ``coerced_triggers``, ``coerced_range``,
+  ``coerced_inferred``, ``coerced_version``.
+* ``truncated`` — the JSON is unterminated (cut mid-value), or parsing failed while the provider
+  said the budget ran out (``budget_exhausted=True``). Complete nodes are still recovered
+  (repair ``closed_truncated_json``) and returned in ``document``/``ir_json``, but the outcome
+  stays ``truncated`` so metrics do not count the run as successful.
+* ``invalid_json`` — no parseable JSON value found; ``schema_invalid`` — JSON found but it is not
+  an IR (no ``nodes`` list, a node without ``id``/``kind``, an uncoercible priority, …);
+  ``empty`` — no answer text, whitespace only, or a reasoning block with nothing after it. An
+  empty answer stays ``empty`` even when the budget ran out: nothing was cut mid-JSON (the
+  attempt's own outcome, ``truncated``, records the budget).
+
+A complete, valid IR with ``budget_exhausted=True`` is ``ok``/``repaired``: the text is whole.
+Duplicate ids are never dropped: ``node_count`` counts every node, ``node_ids`` is the distinct
+sorted id set, ``duplicate_id_count = node_count - len(node_ids)``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from storage.ir import IRDocument
+from storage.records import ERROR_TEXT_MAX_CHARS, ParseOutcome
+
+# Repairs that do not change the IR's content: the outcome stays ``ok``.
+COSMETIC_REPAIRS = frozenset({"stripped_fence"})
+
+_FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(```|\Z)", re.S)
+_THINK_RE = re.compile(r"\s*<think>(.*?)</think>", re.S)
+# A JSON string (possibly unterminated at the end of the text) or a bracket.
+_TOKEN_RE = re.compile(r'"(?:\\.|[^"\\])*(?:"|\Z)|[{}\[\]]', re.S)
+_CLOSER = {"{": "}", "[": "]"}
+# Stacks (open brackets, outermost first) at which a cut leaves only complete nodes behind:
+# inside the document object, inside its nodes array, inside a bare node list.
+_RECOVERY_STACKS = frozenset({"{", "{[", "["})
+
+
+@dataclass(frozen=True)
+class IRExtraction:
+    """Result of ``extract_ir``. ``document``/``ir_json`` are set for ok, repaired and
+    (when complete nodes were recovered) truncated outcomes."""
+
+    parse_outcome: ParseOutcome
+    repairs: tuple[str, ...] = ()
+    document: IRDocument | None = None
+    ir_json: str | None = None
+    node_ids: tuple[str, ...] = ()
+    node_count: int = 0
+    duplicate_id_count: int = 0
+    error: str | None = None
+
+
+def extract_ir(
+    raw_text: str | None,
+    *,
+    budget_exhausted: bool = False,
+    max_start_candidates: int = 64,
+) -> IRExtraction:
+    """Extract the IR from ``raw_text``.
+
+    ``budget_exhausted``: the provider reported finish/done reason ``length``.
+    ``max_start_candidates``: how many ``{``/``[`` positions to try as the JSON's start (bounds
+    the work on long prose answers).
+    """
+    if raw_text is None or not raw_text.strip():
+        return IRExtraction(ParseOutcome.EMPTY, error="no answer text")
+    repairs: list[str] = []
+    text = raw_text
+    think = _THINK_RE.match(text)
+    if think:
+        text = text[think.end() :]
+        repairs.append("stripped_think")
+    elif text.lstrip().startswith("<think>"):
+        outcome = ParseOutcome.TRUNCATED if budget_exhausted else ParseOutcome.EMPTY
+        return IRExtraction(outcome, tuple(repairs), error="answer is an unterminated <think> block")
+    if not text.strip():
+        return IRExtraction(ParseOutcome.EMPTY, tuple(repairs), error="answer is reasoning only")
+
+    text, prose = _unfence(text, repairs)
+    found = _find_json(text, max_start_candidates)
+    if found is None:
+        cleaned = _strip_trailing_commas(text)
+        if cleaned != text:
+            found = _find_json(cleaned, max_start_candidates)
+            if found is not None:
+                repairs.append("trailing_comma")
+                text = cleaned
+    if found is not None:
+        value, start, end = found
+        if prose or text[:start].strip() or text[end:].strip():
+            repairs.append("extracted_from_prose")
+        return _validate(value, repairs, ParseOutcome.OK)
+
+    first = _first_start(text)
+    if first is None:
+        outcome = ParseOutcome.TRUNCATED if budget_exhausted else ParseOutcome.INVALID_JSON
+        return IRExtraction(outcome, tuple(repairs), error=_clip(f"no JSON object in the answer ({len(raw_text)} chars)"))
+    status, cuts = _scan(text, first)
+    if status == "unterminated" or budget_exhausted:
+        return _recover_truncated(text, first, cuts, repairs)
+    fallback = _any_json(text, max_start_candidates)
+    if fallback is not None:
+        return _validate(fallback, repairs, ParseOutcome.OK)
+    return IRExtraction(ParseOutcome.INVALID_JSON, tuple(repairs), error=_clip(_json_error(text, first)))
+
+
+def _unfence(text: str, repairs: list[str]) -> tuple[str, bool]:
+    """Return the first fenced block holding a bracket, and whether prose surrounds it."""
+    for match in _FENCE_RE.finditer(text):
+        body = match.group(2)
+        if "{" in body or "[" in body:
+            repairs.append("stripped_fence")
+            prose = bool(text[: match.start()].strip() or text[match.end() :].strip())
+            return body, prose
+    return text, False
+
+
+def _starts(text: str, limit: int) -> list[int]:
+    out: list[int] = []
+    for match in re.finditer(r"[{\[]", text):
+        out.append(match.start())
+        if len(out) >= limit:
+            break
+    return out
+
+
+def _first_start(text: str) -> int | None:
+    match = re.search(r"[{\[]", text)
+    return match.start() if match else None
+
+
+def _is_ir_like(value: Any) -> bool:
+    if isinstance(value, dict):
+        return "nodes" in value
+    return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
+
+
+def _decode_all(text: str, limit: int):  # type: ignore[no-untyped-def]
+    """Yield ``(value, start, end)`` for each JSON value decodable at a bracket, left to right,
+    skipping brackets inside an already decoded value."""
+    decoder = json.JSONDecoder()
+    skip_until = -1
+    for pos in _starts(text, limit):
+        if pos < skip_until:
+            continue
+        try:
+            value, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            continue
+        skip_until = end
+        yield value, pos, end
+
+
+def _find_json(text: str, limit: int) -> tuple[Any, int, int] | None:
+    """The first decodable JSON value that looks like an IR (object with ``nodes`` or a list
+    of objects)."""
+    for value, start, end in _decode_all(text, limit):
+        if _is_ir_like(value):
+            return value, start, end
+    return None
+
+
+def _any_json(text: str, limit: int) -> Any | None:
+    """The first decodable object/list of any shape (it will be reported as schema_invalid)."""
+    for value, _start, _end in _decode_all(text, limit):
+        if isinstance(value, (dict, list)):
+            return value
+    return None
+
+
+def _scan(text: str, start: int) -> tuple[str, list[tuple[int, str]]]:
+    """Bracket-match from ``start``: ``complete``, ``unterminated`` or ``mismatch``, plus the
+    cut points (index just after a closing bracket, open stack there) usable for recovery."""
+    stack: list[str] = []
+    cuts: list[tuple[int, str]] = []
+    for match in _TOKEN_RE.finditer(text, start):
+        token = match.group()
+        if token in "{[":
+            stack.append(token)
+        elif token in "}]":
+            if not stack or _CLOSER[stack[-1]] != token:
+                return "mismatch", cuts
+            stack.pop()
+            if not stack:
+                return "complete", cuts
+            shape = "".join(stack)
+            if shape in _RECOVERY_STACKS:
+                cuts.append((match.end(), shape))
+        elif not _string_closed(token):
+            return "unterminated", cuts  # a string cut off by the end of the text
+    return ("unterminated" if stack else "complete"), cuts
+
+
+def _string_closed(token: str) -> bool:
+    if len(token) < 2 or not token.endswith('"'):
+        return False
+    # count the backslashes before the final quote: odd means it is escaped
+    backslashes = len(token[:-1]) - len(token[:-1].rstrip("\\"))
+    return backslashes % 2 == 0
+
+
+def _recover_truncated(text: str, start: int, cuts: list[tuple[int, str]], repairs: list[str]) -> IRExtraction:
+    """Close the JSON after the last complete node; the outcome stays ``truncated``."""
+    for end, shape in reversed(cuts[-32:]):
+        candidate = text[start:end] + "".join(_CLOSER[c] for c in reversed(shape))
+        try:
+            value = json.loads(candidate)
+        except json.JSONDecodeError:
+            continue
+        if not _is_ir_like(value):
+            continue
+        result = _validate(value, [*repairs, "closed_truncated_json"], ParseOutcome.OK)
+        if result.document is None:
+            continue
+        return IRExtraction(
+            ParseOutcome.TRUNCATED,
+            result.repairs,
+            result.document,
+            result.ir_json,
+            result.node_ids,
+            result.node_count,
+            result.duplicate_id_count,
+            error=f"JSON cut mid-value; recovered {result.node_count} complete nodes",
+        )
+    return IRExtraction(ParseOutcome.TRUNCATED, tuple(repairs), error="JSON cut mid-value; no complete node to recover")
+
+
+def _strip_trailing_commas(text: str) -> str:
+    """Remove commas directly before ``}``/``]`` outside strings."""
+    out: list[str] = []
+    pos = 0
+    for match in re.finditer(r'"(?:\\.|[^"\\])*(?:"|\Z)|,(\s*[}\]])', text, re.S):
+        if match.group(1) is not None:
+            out.append(text[pos : match.start()])
+            out.append(match.group(1))
+            pos = match.end()
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def _json_error(text: str, start: int) -> str:
+    try:
+        json.JSONDecoder().raw_decode(text, start)
+    except json.JSONDecodeError as exc:
+        return f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+    return "invalid JSON"
+
+
+def _normalise(value: Any, repairs: list[str]) -> Any:
+    """Fill what the schema needs and record every content change as a repair."""
+
+    def note(name: str) -> None:
+        if name not in repairs:
+            repairs.append(name)
+
+    if isinstance(value, list):
+        note("wrapped_node_list")
+        value = {"nodes": value}
+    if not isinstance(value, dict):
+        return value
+    doc = dict(value)
+    if "version" not in doc:
+        note("missing_version")
+    elif isinstance(doc["version"], str):
+        note("coerced_version")
+    if "uri" not in doc:
+        note("missing_uri")
+    if not isinstance(doc.get("meta"), dict):
+        note("missing_meta")
+    nodes = doc.get("nodes")
+    if not isinstance(nodes, list):
+        return doc
+    for node in nodes:
+        if not isinstance(node, dict):
+            continue
+        if "id" in node and not isinstance(node["id"], str):
+            note("coerced_id")
+        if "label" not in node:
+            note("missing_label")
+        meta = node.get("meta")
+        if not isinstance(meta, dict):
+            note("missing_node_meta")
+            continue
+        if isinstance(meta.get("priority"), str):
+            note("coerced_priority")
+        if isinstance(meta.get("triggers"), str):
+            note("coerced_triggers")
+        if isinstance(meta.get("inferred"), str):
+            note("coerced_inferred")
+        rng = node.get("range")
+        if isinstance(rng, dict) and any(isinstance(v, str) for v in rng.values()):
+            note("coerced_range")
+    return doc
+
+
+def _validate(value: Any, repairs: list[str], outcome: ParseOutcome) -> IRExtraction:
+    if not _is_ir_like(value) or (isinstance(value, dict) and not isinstance(value["nodes"], list)):
+        return IRExtraction(ParseOutcome.SCHEMA_INVALID, tuple(repairs), error="JSON is not an IR: no 'nodes' list")
+    repairs = list(repairs)
+    doc = _normalise(value, repairs)
+    try:
+        document = IRDocument.model_validate(doc)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()[:5]
+        )
+        return IRExtraction(ParseOutcome.SCHEMA_INVALID, tuple(repairs), error=_clip(f"IR schema: {problems}"))
+    if outcome == ParseOutcome.OK and any(r not in COSMETIC_REPAIRS for r in repairs):
+        outcome = ParseOutcome.REPAIRED
+    ids = document.node_ids()
+    return IRExtraction(
+        outcome,
+        tuple(repairs),
+        document,
+        document.canonical_json(),
+        tuple(ids),
+        len(document.nodes),
+        len(document.nodes) - len(ids),
+    )
+
+
+def _clip(message: str) -> str:
+    return message if len(message) <= ERROR_TEXT_MAX_CHARS else message[: ERROR_TEXT_MAX_CHARS - 1] + "…"
