@@ -1,0 +1,346 @@
+"""The simulated endpoint as a Starlette app speaking the OpenAI and Ollama wire formats.
+
+Routes: ``POST /v1/chat/completions``, ``GET /v1/models`` (OpenAI-compatible);
+``POST /api/chat``, ``GET /api/tags`` (Ollama); ``GET /_stats`` and ``POST /_reset``
+(observability for tests and benchmarks, no auth).
+
+Every answer's randomness comes from (config seed, model name, sha256 of the prompt text,
+per-(model, prompt) request counter), so identical request sequences give identical answers
+whatever else is interleaved. The prompt is the text between the lines
+``--- BEGIN PROMPT ---`` and ``--- END PROMPT ---`` of the last user message (the whole
+message if the markers are absent); its annotations are the true structure.
+All state (caches, counters, stats) lives in the ``SimState`` of one app instance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import hmac
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from analysis.annotations import AnnotationSet, parse_annotations
+from simulator.config import SimConfig, SimModel
+from simulator.model import apply_token_budget, count_tokens, reasoning_text, render_answer, simulate_ir
+
+BEGIN_MARKER = "--- BEGIN PROMPT ---"
+END_MARKER = "--- END PROMPT ---"
+
+
+def extract_prompt(message: str) -> str:
+    """The text between the marker lines, or the whole message when they are absent."""
+    lines = message.split("\n")
+    stripped = [ln.strip() for ln in lines]
+    if BEGIN_MARKER in stripped:
+        start = stripped.index(BEGIN_MARKER) + 1
+        end = stripped.index(END_MARKER, start) if END_MARKER in stripped[start:] else len(lines)
+        return "\n".join(lines[start:end])
+    return message
+
+
+def _int_of(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
+
+
+@dataclass
+class ModelStats:
+    requests: int = 0
+    by_status: Counter = field(default_factory=Counter)
+    arrivals_s: list[float] = field(default_factory=list)
+
+
+@dataclass
+class SimState:
+    """Mutable per-app state. ``truth_cache`` is keyed by prompt sha256."""
+
+    truth_cache: dict[str, AnnotationSet] = field(default_factory=dict)
+    prompt_counters: dict[tuple[str, str], int] = field(default_factory=dict)
+    model_requests: Counter = field(default_factory=Counter)
+    stats: dict[str, ModelStats] = field(default_factory=dict)
+
+    def reset(self) -> None:
+        self.prompt_counters.clear()
+        self.model_requests.clear()
+        self.stats.clear()
+
+
+class _Reject(Exception):
+    """A non-2xx answer: status, message, machine code, extra headers."""
+
+    def __init__(self, status: int, message: str, code: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.headers = status, message, code, headers or {}
+
+
+_OPENAI_TYPES = {401: "authentication_error", 404: "invalid_request_error", 410: "invalid_request_error",
+                 429: "rate_limit_error", 400: "invalid_request_error"}
+
+
+def _error_response(fmt: str, rej: _Reject) -> Response:
+    if fmt == "openai":
+        body: Any = {"error": {"message": rej.message, "type": _OPENAI_TYPES.get(rej.status, "server_error"),
+                               "param": None, "code": rej.code}}
+    else:
+        body = {"error": rej.message}
+    return JSONResponse(body, status_code=rej.status, headers=rej.headers)
+
+
+@dataclass(frozen=True)
+class _Answer:
+    content: str
+    reasoning: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    answer_id: str
+    elapsed_ns: int
+
+
+class SimApp:
+    """Builds the Starlette app. ``wall_clock``/``monotonic``/``sleep`` are injectable."""
+
+    def __init__(
+        self,
+        config: SimConfig,
+        *,
+        wall_clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        truth_cache_max_entries: int = 10_000,
+    ) -> None:
+        self.config = config
+        self.state = SimState()
+        self._wall_clock, self._monotonic, self._sleep = wall_clock, monotonic, sleep
+        self._cache_max = truth_cache_max_entries
+        self._model_ints = {name: _int_of(name) for name in config.models}
+        self.app = Starlette(routes=[
+            Route("/v1/chat/completions", self.openai_chat, methods=["POST"]),
+            Route("/v1/models", self.openai_models, methods=["GET"]),
+            Route("/api/chat", self.ollama_chat, methods=["POST"]),
+            Route("/api/tags", self.ollama_tags, methods=["GET"]),
+            Route("/_stats", self.stats, methods=["GET"]),
+            Route("/_reset", self.reset, methods=["POST"]),
+        ])
+
+    # ---- helpers -------------------------------------------------------------------------
+    def _check_auth(self, request: Request) -> None:
+        key = self.config.api_key
+        if key is None:
+            return
+        header = request.headers.get("authorization", "")
+        given = header[7:] if header[:7].lower() == "bearer " else ""
+        if not hmac.compare_digest(given.encode("utf-8"), key.encode("utf-8")):
+            # Never echo the key (expected or given).
+            raise _Reject(401, "Missing or invalid API key: send 'Authorization: Bearer <key>' with the "
+                               "simulator's configured api_key.", "invalid_api_key")
+
+    def _truth(self, sha: str, prompt: str) -> AnnotationSet:
+        truth = self.state.truth_cache.get(sha)
+        if truth is None:
+            if len(self.state.truth_cache) >= self._cache_max:
+                self.state.truth_cache.clear()  # bounded memory; re-parsing is cheap
+            truth = self.state.truth_cache[sha] = parse_annotations(prompt)
+        return truth
+
+    def _record_arrival(self, model: str) -> ModelStats:
+        st = self.state.stats.setdefault(model, ModelStats())
+        st.requests += 1
+        st.arrivals_s.append(self._monotonic())
+        return st
+
+    async def _body(self, request: Request) -> dict:
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise _Reject(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
+        if not isinstance(body, dict):
+            raise _Reject(400, "request body must be a JSON object", "invalid_body")
+        return body
+
+    @staticmethod
+    def _user_text(body: dict) -> str:
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise _Reject(400, "'messages' must be a non-empty list", "invalid_messages")
+        users = [m for m in msgs if isinstance(m, dict) and m.get("role") == "user"]
+        content = (users or msgs)[-1].get("content", "") if isinstance((users or msgs)[-1], dict) else ""
+        if isinstance(content, list):  # OpenAI content parts
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if not isinstance(content, str):
+            raise _Reject(400, "message content must be a string", "invalid_messages")
+        return content
+
+    @staticmethod
+    def _budget(value: Any, name: str) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _Reject(400, f"'{name}' must be an integer, got {value!r}", "invalid_max_tokens")
+        return value if value >= 0 else None  # Ollama: -1 = no limit
+
+    def _retired_message(self, name: str, p: SimModel) -> str:
+        msg = f"The model '{name}' was retired"
+        if p.retired_on:
+            msg += f" on {p.retired_on}"
+        if p.retirement_reference:
+            msg += f" (reference {p.retirement_reference})"
+        msg += "."
+        if p.replacement_model:
+            msg += f" Use '{p.replacement_model}' instead."
+        return msg
+
+    async def _answer(self, body: dict, max_tokens: int | None, reasoning_on: bool) -> _Answer:
+        """The shared request path after auth and body parsing. Raises ``_Reject``."""
+        t0 = time.perf_counter_ns()
+        name = body.get("model")
+        if not isinstance(name, str) or name not in self.config.models:
+            raise _Reject(404, f"The model '{name}' does not exist on this endpoint.", "model_not_found")
+        p = self.config.models[name]
+        self.state.model_requests[name] += 1
+        if p.retired_after_requests is not None and self.state.model_requests[name] > p.retired_after_requests:
+            raise _Reject(410, self._retired_message(name, p), "model_retired")
+        message = self._user_text(body)
+        prompt = extract_prompt(message)
+        sha = hashlib.sha256(prompt.encode("utf-8")).hexdigest()
+        key = (name, sha)
+        counter = self.state.prompt_counters.get(key, 0)
+        self.state.prompt_counters[key] = counter + 1
+        ss = np.random.SeedSequence([self.config.seed, self._model_ints[name], int(sha, 16), counter])
+        fail_ss, lat_ss, content_ss = ss.spawn(3)
+        u = np.random.default_rng(fail_ss).random(4)
+        if u[0] < p.rate_limit_prob:
+            ra = p.retry_after_s
+            ra_text = str(int(ra)) if float(ra).is_integer() else f"{ra:g}"
+            raise _Reject(429, f"Rate limit reached for model '{name}'; retry after {ra_text} s.", "rate_limited",
+                          {"Retry-After": ra_text, "retry-after-ms": str(int(ra * 1000))})
+        if u[1] < p.server_error_prob:
+            status = 500 if u[2] < 0.5 else 503
+            raise _Reject(status, f"Simulated server error {status} for model '{name}'.", "server_error")
+        delay_s = 0.0
+        if p.latency_ms_median > 0:
+            z = float(np.random.default_rng(lat_ss).standard_normal())
+            delay_s = p.latency_ms_median * math.exp(p.latency_sigma * z) / 1000.0
+        if u[3] < p.hang_prob:
+            delay_s += p.hang_s
+        rng = np.random.default_rng(content_ss)
+        ir = simulate_ir(self._truth(sha, prompt), f"prompt-{sha[:12]}", p, rng)
+        reasoning = reasoning_text(p, rng) if reasoning_on else ""
+        text = render_answer(ir, p, rng)
+        out = apply_token_budget(text, reasoning, max_tokens, p.chars_per_token)
+        if delay_s > 0:
+            await self._sleep(delay_s)
+        return _Answer(out.content, out.reasoning, out.finish_reason, count_tokens(message, p.chars_per_token),
+                       out.completion_tokens, out.reasoning_tokens, ss.generate_state(2).tobytes().hex(),
+                       time.perf_counter_ns() - t0)
+
+    async def _serve(self, request: Request, fmt: str, build: Callable[[dict], Awaitable[Response]]) -> Response:
+        st: ModelStats | None = None
+        try:
+            body = await self._body(request)
+            name = body.get("model")
+            st = self._record_arrival(name if isinstance(name, str) else "<missing>")
+            self._check_auth(request)
+            resp = await build(body)
+        except _Reject as rej:
+            resp = _error_response(fmt, rej)
+        if st is None:
+            st = self._record_arrival("<invalid>")
+        st.by_status[resp.status_code] += 1
+        return resp
+
+    # ---- OpenAI --------------------------------------------------------------------------
+    async def openai_chat(self, request: Request) -> Response:
+        async def build(body: dict) -> Response:
+            if body.get("stream"):
+                raise _Reject(400, "stream=true is not supported by the simulator; send stream=false", "unsupported")
+            mt = body.get("max_completion_tokens", body.get("max_tokens"))
+            a = await self._answer(body, self._budget(mt, "max_tokens"), True)
+            message: dict[str, Any] = {"role": "assistant", "content": a.content}
+            if a.reasoning:
+                message["reasoning_content"] = a.reasoning
+            return JSONResponse({
+                "id": f"chatcmpl-{a.answer_id}", "object": "chat.completion",
+                "created": int(self._wall_clock()), "model": body["model"],
+                "choices": [{"index": 0, "message": message, "finish_reason": a.finish_reason}],
+                "usage": {"prompt_tokens": a.prompt_tokens, "completion_tokens": a.completion_tokens,
+                          "total_tokens": a.prompt_tokens + a.completion_tokens,
+                          "completion_tokens_details": {"reasoning_tokens": a.reasoning_tokens}},
+            })
+        return await self._serve(request, "openai", build)
+
+    async def openai_models(self, request: Request) -> Response:
+        try:
+            self._check_auth(request)
+        except _Reject as rej:
+            return _error_response("openai", rej)
+        data = [{"id": n, "object": "model", "created": 0, "owned_by": "irbench-sim"}
+                for n, p in self.config.models.items() if p.listed]
+        return JSONResponse({"object": "list", "data": data})
+
+    # ---- Ollama --------------------------------------------------------------------------
+    async def ollama_chat(self, request: Request) -> Response:
+        async def build(body: dict) -> Response:
+            options = body.get("options") or {}
+            if not isinstance(options, dict):
+                raise _Reject(400, "'options' must be an object", "invalid_options")
+            a = await self._answer(body, self._budget(options.get("num_predict"), "options.num_predict"),
+                                   body.get("think") is not False)
+            message: dict[str, Any] = {"role": "assistant", "content": a.content}
+            if a.reasoning:
+                message["thinking"] = a.reasoning
+            created = dt.datetime.fromtimestamp(self._wall_clock(), dt.UTC).isoformat().replace("+00:00", "Z")
+            eval_ns = max(a.elapsed_ns - 1, 0)
+            final = {"model": body["model"], "created_at": created, "message": message, "done": True,
+                     "done_reason": a.finish_reason, "total_duration": a.elapsed_ns, "load_duration": 0,
+                     "prompt_eval_count": a.prompt_tokens, "prompt_eval_duration": 1,
+                     "eval_count": a.completion_tokens, "eval_duration": eval_ns}
+            if body.get("stream", True) is False:
+                return JSONResponse(final)
+            # Ollama streams by default: one content chunk, then the final (empty) done chunk.
+            chunk = {"model": body["model"], "created_at": created, "message": message, "done": False}
+            final_chunk = {**final, "message": {"role": "assistant", "content": ""}}
+            lines = [json.dumps(chunk) + "\n", json.dumps(final_chunk) + "\n"]
+            return StreamingResponse(iter(lines), media_type="application/x-ndjson")
+        return await self._serve(request, "ollama", build)
+
+    async def ollama_tags(self, request: Request) -> Response:
+        try:
+            self._check_auth(request)
+        except _Reject as rej:
+            return _error_response("ollama", rej)
+        models = [{"name": n, "model": n, "modified_at": "2026-01-01T00:00:00Z", "size": 0,
+                   "digest": hashlib.sha256(n.encode()).hexdigest(),
+                   "details": {"format": "sim", "family": "irbench-sim", "parameter_size": "0B",
+                               "quantization_level": "none"}}
+                  for n, p in self.config.models.items() if p.listed]
+        return JSONResponse({"models": models})
+
+    # ---- observability -------------------------------------------------------------------
+    async def stats(self, request: Request) -> Response:
+        """``{"now_s": monotonic, "models": {name: {requests, by_status{"200": n}, arrivals_s[]}}}``."""
+        models = {n: {"requests": s.requests, "by_status": {str(k): v for k, v in sorted(s.by_status.items())},
+                      "arrivals_s": list(s.arrivals_s)} for n, s in self.state.stats.items()}
+        return JSONResponse({"now_s": self._monotonic(), "models": models})
+
+    async def reset(self, request: Request) -> Response:
+        self.state.reset()
+        return JSONResponse({"reset": True})
+
+
+def create_app(config: SimConfig, **kwargs: Any) -> Starlette:
+    """A fresh Starlette app (with its own state) for ``config``; kwargs go to ``SimApp``."""
+    return SimApp(config, **kwargs).app
