@@ -1,0 +1,119 @@
+"""Campaign-level operations the CLI calls: prepare (spec → corpus → plan), run, status.
+
+Everything here takes explicit objects (spec, store, secrets) and returns values; the CLI
+does the printing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from orchestrator.corpus import Corpus, load_corpus
+from orchestrator.instruction import Instruction, load_instruction
+from orchestrator.local import ExecutionSummary, LocalOptions, ProgressCallback, run_local
+from orchestrator.plan import pending, plan_runs
+from orchestrator.spec import CampaignSpec
+from storage.runs import RunStore
+from workers.errors import ConfigError
+from workers.runtask import RunTask
+
+log = structlog.get_logger("irbench.campaign")
+
+
+@dataclass(frozen=True)
+class PreparedCampaign:
+    spec: CampaignSpec
+    corpus: Corpus
+    instruction: Instruction
+    tasks: list[RunTask]  # the whole plan
+
+
+def prepare(spec: CampaignSpec) -> PreparedCampaign:
+    """Load the corpus and instruction and plan every run of ``spec``."""
+    corpus = load_corpus(spec.corpus, spec.base_dir)
+    instruction = load_instruction(spec.instruction)
+    tasks = plan_runs(spec, corpus, instruction)
+    return PreparedCampaign(spec, corpus, instruction, tasks)
+
+
+def resolve_secrets(spec: CampaignSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Read each endpoint's API key from the environment variable it names.
+
+    A named variable that is unset is a ConfigError (say which endpoint and variable), since
+    every call would otherwise fail with auth_error.
+    """
+    environ = os.environ if environ is None else environ
+    secrets: dict[str, str] = {}
+    missing: list[str] = []
+    for name, endpoint in spec.endpoints.items():
+        if endpoint.api_key_env:
+            value = environ.get(endpoint.api_key_env)
+            if value:
+                secrets[endpoint.api_key_env] = value
+            else:
+                missing.append(
+                    f"endpoints.{name}.api_key_env: environment variable {endpoint.api_key_env} is not set;"
+                    f" export it (the key itself never goes in the campaign file)"
+                )
+    if missing:
+        raise ConfigError("API keys missing", missing)
+    return secrets
+
+
+def run_campaign_local(
+    prepared: PreparedCampaign,
+    store: RunStore,
+    secrets: Mapping[str, str],
+    *,
+    options: LocalOptions | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> tuple[int, ExecutionSummary]:
+    """Execute the runs of ``prepared`` that have no stored record. Returns (skipped, summary)."""
+    done = store.completed_run_ids(prepared.spec.name)
+    todo = pending(prepared.tasks, done)
+    skipped = len(prepared.tasks) - len(todo)
+    log.info("campaign_start", campaign=prepared.spec.name, planned=len(prepared.tasks), pending=len(todo))
+    options = options or LocalOptions(max_in_flight=prepared.spec.executor.concurrency)
+    summary = asyncio.run(run_local(todo, store, secrets=secrets, options=options, on_progress=on_progress))
+    return skipped, summary
+
+
+@dataclass(frozen=True)
+class CampaignStatus:
+    planned_by_model: Mapping[str, int]
+    stored_by_model: Mapping[str, Mapping[str, int]]  # model -> outcome -> count
+
+    @property
+    def planned(self) -> int:
+        return sum(self.planned_by_model.values())
+
+    @property
+    def stored(self) -> int:
+        return sum(sum(c.values()) for c in self.stored_by_model.values())
+
+
+def campaign_status(prepared: PreparedCampaign, store: RunStore) -> CampaignStatus:
+    """Planned vs stored runs per model, by outcome (counts only runs of the current plan)."""
+    planned_ids = {t.run_id for t in prepared.tasks}
+    table = store.read_table(campaigns=[prepared.spec.name], columns=["run_id", "model", "outcome"])
+    stored: dict[str, Counter[str]] = {}
+    for run_id, model, outcome in zip(
+        table.column("run_id").to_pylist(), table.column("model").to_pylist(), table.column("outcome").to_pylist()
+    ):
+        if run_id in planned_ids:
+            stored.setdefault(model, Counter())[outcome] += 1
+    return CampaignStatus(
+        planned_by_model=dict(Counter(t.model for t in prepared.tasks)),
+        stored_by_model={m: dict(c) for m, c in stored.items()},
+    )
+
+
+def default_data_dir(spec_path: Path) -> Path:
+    return spec_path.parent / "data"

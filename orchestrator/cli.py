@@ -1,0 +1,251 @@
+"""The ``irbench`` command line: a thin shell that parses options and calls library functions."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from workers.errors import IrbenchError
+from workers.logs import configure_logging
+
+app = typer.Typer(
+    name="irbench",
+    help="Reproducibility audits of LLM-inferred prompt structure: run crossed campaigns, keep every raw "
+    "response in Parquet, and analyse how stable the answers and the rankings are.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+DataOpt = Annotated[Path, typer.Option("--data", help="Dataset root (runs are stored under DATA/runs/).")]
+
+
+def _examples_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "examples"
+
+
+def _setup_logging(log_file: Path | None, verbose: bool) -> None:
+    level = "DEBUG" if verbose else "INFO"
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        stream = open(log_file, "a", encoding="utf-8")  # noqa: SIM115 - lives for the process
+        configure_logging(json=True, level=level, stream=stream)
+    else:
+        configure_logging(level="DEBUG" if verbose else "WARNING")
+
+
+def _fail(exc: Exception) -> None:
+    err_console.print(f"[bold red]error:[/] {exc}")
+    raise typer.Exit(code=2)
+
+
+@app.command()
+def run(
+    campaign: Annotated[Path, typer.Argument(help="Campaign TOML file.", exists=True, dir_okay=False)],
+    data: DataOpt = Path("data"),
+    executor: Annotated[str, typer.Option(help="'local' (in-process, default) or 'celery'.")] = "local",
+    progress: Annotated[bool, typer.Option(help="Show a progress bar per model.")] = True,
+    log_file: Annotated[Optional[Path], typer.Option(help="Write JSON logs here instead of stderr.")] = None,
+    verbose: bool = False,
+) -> None:
+    """Run (or resume) a campaign: only runs without a stored record are executed.
+
+    Example: irbench run examples/demo.toml --data data/
+    """
+    from orchestrator.campaign import prepare, resolve_secrets, run_campaign_local
+    from orchestrator.progress import ModelBars
+    from orchestrator.spec import load_campaign
+    from storage.runs import RunStore
+
+    _setup_logging(log_file, verbose)
+    try:
+        spec = load_campaign(campaign)
+        if executor != "local":
+            raise IrbenchError(f"executor {executor!r} is not available in this build; use --executor local")
+        prepared = prepare(spec)
+        secrets = resolve_secrets(spec)
+        store = RunStore(data)
+        _report_corpus(prepared)
+        with ModelBars(console, enabled=progress) as bars:
+            skipped, summary = run_campaign_local(prepared, store, secrets, on_progress=bars.update)
+    except IrbenchError as exc:
+        _fail(exc)
+        return
+    console.print(
+        f"campaign [bold]{spec.name}[/]: {len(prepared.tasks)} runs planned, {skipped} already stored, "
+        f"{summary.executed} executed now{' (interrupted)' if summary.interrupted else ''}; data in {data}/runs/"
+    )
+    if summary.interrupted:
+        raise typer.Exit(code=130)
+
+
+def _report_corpus(prepared) -> None:  # noqa: ANN001
+    corpus = prepared.corpus
+    console.print(f"corpus: {len(corpus.prompts)} prompts", end="")
+    if corpus.duplicates:
+        console.print(f", {len(corpus.duplicates)} duplicates collapsed", end="")
+    if corpus.rejected:
+        console.print(f", {len(corpus.rejected)} rejected:", end="")
+        for path, reason in corpus.rejected:
+            console.print(f"\n  - {path}: {reason}", end="")
+    console.print()
+
+
+@app.command()
+def status(
+    campaign: Annotated[Path, typer.Argument(help="Campaign TOML file.", exists=True, dir_okay=False)],
+    data: DataOpt = Path("data"),
+) -> None:
+    """Show planned vs stored runs per model and outcome.
+
+    Example: irbench status examples/demo.toml --data data/
+    """
+    from rich.table import Table
+
+    from orchestrator.campaign import campaign_status, prepare
+    from orchestrator.spec import load_campaign
+    from storage.runs import RunStore
+
+    _setup_logging(None, False)
+    try:
+        prepared = prepare(load_campaign(campaign))
+        st = campaign_status(prepared, RunStore(data))
+    except IrbenchError as exc:
+        _fail(exc)
+        return
+    table = Table(title=f"campaign {prepared.spec.name}: {st.stored}/{st.planned} runs stored")
+    for col in ("model", "planned", "stored", "outcomes"):
+        table.add_column(col)
+    for model, planned in st.planned_by_model.items():
+        outcomes = st.stored_by_model.get(model, {})
+        table.add_row(
+            model,
+            str(planned),
+            str(sum(outcomes.values())),
+            ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())) or "-",
+        )
+    console.print(table)
+
+
+@app.command()
+def analyze(
+    data: DataOpt = Path("data"),
+    out: Annotated[Path, typer.Option("--out", help="Output directory (one subdirectory per panel).")] = Path("out"),
+    min_runs: Annotated[int, typer.Option(help="Successful runs a cell needs to enter the table.")] = 2,
+    min_prompts: Annotated[int, typer.Option(help="Included cells a model needs to enter the table.")] = 3,
+    seed: Annotated[int, typer.Option(help="Seed of every resampling.")] = 20260601,
+    replicates: Annotated[int, typer.Option(help="Bootstrap replicates.")] = 10_000,
+    panel: Annotated[Optional[str], typer.Option(help="Only this panel (default: every panel).")] = None,
+    campaign: Annotated[Optional[list[str]], typer.Option("--campaign", help="Only these campaigns.")] = None,
+    model: Annotated[Optional[list[str]], typer.Option("--model", help="Only these models.")] = None,
+    date_from: Annotated[Optional[str], typer.Option("--from", help="First measurement date (YYYY-MM-DD).")] = None,
+    date_to: Annotated[Optional[str], typer.Option("--to", help="Last measurement date (YYYY-MM-DD).")] = None,
+) -> None:
+    """Reduce stored runs into cell and model tables and print the per-model table.
+
+    Example: irbench analyze --data data/ --out out/
+    """
+    import datetime as dt
+
+    from analysis.analyze import run_analysis
+    from analysis.options import AnalysisOptions
+
+    _setup_logging(None, False)
+    try:
+        options = AnalysisOptions(
+            min_runs=min_runs,
+            min_prompts=min_prompts,
+            seed=seed,
+            replicates=replicates,
+            panel=panel,
+            campaigns=campaign or None,
+            models=model or None,
+            date_from=dt.date.fromisoformat(date_from) if date_from else None,
+            date_to=dt.date.fromisoformat(date_to) if date_to else None,
+        )
+        result = run_analysis(data, out, options)
+    except (IrbenchError, ValueError) as exc:
+        _fail(exc)
+        return
+    _print_analysis(result)
+
+
+def _print_analysis(result) -> None:  # noqa: ANN001
+    from analysis.render import print_result
+
+    print_result(result, console)
+
+
+@app.command()
+def compact(data: DataOpt = Path("data")) -> None:
+    """Merge the small Parquet files of every date partition into one, deduplicated by run_id.
+
+    Example: irbench compact --data data/
+    """
+    from storage.runs import RunStore
+
+    _setup_logging(None, False)
+    report = RunStore(data).compact()
+    console.print(str(report))
+
+
+@app.command()
+def simulate(
+    config: Annotated[Path, typer.Option("--config", help="Simulator TOML.", exists=True, dir_okay=False)],
+    port: Annotated[int, typer.Option(help="TCP port on 127.0.0.1.")] = 8765,
+    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
+) -> None:
+    """Serve simulated models over the OpenAI (/v1/chat/completions) and Ollama (/api/chat) wire formats.
+
+    Example: irbench simulate --config examples/sim.toml --port 8765
+    """
+    from simulator.config import load_sim_config
+    from simulator.server import serve
+
+    try:
+        cfg = load_sim_config(config)
+    except (IrbenchError, ValueError) as exc:
+        _fail(exc)
+        return
+    console.print(f"simulating {len(cfg.models)} models on http://{host}:{port} (Ctrl-C to stop)")
+    serve(cfg, host, port)
+
+
+@app.command()
+def demo(
+    workdir: Annotated[Path, typer.Option(help="Where data, analysis outputs and logs go.")] = Path("irbench-demo"),
+    examples: Annotated[Path, typer.Option(help="Folder with demo.toml, sim.toml and prompts/.")] = _examples_dir(),
+    progress: Annotated[bool, typer.Option(help="Show a progress bar per model.")] = True,
+) -> None:
+    """Start the simulator, run the demo campaign in-process, analyse it and print the table.
+
+    Needs no services and no network. Example: irbench demo --workdir irbench-demo
+    """
+    from orchestrator.demo import run_demo
+
+    _setup_logging(workdir / "irbench.log", False)
+    try:
+        run_demo(workdir, examples, console, progress=progress)
+    except IrbenchError as exc:
+        _fail(exc)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    try:
+        app()
+    except KeyboardInterrupt:
+        err_console.print("interrupted; stored runs are kept, run the same command again to resume")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
