@@ -1,0 +1,303 @@
+"""Shared HTTP plumbing for the provider clients: deadlines, error translation, parsing helpers.
+
+``send`` makes one request under the three deadlines of a ``TimeoutPolicy``:
+
+* ``connect_timeout_s`` and ``read_timeout_s`` become an ``httpx.Timeout`` (read also bounds
+  writes; the pool wait is bounded only by the total deadline, since a pool slot is our own
+  resource, not the provider's);
+* ``total_timeout_s`` is a wall-clock ``asyncio.timeout`` around the whole call, body included,
+  so a server trickling bytes under the read timeout still cannot exceed it.
+
+Every httpx exception is translated here into the ``workers.errors`` tree, so httpx types never
+leave ``workers/``. Non-2xx statuses are mapped by ``raise_for_status``. Error messages name the
+method, URL, model and what went wrong; secrets passed in ``secrets`` are replaced by ``***``
+and headers are never included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import email.utils
+import json
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from storage.records import ERROR_TEXT_MAX_CHARS
+from workers.errors import (
+    AuthFailed,
+    ClientFailed,
+    ConfigError,
+    ConnectFailed,
+    ConnectTimeout,
+    ModelNotFound,
+    ModelRetired,
+    ProtocolFailed,
+    ProviderError,
+    RateLimited,
+    ReadTimeout,
+    ServerFailed,
+    TotalTimeout,
+)
+from workers.runtask import TimeoutPolicy
+
+Clock = Callable[[], float]  # monotonic seconds
+WallClock = Callable[[], dt.datetime]  # timezone-aware UTC now
+
+_RETIRED_ON_RE = re.compile(r"retire[ds]?\s+(?:on|at|since)?\s*:?\s*(\d{4}-\d{2}-\d{2})", re.I)
+_REFERENCE_RE = re.compile(r"\b(?:ref(?:erence)?)\b\s*(?:id)?\s*[:#=]?\s*([A-Za-z0-9][A-Za-z0-9_.:-]*[A-Za-z0-9])", re.I)
+
+
+def utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+@dataclass(frozen=True)
+class RawResponse:
+    """A complete HTTP response; ``latency_ms`` from request start to the last body byte."""
+
+    status_code: int
+    headers: httpx.Headers
+    body: bytes
+    latency_ms: float
+    url: str
+    bytes_received: int = 0  # bytes on the wire (before content decoding)
+
+
+def httpx_timeout(policy: TimeoutPolicy) -> httpx.Timeout:
+    """Per-request httpx timeouts from a policy (``None`` = no cap)."""
+    return httpx.Timeout(
+        connect=policy.connect_timeout_s,
+        read=policy.read_timeout_s,
+        write=policy.read_timeout_s,
+        pool=None,
+    )
+
+
+def check_base_url(base_url: str) -> str:
+    """``base_url`` without trailing slashes; ``ConfigError`` unless it is an http(s) URL."""
+    url = base_url.strip().rstrip("/")
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError) as exc:
+        raise ConfigError(f"endpoint base_url {base_url!r} is not a URL ({exc}); use e.g. http://host:port") from exc
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigError(f"endpoint base_url {base_url!r} must start with http:// or https:// and name a host")
+    return url
+
+
+def clip(text: str, secrets: Iterable[str | None] = ()) -> str:
+    """Redact secrets, then bound the text to ``ERROR_TEXT_MAX_CHARS``."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    if len(text) > ERROR_TEXT_MAX_CHARS:
+        text = text[: ERROR_TEXT_MAX_CHARS - 1] + "…"
+    return text
+
+
+async def send(
+    client: httpx.AsyncClient,
+    method: str,
+    url: str,
+    *,
+    timeouts: TimeoutPolicy,
+    clock: Clock,
+    json_body: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+    secrets: Iterable[str | None] = (),
+    context: str = "",
+) -> RawResponse:
+    """One request, body read in full, under connect/read/total deadlines.
+
+    Returns the response whatever its status; raises ``ConnectTimeout``, ``ReadTimeout``,
+    ``TotalTimeout``, ``ConnectFailed`` or ``ProtocolFailed`` (each with ``latency_ms`` and the
+    body bytes received so far) when no complete response arrived.
+    """
+    secrets = tuple(secrets)
+    where = f"{method} {url}" + (f" ({context})" if context else "")
+    started = clock()
+    response: httpx.Response | None = None
+    deadline = asyncio.timeout(timeouts.total_timeout_s)
+
+    def received() -> int:
+        return response.num_bytes_downloaded if response is not None else 0
+
+    def fail(cls: type[ProviderError], what: str) -> ProviderError:
+        status = response.status_code if response is not None else None
+        return cls(
+            clip(f"{where}: {what}", secrets),
+            status_code=status,
+            latency_ms=(clock() - started) * 1000.0,
+            bytes_received=received(),
+        )
+
+    try:
+        async with deadline:
+            request = client.build_request(
+                method, url, json=json_body, headers=headers, timeout=httpx_timeout(timeouts)
+            )
+            response = await client.send(request, stream=True)
+            try:
+                body = b"".join([chunk async for chunk in response.aiter_bytes()])
+            finally:
+                await response.aclose()
+    except TimeoutError as exc:
+        if deadline.expired():
+            raise fail(
+                TotalTimeout,
+                f"no complete answer within total_timeout_s={timeouts.total_timeout_s}; "
+                "raise total_timeout_s if slow answers are expected",
+            ) from None
+        raise fail(ProtocolFailed, f"unexpected timeout: {exc}") from None
+    except httpx.ConnectTimeout:
+        raise fail(
+            ConnectTimeout, f"connection not established within connect_timeout_s={timeouts.connect_timeout_s}"
+        ) from None
+    except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:
+        kind = "read" if isinstance(exc, httpx.ReadTimeout) else "write"
+        raise fail(
+            ReadTimeout, f"no bytes for read_timeout_s={timeouts.read_timeout_s} ({kind} timed out)"
+        ) from None
+    except httpx.PoolTimeout:
+        raise fail(ConnectTimeout, "no free connection in the client's pool") from None
+    except httpx.ConnectError as exc:
+        raise fail(ConnectFailed, f"cannot connect: {exc or type(exc).__name__}; check the endpoint's host and port") from None
+    except (httpx.ProtocolError, httpx.DecodingError) as exc:
+        raise fail(ProtocolFailed, f"malformed HTTP: {exc or type(exc).__name__}") from None
+    except httpx.NetworkError as exc:
+        # reset or broken mid-exchange: a network failure, retried like a refused connection
+        raise fail(ConnectFailed, f"connection lost: {exc or type(exc).__name__}") from None
+    except httpx.HTTPError as exc:
+        raise fail(ProtocolFailed, f"{type(exc).__name__}: {exc}") from None
+    return RawResponse(
+        status_code=response.status_code,
+        headers=response.headers,
+        body=body,
+        latency_ms=(clock() - started) * 1000.0,
+        url=url,
+        bytes_received=response.num_bytes_downloaded,
+    )
+
+
+def parse_retry_after(value: str | None, now: dt.datetime) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP-date); ``None`` if
+    absent or unparseable; never negative."""
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    return max(0.0, (when - now).total_seconds())
+
+
+def body_message(body: bytes) -> str:
+    """The human message in an error body: ``{"error": {"message": ...}}``, ``{"error": "..."}``,
+    ``{"message"|"detail": ...}``, or the text itself."""
+    text = body.decode("utf-8", errors="replace").strip()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict):
+            for key in ("message", "detail", "error"):
+                if isinstance(err.get(key), str):
+                    return err[key]
+        elif isinstance(err, str):
+            return err
+        for key in ("message", "detail"):
+            if isinstance(data.get(key), str):
+                return data[key]
+    return text
+
+
+def parse_retirement(message: str) -> tuple[str | None, str | None]:
+    """``(retired_on ISO date, reference id)`` from a 410 message such as
+    ``"x was retired at 2026-07-15 00:00:00 -0700 PDT (ref: 9a2b…)"``; ``None`` when absent."""
+    date = _RETIRED_ON_RE.search(message)
+    ref = _REFERENCE_RE.search(message)
+    return (date.group(1) if date else None, ref.group(1) if ref else None)
+
+
+def raise_for_status(raw: RawResponse, *, model: str, now: dt.datetime, secrets: Iterable[str | None] = ()) -> None:
+    """Raise the ``workers.errors`` class for a non-2xx response; return for 2xx."""
+    status = raw.status_code
+    if 200 <= status < 300:
+        return
+    secrets = tuple(secrets)
+    message = body_message(raw.body)
+    retry_after = parse_retry_after(raw.headers.get("retry-after"), now)
+    common = {"status_code": status, "latency_ms": raw.latency_ms, "bytes_received": raw.bytes_received}
+
+    def text(what: str) -> str:
+        return clip(f"POST {raw.url} model={model}: HTTP {status} {what}: {message}", secrets)
+
+    if status == 429:
+        raise RateLimited(text("rate limited"), retry_after_s=retry_after, **common)
+    if status == 410:
+        retired_on, reference = parse_retirement(message)
+        raise ModelRetired(text("model retired"), retired_on=retired_on, reference=reference, **common)
+    if status == 404:
+        raise ModelNotFound(text("model or route not found; check the model name and base_url"), **common)
+    if status in (401, 403):
+        raise AuthFailed(text("authentication failed; check the API key variable (api_key_env)"), **common)
+    if 400 <= status < 500:
+        raise ClientFailed(text("request rejected"), **common)
+    if status >= 500:
+        raise ServerFailed(text("server error"), retry_after_s=retry_after, **common)
+    raise ProtocolFailed(text("unexpected status"), **common)
+
+
+def decode_json_body(raw: RawResponse, *, model: str, secrets: Iterable[str | None] = ()) -> Any:
+    """The 2xx body as JSON; ``ProtocolFailed`` when it is not JSON."""
+    try:
+        return json.loads(raw.body)
+    except ValueError as exc:
+        snippet = raw.body[:200].decode("utf-8", errors="replace")
+        raise ProtocolFailed(
+            clip(f"POST {raw.url} model={model}: HTTP {raw.status_code} body is not JSON ({exc}): {snippet!r}", secrets),
+            status_code=raw.status_code,
+            latency_ms=raw.latency_ms,
+            bytes_received=raw.bytes_received,
+        ) from None
+
+
+def protocol_error(raw: RawResponse, *, model: str, what: str, secrets: Iterable[str | None] = ()) -> ProtocolFailed:
+    """A ``ProtocolFailed`` for a 2xx body that is JSON but not the provider's format."""
+    return ProtocolFailed(
+        clip(f"POST {raw.url} model={model}: HTTP {raw.status_code} {what}", secrets),
+        status_code=raw.status_code,
+        latency_ms=raw.latency_ms,
+        bytes_received=raw.bytes_received,
+    )
+
+
+def split_think(content: str) -> tuple[str, str]:
+    """Split a leading ``<think>…</think>`` block out of ``content``: ``(answer, reasoning)``.
+    An unterminated leading ``<think>`` makes the whole content reasoning."""
+    stripped = content.lstrip()
+    if not stripped.startswith("<think>"):
+        return content, ""
+    inner = stripped[len("<think>") :]
+    end = inner.find("</think>")
+    if end < 0:
+        return "", inner.strip()
+    return inner[end + len("</think>") :].lstrip(), inner[:end].strip()
+
+
+def int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

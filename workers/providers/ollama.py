@@ -1,0 +1,136 @@
+"""Ollama's native ``POST /api/chat`` (local Ollama or ollama.com with a bearer key).
+
+Request: one user message, ``stream: false``, ``options: {num_predict, temperature,
+**request.options}`` (``num_predict`` is Ollama's token cap), ``think`` when
+``request.reasoning`` is set, ``format: <json schema>`` in structured-output mode.
+Reply: answer = ``message.content`` (a leading ``<think>`` block is split out for models that
+inline it), reasoning = ``message.thinking``; ``done_reason == "length"`` -> TRUNCATED;
+tokens from ``prompt_eval_count``/``eval_count`` (Ollama does not split reasoning tokens out).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+from storage.records import Outcome
+from workers.providers import _http
+from workers.providers.base import ChatRequest, Reply
+from workers.runtask import TimeoutPolicy
+
+
+class OllamaProvider:
+    """Client for one Ollama endpoint. ``base_url`` may end in ``/api`` or not."""
+
+    wire_format = "ollama"
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        clock: _http.Clock = time.monotonic,
+        now: _http.WallClock = _http.utc_now,
+    ) -> None:
+        root = _http.check_base_url(base_url)
+        self._root = root[: -len("/api")] if root.endswith("/api") else root
+        self._client = client
+        self._api_key = api_key
+        self._clock = clock
+        self._now = now
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Cache-Control": "no-store", "Accept": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        return headers
+
+    def build_body(self, request: ChatRequest) -> dict[str, Any]:
+        """The JSON body sent for ``request``."""
+        options: dict[str, Any] = {}
+        if request.max_tokens is not None:
+            options["num_predict"] = request.max_tokens
+        if request.temperature is not None:
+            options["temperature"] = request.temperature
+        options.update(request.options)
+        body: dict[str, Any] = {
+            "model": request.model,
+            "messages": [{"role": "user", "content": request.user_message}],
+            "stream": False,
+            "options": options,
+        }
+        if request.reasoning is not None:
+            body["think"] = request.reasoning
+        if request.json_schema is not None:
+            body["format"] = request.json_schema
+        return body
+
+    async def complete(self, request: ChatRequest) -> Reply:
+        """One chat call; raises ``workers.errors.ProviderError`` subclasses on failure."""
+        secrets = (self._api_key,)
+        raw = await _http.send(
+            self._client,
+            "POST",
+            f"{self._root}/api/chat",
+            timeouts=request.timeouts,
+            clock=self._clock,
+            json_body=self.build_body(request),
+            headers=self._headers(),
+            secrets=secrets,
+            context=f"model={request.model}",
+        )
+        _http.raise_for_status(raw, model=request.model, now=self._now(), secrets=secrets)
+        data = _http.decode_json_body(raw, model=request.model, secrets=secrets)
+        message = data.get("message") if isinstance(data, dict) else None
+        if not isinstance(message, dict):
+            raise _http.protocol_error(raw, model=request.model, what="body has no 'message' object", secrets=secrets)
+        content = message.get("content")
+        if content is not None and not isinstance(content, str):
+            raise _http.protocol_error(raw, model=request.model, what="message.content is not a string", secrets=secrets)
+        answer, think = _http.split_think(content or "")
+        thinking = message.get("thinking")
+        thinking = thinking if isinstance(thinking, str) else ""
+        reasoning = "\n".join(part for part in (thinking, think) if part)
+        done_reason = data.get("done_reason")
+        done_reason = done_reason if isinstance(done_reason, str) else None
+        if done_reason == "length":
+            outcome = Outcome.TRUNCATED
+        elif not answer.strip():
+            outcome = Outcome.EMPTY
+        else:
+            outcome = Outcome.OK
+        return Reply(
+            outcome=outcome,
+            answer_text=answer,
+            reasoning_text=reasoning,
+            latency_ms=raw.latency_ms,
+            status_code=raw.status_code,
+            bytes_received=raw.bytes_received,
+            finish_reason=done_reason,
+            prompt_tokens=_http.int_or_none(data.get("prompt_eval_count")),
+            completion_tokens=_http.int_or_none(data.get("eval_count")),
+            reasoning_tokens=None,
+        )
+
+    async def list_models(self, timeouts: TimeoutPolicy) -> list[str]:
+        """Model names from ``GET /api/tags``."""
+        secrets = (self._api_key,)
+        raw = await _http.send(
+            self._client, "GET", f"{self._root}/api/tags", timeouts=timeouts, clock=self._clock,
+            headers=self._headers(), secrets=secrets,
+        )
+        _http.raise_for_status(raw, model="*", now=self._now(), secrets=secrets)
+        data = _http.decode_json_body(raw, model="*", secrets=secrets)
+        entries = data.get("models") if isinstance(data, dict) else None
+        if not isinstance(entries, list):
+            raise _http.protocol_error(raw, model="*", what="/api/tags body has no 'models' list", secrets=secrets)
+        names = []
+        for entry in entries:
+            if isinstance(entry, dict):
+                name = entry.get("name") or entry.get("model")
+                if isinstance(name, str):
+                    names.append(name)
+        return names

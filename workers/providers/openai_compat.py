@@ -1,0 +1,155 @@
+"""OpenAI-compatible ``POST /v1/chat/completions`` (hosted open-model endpoints, vLLM, Ollama's
+``/v1``, OpenAI itself).
+
+Request: one user message, ``stream: false``, ``temperature`` and the token cap when set (under
+``max_tokens`` or, for endpoints that want it, ``max_completion_tokens``), a ``json_schema``
+``response_format`` in structured-output mode, then ``request.options`` merged last as extra
+body fields (so a campaign can set anything the endpoint understands). The reasoning switch is
+not standardised across OpenAI-compatible servers: ``reasoning_on``/``reasoning_off`` are the
+body fields sent when ``request.reasoning`` is True/False (default: ``reasoning_effort``).
+``Cache-Control: no-store`` asks every cache on the path not to keep or reuse the answer.
+
+Reply: answer = ``choices[0].message.content``; reasoning = ``message.reasoning_content`` or
+``message.reasoning``, plus a leading ``<think>…</think>`` block split out of the content.
+``finish_reason == "length"`` -> TRUNCATED (even with empty content), empty answer -> EMPTY.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+from storage.records import Outcome
+from workers.providers import _http
+from workers.providers.base import ChatRequest, Reply
+from workers.runtask import TimeoutPolicy
+
+SCHEMA_NAME = "irbench_ir"
+
+
+class OpenAIProvider:
+    """Client for one OpenAI-compatible endpoint. ``base_url`` may end in ``/v1`` or not."""
+
+    wire_format = "openai"
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        base_url: str,
+        api_key: str | None,
+        *,
+        max_tokens_param: str = "max_tokens",
+        reasoning_on: dict[str, Any] | None = None,
+        reasoning_off: dict[str, Any] | None = None,
+        clock: _http.Clock = time.monotonic,
+        now: _http.WallClock = _http.utc_now,
+    ) -> None:
+        root = _http.check_base_url(base_url)
+        self._root = root[: -len("/v1")] if root.endswith("/v1") else root
+        self._client = client
+        self._api_key = api_key
+        self._max_tokens_param = max_tokens_param
+        self._reasoning_on = {"reasoning_effort": "medium"} if reasoning_on is None else reasoning_on
+        self._reasoning_off = {"reasoning_effort": "none"} if reasoning_off is None else reasoning_off
+        self._clock = clock
+        self._now = now
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Cache-Control": "no-store", "Accept": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        return headers
+
+    def build_body(self, request: ChatRequest) -> dict[str, Any]:
+        """The JSON body sent for ``request`` (public so runs can record what was sent)."""
+        body: dict[str, Any] = {
+            "model": request.model,
+            "messages": [{"role": "user", "content": request.user_message}],
+            "stream": False,
+        }
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        if request.max_tokens is not None:
+            body[self._max_tokens_param] = request.max_tokens
+        if request.json_schema is not None:
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": SCHEMA_NAME, "schema": request.json_schema},
+            }
+        if request.reasoning is True:
+            body.update(self._reasoning_on)
+        elif request.reasoning is False:
+            body.update(self._reasoning_off)
+        body.update(request.options)
+        return body
+
+    async def complete(self, request: ChatRequest) -> Reply:
+        """One chat completion; raises ``workers.errors.ProviderError`` subclasses on failure."""
+        secrets = (self._api_key,)
+        raw = await _http.send(
+            self._client,
+            "POST",
+            f"{self._root}/v1/chat/completions",
+            timeouts=request.timeouts,
+            clock=self._clock,
+            json_body=self.build_body(request),
+            headers=self._headers(),
+            secrets=secrets,
+            context=f"model={request.model}",
+        )
+        _http.raise_for_status(raw, model=request.model, now=self._now(), secrets=secrets)
+        data = _http.decode_json_body(raw, model=request.model, secrets=secrets)
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise _http.protocol_error(raw, model=request.model, what="body has no choices[0]", secrets=secrets)
+        choice = choices[0]
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            raise _http.protocol_error(raw, model=request.model, what="choices[0] has no message", secrets=secrets)
+        content = message.get("content")
+        if content is not None and not isinstance(content, str):
+            raise _http.protocol_error(raw, model=request.model, what="message.content is not a string", secrets=secrets)
+        answer, think = _http.split_think(content or "")
+        reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
+        if not isinstance(reasoning, str):
+            reasoning = ""
+        reasoning = "\n".join(part for part in (reasoning, think) if part)
+        finish_reason = choice.get("finish_reason")
+        finish_reason = finish_reason if isinstance(finish_reason, str) else None
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        details = usage.get("completion_tokens_details")
+        details = details if isinstance(details, dict) else {}
+        if finish_reason == "length":
+            outcome = Outcome.TRUNCATED
+        elif not answer.strip():
+            outcome = Outcome.EMPTY
+        else:
+            outcome = Outcome.OK
+        return Reply(
+            outcome=outcome,
+            answer_text=answer,
+            reasoning_text=reasoning,
+            latency_ms=raw.latency_ms,
+            status_code=raw.status_code,
+            bytes_received=raw.bytes_received,
+            finish_reason=finish_reason,
+            prompt_tokens=_http.int_or_none(usage.get("prompt_tokens")),
+            completion_tokens=_http.int_or_none(usage.get("completion_tokens")),
+            reasoning_tokens=_http.int_or_none(details.get("reasoning_tokens")),
+        )
+
+    async def list_models(self, timeouts: TimeoutPolicy) -> list[str]:
+        """Model ids from ``GET /v1/models``."""
+        secrets = (self._api_key,)
+        raw = await _http.send(
+            self._client, "GET", f"{self._root}/v1/models", timeouts=timeouts, clock=self._clock,
+            headers=self._headers(), secrets=secrets,
+        )
+        _http.raise_for_status(raw, model="*", now=self._now(), secrets=secrets)
+        data = _http.decode_json_body(raw, model="*", secrets=secrets)
+        entries = data.get("data") if isinstance(data, dict) else None
+        if not isinstance(entries, list):
+            raise _http.protocol_error(raw, model="*", what="/v1/models body has no 'data' list", secrets=secrets)
+        return [e["id"] for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str)]

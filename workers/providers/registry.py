@@ -1,0 +1,40 @@
+"""Pick a provider client for an endpoint, and build the one shared HTTP client per process."""
+
+from __future__ import annotations
+
+import httpx
+
+from workers.errors import ConfigError
+from workers.providers.base import Provider
+from workers.providers.ollama import OllamaProvider
+from workers.providers.openai_compat import OpenAIProvider
+from workers.runtask import EndpointRef
+
+WIRE_FORMATS = ("openai", "ollama")
+
+
+def make_provider(endpoint: EndpointRef, client: httpx.AsyncClient, api_key: str | None) -> Provider:
+    """The provider for ``endpoint.wire_format``; ``ConfigError`` names the allowed values."""
+    if endpoint.wire_format == "openai":
+        return OpenAIProvider(client, endpoint.base_url, api_key)
+    if endpoint.wire_format == "ollama":
+        return OllamaProvider(client, endpoint.base_url, api_key)
+    raise ConfigError(
+        f"endpoint {endpoint.name!r} has wire_format {endpoint.wire_format!r}; "
+        f"use one of {', '.join(WIRE_FORMATS)}"
+    )
+
+
+def make_http_client(max_connections: int = 64) -> httpx.AsyncClient:
+    """One ``AsyncClient`` per process, shared by every provider.
+
+    Timeouts are set per request (``_http.httpx_timeout``), so the client's default is no cap.
+    ``trust_env=False``: proxy variables must not reroute loopback or LAN endpoints, and
+    ``.netrc`` credentials must not be attached. httpx keeps no response cache.
+    """
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(None),
+        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        trust_env=False,
+        follow_redirects=False,
+    )
