@@ -1,0 +1,28 @@
+"""Per-model limits: concurrency leases, GCRA requests/tokens per window, cooldown, disable.
+
+``MemoryLimiter`` (one process, injectable clock) and ``RedisLimiter`` (global, Redis clock)
+implement the same contract, checked by one shared test suite.
+"""
+
+from workers.limits.base import Limiter, Permit
+from workers.limits.memory import (
+    Lease,
+    LimitDecision,
+    LimiterError,
+    LimiterUnavailable,
+    MemoryLimiter,
+    ModelDisabled,
+)
+from workers.limits.redis_limiter import RedisLimiter
+
+__all__ = [
+    "Lease",
+    "LimitDecision",
+    "Limiter",
+    "LimiterError",
+    "LimiterUnavailable",
+    "MemoryLimiter",
+    "ModelDisabled",
+    "Permit",
+    "RedisLimiter",
+]

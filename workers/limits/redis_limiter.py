@@ -1,0 +1,254 @@
+"""Global per-model limiter on Redis: leases + GCRA + cooldown, one atomic Lua script per decision.
+
+Same semantics as :class:`workers.limits.memory.MemoryLimiter` (read its docstring), with every
+time taken from Redis ``TIME`` inside the scripts, so workers' clocks never matter.
+
+Keys (one hash tag per model, so a cluster keeps them on one slot):
+``{prefix}:{<model>}:lease`` ZSET holder -> expiry (us); ``{prefix}:{<model>}:state`` HASH with
+``tat_r``/``tat_t`` (GCRA theoretical arrival times, us), ``ivt`` (us per token), ``cool``
+(cooldown end, us) and ``disabled`` (reason). Releases, cooldowns and disables are published on
+``{prefix}:chg:<model>``; one pub/sub connection per limiter wakes the local waiters of that model.
+
+Waiting: a denied acquire sleeps until the computed time (exact for rate and cooldown; the next
+lease expiry for concurrency), wakes early on a change message for its model, and never sleeps
+longer than ``max_block_s`` so a lost message (Redis restart) only delays, never strands, a waiter.
+Each waiter waits on its own model's event: a saturated model never delays another.
+
+The client must use a connection pool (the default): the pub/sub listener holds one connection.
+Redis failures surface as :class:`LimiterUnavailable` (retry the task later), never as redis types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import replace
+from importlib import resources
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from workers.limits.base import Permit
+from workers.limits.memory import (
+    CONCURRENCY,
+    Lease,
+    LimitDecision,
+    LimiterError,
+    LimiterUnavailable,
+    ModelDisabled,
+    check_cost,
+    intervals_s,
+)
+from workers.runtask import ModelLimits
+
+_US = 1_000_000.0
+_SCRIPTS = ("acquire", "release", "renew", "cooldown", "outstanding")
+
+
+def _text(x: Any) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+class RedisLimiter:
+    """Limiter shared by every worker that talks to the same Redis.
+
+    ``client``: a ``redis.asyncio.Redis`` (pooled). ``key_prefix``: namespace of all keys.
+    ``lease_ttl_s``: lease lifetime without :meth:`renew`. ``period_s``: the rate window the
+    per-minute limits are counted over. ``max_block_s``: longest single wait before re-checking.
+    Use as ``async with RedisLimiter(...) as lim`` or call :meth:`aclose` to stop the listener.
+    """
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        key_prefix: str = "irbench:lim",
+        lease_ttl_s: float = 900.0,
+        period_s: float = 60.0,
+        max_block_s: float = 5.0,
+        listener_ready_timeout_s: float = 2.0,
+    ) -> None:
+        if lease_ttl_s <= 0 or period_s <= 0 or max_block_s <= 0:
+            raise LimiterError("lease_ttl_s, period_s and max_block_s must be > 0 seconds")
+        self._client = client
+        self._prefix = key_prefix
+        self._ttl_s = lease_ttl_s
+        self._period_s = period_s
+        self._max_block_s = max_block_s
+        self._ready_timeout_s = listener_ready_timeout_s
+        pkg = resources.files("workers.limits")
+        self._scripts = {n: client.register_script(pkg.joinpath(f"{n}.lua").read_text()) for n in _SCRIPTS}
+        self._chan_head = f"{key_prefix}:chg:"
+        self._events: dict[str, asyncio.Event] = {}
+        self._listener: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+
+    # ----- keys and errors -------------------------------------------------------------------
+    def _keys(self, model: str) -> list[str]:
+        return [f"{self._prefix}:{{{model}}}:lease", f"{self._prefix}:{{{model}}}:state"]
+
+    def _channel(self, model: str) -> str:
+        return self._chan_head + model
+
+    def _where(self) -> str:
+        kw = self._client.connection_pool.connection_kwargs
+        return kw.get("path") or f"{kw.get('host', '?')}:{kw.get('port', '?')}"
+
+    async def _run(self, what: str, coro: Any) -> Any:
+        try:
+            return await coro
+        except (RedisConnectionError, RedisTimeoutError, OSError) as e:
+            raise LimiterUnavailable(
+                f"limiter Redis at {self._where()} is unreachable while {what} ({e}); "
+                "check that redis-server is running and reachable, then retry the task"
+            ) from e
+        except RedisError as e:
+            raise LimiterError(f"limiter Redis at {self._where()} refused {what}: {e}") from e
+
+    # ----- decisions ---------------------------------------------------------------------------
+    async def try_acquire(self, model: str, limits: ModelLimits, holder: str, cost_tokens: int) -> LimitDecision:
+        """One atomic check on Redis's clock: grant now, or say how long to wait and why."""
+        check_cost(cost_tokens)
+        per_request, per_token = intervals_s(limits, self._period_s)
+        args = [holder, limits.max_concurrency or 0, per_request * _US, per_token * _US, cost_tokens, self._ttl_s * _US]
+        code, wait_us, reason, now_us, detail = await self._run(
+            f"deciding for model {model!r}", self._scripts["acquire"](keys=self._keys(model), args=args)
+        )
+        now_s = int(_text(now_us)) / _US
+        if int(code) == -1:
+            raise ModelDisabled(model, _text(detail))
+        if int(code) > 0:
+            return LimitDecision(Lease(model, holder, cost_tokens, granted_at_s=now_s), 0.0, _text(reason), now_s)
+        return LimitDecision(None, int(_text(wait_us)) / _US, _text(reason), now_s)
+
+    async def acquire(self, model: str, limits: ModelLimits, holder: str, cost_tokens: int) -> Lease:
+        """Wait (without spinning) until granted; ``waited_ms`` is measured on Redis's clock."""
+        await self._ensure_listener()
+        started: float | None = None
+        while True:
+            changed = self._events.setdefault(model, asyncio.Event())  # before deciding: no lost wake-up
+            d = await self.try_acquire(model, limits, holder, cost_tokens)
+            started = d.now_s if started is None else started
+            if d.permit is not None:
+                return replace(d.permit, waited_ms=(d.now_s - started) * 1000.0)
+            wait_s = min(d.wait_s, self._max_block_s)
+            if d.reason != CONCURRENCY:
+                wait_s = max(wait_s, 0.0005)  # TAT rounding to whole us must not cause a re-check storm
+            try:
+                await asyncio.wait_for(changed.wait(), timeout=wait_s)
+            except asyncio.TimeoutError:
+                pass
+
+    async def release(self, permit: Permit, actual_tokens: int | None = None) -> bool:
+        """Free the lease, settle tokens, wake waiters. False if the lease had already expired."""
+        args = [permit.holder, permit.cost_tokens, "" if actual_tokens is None else actual_tokens, self._channel(permit.model)]
+        removed, _ = await self._run(
+            f"releasing {permit.holder!r} on {permit.model!r}", self._scripts["release"](keys=self._keys(permit.model), args=args)
+        )
+        return int(removed) == 1
+
+    async def renew(self, permit: Permit) -> bool:
+        """Extend a live lease by ``lease_ttl_s`` (call every TTL/3 during long calls); False = lost."""
+        res = await self._run(
+            f"renewing {permit.holder!r} on {permit.model!r}",
+            self._scripts["renew"](keys=self._keys(permit.model)[:1], args=[permit.holder, self._ttl_s * _US]),
+        )
+        return int(res) == 1
+
+    async def cooldown(self, model: str, seconds: float) -> None:
+        """No permits for ``model`` for ``seconds`` on Redis's clock, across all workers."""
+        await self._run(
+            f"setting a cooldown on {model!r}",
+            self._scripts["cooldown"](keys=self._keys(model)[1:], args=[max(seconds, 0.0) * _US, self._channel(model)]),
+        )
+
+    async def disable(self, model: str, reason: str) -> None:
+        """Stop all further calls to ``model`` (e.g. HTTP 410); waiting acquirers raise too."""
+        pipe = self._client.pipeline(transaction=True)
+        pipe.hset(self._keys(model)[1], "disabled", reason or "disabled")
+        pipe.publish(self._channel(model), "disabled")
+        await self._run(f"disabling {model!r}", pipe.execute())
+
+    async def enable(self, model: str) -> None:
+        await self._run(f"enabling {model!r}", self._client.hdel(self._keys(model)[1], "disabled"))
+
+    async def disabled_reason(self, model: str) -> str | None:
+        r = await self._run(f"reading {model!r}", self._client.hget(self._keys(model)[1], "disabled"))
+        return None if r is None else _text(r)
+
+    async def is_disabled(self, model: str) -> bool:
+        return await self.disabled_reason(model) is not None
+
+    async def outstanding(self, model: str) -> int:
+        """Number of live leases for ``model`` on Redis's clock."""
+        n = await self._run(f"counting leases of {model!r}", self._scripts["outstanding"](keys=self._keys(model)[:1], args=[]))
+        return int(n)
+
+    # ----- change notifications ----------------------------------------------------------------
+    async def _ensure_listener(self) -> None:
+        if self._listener is None or self._listener.done():
+            self._listener = asyncio.create_task(self._listen(), name=f"limiter-listener:{self._prefix}")
+        if not self._ready.is_set():
+            # If Redis is down the decision itself reports it; waits stay bounded by max_block_s.
+            try:
+                await asyncio.wait_for(self._ready.wait(), timeout=self._ready_timeout_s)
+            except asyncio.TimeoutError:
+                pass
+
+    def _wake(self, model: str | None) -> None:
+        if model is None:
+            events, self._events = list(self._events.values()), {}
+        else:
+            ev = self._events.pop(model, None)
+            events = [] if ev is None else [ev]
+        for ev in events:
+            ev.set()
+
+    async def _listen(self) -> None:
+        pattern = re.sub(r"([*?\[\]\\])", r"\\\1", self._chan_head) + "*"
+        backoff_s = 0.05
+        while True:
+            ps = self._client.pubsub()
+            try:
+                await ps.psubscribe(pattern)
+                while True:
+                    msg = await ps.get_message(timeout=None)
+                    if msg is None:
+                        continue
+                    if msg["type"] == "psubscribe":
+                        self._ready.set()
+                        self._wake(None)  # messages may have been missed while (re)connecting
+                        backoff_s = 0.05
+                    elif msg["type"] == "pmessage":
+                        self._wake(_text(msg["channel"])[len(self._chan_head) :])
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError):
+                self._ready.clear()
+                self._wake(None)
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, self._max_block_s)
+            finally:
+                try:
+                    await ps.aclose()
+                except (RedisError, OSError):
+                    pass
+
+    async def aclose(self) -> None:
+        """Stop the listener (the client stays open: the caller owns it)."""
+        if self._listener is not None:
+            self._listener.cancel()
+            try:
+                await self._listener
+            except (asyncio.CancelledError, RedisError, OSError):
+                pass
+            self._listener = None
+
+    async def __aenter__(self) -> RedisLimiter:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
