@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from workers.errors import IrbenchError
-from workers.logs import configure_logging
+from workers.logs import Redactor, configure_logging
 
 app = typer.Typer(
     name="irbench",
@@ -31,14 +31,13 @@ def _examples_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "examples"
 
 
-def _setup_logging(log_file: Path | None, verbose: bool) -> None:
+def _setup_logging(log_file: Path | None, verbose: bool) -> Redactor:
     level = "DEBUG" if verbose else "INFO"
     if log_file is not None:
         log_file.parent.mkdir(parents=True, exist_ok=True)
         stream = open(log_file, "a", encoding="utf-8")  # noqa: SIM115 - lives for the process
-        configure_logging(json=True, level=level, stream=stream)
-    else:
-        configure_logging(level="DEBUG" if verbose else "WARNING")
+        return configure_logging(json=True, level=level, stream=stream)
+    return configure_logging(level="DEBUG" if verbose else "WARNING")
 
 
 def _fail(exc: Exception) -> None:
@@ -64,13 +63,15 @@ def run(
     from orchestrator.spec import load_campaign
     from storage.runs import RunStore
 
-    _setup_logging(log_file, verbose)
+    redactor = _setup_logging(log_file, verbose)
     try:
         spec = load_campaign(campaign)
         if executor != "local":
             raise IrbenchError(f"executor {executor!r} is not available in this build; use --executor local")
         prepared = prepare(spec)
         secrets = resolve_secrets(spec)
+        for value in secrets.values():
+            redactor.add_secret(value)
         store = RunStore(data)
         _report_corpus(prepared)
         with ModelBars(console, enabled=progress) as bars:

@@ -1,0 +1,33 @@
+"""Shared fixtures: paths, the simulated endpoint on a real loopback socket."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+ARTIFACT = REPO.parent / "shared" / "paper-artifact"
+
+
+@pytest.fixture(scope="session")
+def examples_dir() -> Path:
+    return EXAMPLES
+
+
+@pytest.fixture(scope="session")
+def artifact_dir() -> Path:
+    assert ARTIFACT.is_dir(), f"the study's artifact is expected at {ARTIFACT}"
+    return ARTIFACT
+
+
+@pytest.fixture
+def sim_server() -> Iterator[object]:
+    """A fresh simulator (examples/sim.toml) on a free port, with its own counters."""
+    from simulator.config import load_sim_config
+    from simulator.server import start_background
+
+    with start_background(load_sim_config(EXAMPLES / "sim.toml")) as sim:
+        yield sim
