@@ -1,0 +1,128 @@
+"""The execution loop against the simulator over loopback: retries, retirement, timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from orchestrator.instruction import load_instruction
+from orchestrator.local import LocalOptions, run_local
+from simulator.config import SimConfig, SimModel
+from simulator.server import start_background
+from storage.records import Outcome
+from storage.runs import RunStore
+from workers.runtask import EndpointRef, ModelLimits, RetryPolicy, RunTask, TimeoutPolicy
+
+PROMPT = """// @rule RULE:GREETING category=style priority=1
+Say hello.
+// @condition CONDITION:VIP
+{% if user.vip %}
+// @rule RULE:VIP_TONE category=style priority=2 conditionRef=CONDITION:VIP
+Be extra polite.
+{% endif %}
+// @breakpoint BREAKPOINT:END
+"""
+
+
+def _tasks(model: str, base_url: str, n: int, **overrides) -> list[RunTask]:
+    instr = load_instruction(None)
+    fields = dict(
+        campaign="t",
+        panel="t",
+        model=model,
+        endpoint=EndpointRef(name="sim", base_url=base_url),
+        prompt_sha256="a" * 64,
+        prompt_name="hello.prompt.rtpl",
+        user_message=instr.render("hello.prompt.rtpl", PROMPT),
+        instruction_version=instr.version,
+        instruction_sha256=instr.sha256,
+        limits=ModelLimits(max_concurrency=1),
+        retry=RetryPolicy(max_attempts=4, backoff_base_s=0.01, backoff_cap_s=0.05),
+    )
+    fields.update(overrides)
+    return [RunTask(run_id=f"{model}-{i:04d}", run_index=i, **fields) for i in range(n)]
+
+
+def _requests(base_url: str, model: str) -> int:
+    with urllib.request.urlopen(f"{base_url}/_stats") as resp:
+        stats = json.load(resp)
+    models = stats.get("models", stats)
+    entry = models.get(model, {})
+    return int(entry.get("total", entry.get("requests", 0)))
+
+
+def _run(tasks, tmp_path: Path):
+    store = RunStore(tmp_path / "data")
+    summary = asyncio.run(run_local(tasks, store, secrets={}, options=LocalOptions()))
+    return store, summary
+
+
+def test_retired_model_stops_calls_and_cancels_the_rest(tmp_path: Path) -> None:
+    cfg = SimConfig(seed=1, models={"old": SimModel(retired_after_requests=3, retired_on="2026-08-01",
+                                                     retirement_reference="RET-7")})
+    with start_background(cfg) as sim:
+        store, summary = _run(_tasks("old", sim.base_url, 10), tmp_path)
+        assert _requests(sim.base_url, "old") == 4  # 3 answers, one 410, nothing after
+    records = {r.run_id: r for r in store.read_records()}
+    outcomes = sorted(r.outcome.value for r in records.values())
+    assert outcomes.count("ok") == 3 and outcomes.count("retired") == 1 and outcomes.count("cancelled") == 6
+    retired = next(r for r in records.values() if r.outcome is Outcome.RETIRED)
+    assert retired.retired_on == "2026-08-01" and len(retired.attempts) == 1  # never retried
+    cancelled = [r for r in records.values() if r.outcome is Outcome.CANCELLED]
+    assert all(r.cancel_reason and r.cancel_reason.startswith("retired") and not r.attempts for r in cancelled)
+
+
+def test_server_errors_are_retried_and_every_attempt_kept(tmp_path: Path) -> None:
+    cfg = SimConfig(seed=3, models={"flaky": SimModel(server_error_prob=0.5)})
+    with start_background(cfg) as sim:
+        store, _ = _run(_tasks("flaky", sim.base_url, 12), tmp_path)
+        calls = _requests(sim.base_url, "flaky")
+    records = store.read_records()
+    attempts = sum(len(r.attempts) for r in records)
+    assert attempts == calls  # every HTTP call is recorded as an attempt
+    assert any(len(r.attempts) > 1 for r in records)
+    for r in records:
+        assert [a.attempt for a in r.attempts] == list(range(1, len(r.attempts) + 1))
+        assert r.outcome == r.attempts[-1].outcome  # a run's class is its last attempt's
+        assert all(a.outcome is Outcome.SERVER_ERROR for a in r.attempts[:-1])
+
+
+def test_hang_is_cut_at_the_total_deadline(tmp_path: Path) -> None:
+    cfg = SimConfig(seed=2, models={"hang": SimModel(hang_prob=1.0, hang_s=30.0), "fine": SimModel()})
+    deadline_s = 0.8
+    timeouts = TimeoutPolicy(connect_timeout_s=2.0, read_timeout_s=None, total_timeout_s=deadline_s)
+    with start_background(cfg) as sim:
+        tasks = _tasks("hang", sim.base_url, 2, timeouts=timeouts) + _tasks("fine", sim.base_url, 4)
+        t0 = time.monotonic()
+        store, _ = _run(tasks, tmp_path)
+        elapsed = time.monotonic() - t0
+    records = store.read_records()
+    hung = [r for r in records if r.model == "hang"]
+    assert all(r.outcome is Outcome.TIMEOUT_TOTAL for r in hung)
+    for r in hung:
+        assert abs(r.latency_ms / 1000 - deadline_s) <= 0.1 * deadline_s + 0.05
+        assert r.total_timeout_s == deadline_s
+    assert all(r.outcome is Outcome.OK for r in records if r.model == "fine")
+    assert elapsed < 2 * deadline_s + 3  # serial hangs, not 30 s each
+
+
+def test_rate_limited_calls_cool_down_and_complete(tmp_path: Path) -> None:
+    cfg = SimConfig(seed=5, models={"busy": SimModel(rate_limit_prob=0.4, retry_after_s=1)})
+    with start_background(cfg) as sim:
+        tasks = _tasks("busy", sim.base_url, 6, retry=RetryPolicy(max_attempts=8, backoff_base_s=0.01))
+        store, _ = _run(tasks, tmp_path)
+    records = store.read_records()
+    assert all(r.outcome is Outcome.OK for r in records)
+    limited = [a for r in records for a in r.attempts if a.outcome is Outcome.RATE_LIMITED]
+    assert limited and all(a.retry_after_s == pytest.approx(1.0) for a in limited)
+    # after each 429 the next attempt of that run starts no earlier than Retry-After
+    for r in records:
+        for prev, nxt in zip(r.attempts, r.attempts[1:]):
+            if prev.outcome is Outcome.RATE_LIMITED:
+                gap = (nxt.started_at - prev.started_at).total_seconds() * 1000 - prev.latency_ms
+                assert gap >= 1000 - 50
