@@ -1,0 +1,98 @@
+"""Every analysis choice that can move a headline, as one frozen, validated options object.
+
+Each field states its default and its unit (``json_schema_extra={"unit": ...}``); the manifest
+and report print them with :meth:`AnalysisOptions.described`. Add new options as new fields
+with a default and a unit — existing callers keep working.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+def _unit(unit: str) -> dict[str, Any]:
+    return {"unit": unit}
+
+
+class AnalysisOptions(BaseModel):
+    """Options of ``irbench analyze``. Frozen; unknown fields are rejected (typos fail loudly)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    min_runs: int = Field(
+        default=2,
+        ge=2,
+        description="a cell enters the stability table with at least this many successful runs",
+        json_schema_extra=_unit("successful runs per cell"),
+    )
+    min_prompts: int = Field(
+        default=3,
+        ge=1,
+        description="a model enters the table with at least this many included prompts",
+        json_schema_extra=_unit("prompts per model"),
+    )
+    date_from: dt.date | None = Field(
+        default=None,
+        description="first measurement date read (inclusive); None = from the start",
+        json_schema_extra=_unit("UTC date"),
+    )
+    date_to: dt.date | None = Field(
+        default=None,
+        description="last measurement date read (inclusive); None = to the end",
+        json_schema_extra=_unit("UTC date"),
+    )
+    campaigns: list[str] | None = Field(
+        default=None,
+        description="campaigns read; None = all",
+        json_schema_extra=_unit("campaign names"),
+    )
+    models: list[str] | None = Field(
+        default=None,
+        description="models read; None = all",
+        json_schema_extra=_unit("model names"),
+    )
+    panel: str | None = Field(
+        default=None,
+        description="analyse only this panel; None = every panel, each separately",
+        json_schema_extra=_unit("panel name"),
+    )
+    seed: int = Field(
+        default=20260601,
+        ge=0,
+        description="seed of every resampling step (bootstrap, rank retention)",
+        json_schema_extra=_unit("integer seed"),
+    )
+    replicates: int = Field(
+        default=10_000,
+        ge=1,
+        description="bootstrap replicates",
+        json_schema_extra=_unit("replicates"),
+    )
+
+    @model_validator(mode="after")
+    def _window(self) -> AnalysisOptions:
+        if self.date_from and self.date_to and self.date_from > self.date_to:
+            raise ValueError(
+                f"date_from {self.date_from} is after date_to {self.date_to}; swap them"
+            )
+        for name in ("campaigns", "models"):
+            value = getattr(self, name)
+            if value is not None and not value:
+                raise ValueError(f"{name} is an empty list; pass None to read all {name}")
+        return self
+
+    def described(self) -> dict[str, dict[str, Any]]:
+        """``{name: {"value": json-able value, "unit": str, "description": str}}`` per field."""
+        out: dict[str, dict[str, Any]] = {}
+        dumped = self.model_dump(mode="json")
+        for name, info in type(self).model_fields.items():
+            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            out[name] = {
+                "value": dumped[name],
+                "unit": extra.get("unit", ""),
+                "description": info.description or "",
+            }
+        return out
