@@ -1,0 +1,147 @@
+"""The ``runs/`` dataset: every RunRecord, partitioned by ``measurement_date``, deduped by run_id.
+
+A single-record write is published as ``<run_id>.parquet`` with first-writer-wins, so a
+redelivered run that finishes again is a no-op on disk; batches are ``batch-<uuid>.parquet``
+and the reader keeps one row per run_id (earliest ``measured_at``, then file name).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from storage.compaction import CompactionConfig, CompactionReport, compact
+from storage.dataset import DatasetSpec, ParquetDataset
+from storage.records import RunRecord
+from storage.schema import RUN_SCHEMA, records_to_table, table_to_records
+
+RUNS_DATASET = "runs"
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,150}$")
+
+
+def run_spec(name: str = RUNS_DATASET) -> DatasetSpec:
+    """The dataset description of run records."""
+    return DatasetSpec(
+        name=name,
+        schema=RUN_SCHEMA,
+        key="run_id",
+        partition_col="measurement_date",
+        order_col="measured_at",
+        version_col="schema_version",
+    )
+
+
+def file_stem_for(run_id: str) -> str:
+    """A file-name-safe, deterministic stem for one run (hashed if the id is not safe)."""
+    if _SAFE_ID.match(run_id) and not run_id.startswith("batch-") and not run_id.startswith("part-"):
+        return run_id
+    return "run-" + hashlib.sha256(run_id.encode()).hexdigest()[:40]
+
+
+class RunStore:
+    """Run records under ``root/runs/``.
+
+    ``fsync``: durable writes (default on); ``compaction``: settings for :meth:`compact`.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        fsync: bool = True,
+        compression: str = "snappy",
+        compaction: CompactionConfig = CompactionConfig(),
+    ) -> None:
+        self.root = Path(root)
+        self.dataset = ParquetDataset(self.root, run_spec(), fsync=fsync, compression=compression)
+        self.compaction = compaction
+
+    def write(self, records: Sequence[RunRecord]) -> int:
+        """Persist ``records`` atomically; returns rows published.
+
+        One record: ``<run_id>.parquet``, 0 if that file already exists (redelivery).
+        More: one ``batch-<uuid>.parquet`` per measurement date (duplicates are deduped on read).
+        """
+        if not records:
+            return 0
+        table = records_to_table(records)
+        stem = file_stem_for(records[0].run_id) if len(records) == 1 else None
+        return self.dataset.write(table, stem=stem).rows_written
+
+    @staticmethod
+    def _filters(
+        campaigns: Sequence[str] | None, models: Sequence[str] | None
+    ) -> dict[str, list[str]]:
+        filters: dict[str, list[str]] = {}
+        if campaigns is not None:
+            filters["campaign"] = list(campaigns)
+        if models is not None:
+            filters["model"] = list(models)
+        return filters
+
+    def completed_run_ids(self, campaign: str | None = None) -> set[str]:
+        """run_ids stored (any outcome, failures included), optionally for one campaign."""
+        filters = {"campaign": campaign} if campaign is not None else None
+        return self.dataset.keys(filters=filters)
+
+    def read_table(
+        self,
+        date_from: dt.date | None = None,
+        date_to: dt.date | None = None,
+        campaigns: Sequence[str] | None = None,
+        models: Sequence[str] | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> pa.Table:
+        """Runs in the inclusive date range, one row per run_id, sorted by run_id."""
+        return self.dataset.read(
+            date_from=date_from,
+            date_to=date_to,
+            filters=self._filters(campaigns, models),
+            columns=columns,
+        )
+
+    def read_records(
+        self,
+        date_from: dt.date | None = None,
+        date_to: dt.date | None = None,
+        campaigns: Sequence[str] | None = None,
+        models: Sequence[str] | None = None,
+    ) -> list[RunRecord]:
+        """Like :meth:`read_table`, as validated RunRecords."""
+        return table_to_records(self.read_table(date_from, date_to, campaigns, models))
+
+    def count_by_outcome(self, campaign: str | None = None) -> dict[str, int]:
+        """Deduplicated run counts per final outcome value (e.g. ``{"ok": 95, "timeout_read": 5}``)."""
+        table = self.read_table(
+            campaigns=[campaign] if campaign is not None else None, columns=["outcome"]
+        )
+        if table.num_rows == 0:
+            return {}
+        counts = pc.value_counts(table["outcome"]).to_pylist()
+        return {c["values"]: c["counts"] for c in sorted(counts, key=lambda c: c["values"])}
+
+    def date_window(
+        self, campaign: str | None = None, models: Sequence[str] | None = None
+    ) -> tuple[dt.date, dt.date] | None:
+        """First and last ``measurement_date`` with data (None if there is none)."""
+        if campaign is None and models is None:
+            days = [d for d in self.dataset.partitions() if self.dataset.partition_files(d)]
+            return (days[0], days[-1]) if days else None
+        table = self.dataset.read(
+            filters=self._filters([campaign] if campaign is not None else None, models),
+            columns=["measurement_date"],
+        )
+        if table.num_rows == 0:
+            return None
+        mm = pc.min_max(table["measurement_date"]).as_py()
+        return mm["min"], mm["max"]
+
+    def compact(self, date: dt.date | None = None) -> CompactionReport:
+        """Merge small files of one partition (or all); see :mod:`storage.compaction`."""
+        return compact(self.dataset, date, self.compaction)
