@@ -137,6 +137,12 @@ class ModelDefaults(_Strict):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+NONE_ABLE = frozenset(
+    {"requests_per_minute", "tokens_per_minute", "max_concurrency", "connect_timeout_s", "read_timeout_s",
+     "total_timeout_s", "max_tokens", "temperature"}
+)
+
+
 class ModelSpec(ModelDefaults):
     """One model of the panel. ``name`` is the model id sent to the provider."""
 
@@ -282,7 +288,8 @@ def _problem_lines(fname: str, err: ValidationError, model: type[BaseModel], pre
             msg = e["msg"].removeprefix("Value error, ")
             got = repr(e.get("input"))
             got = got if len(got) <= 60 else got[:57] + "..."
-            lines.append(f"{fname}: {where}: {msg} (got {got})" if e["type"] != "value_error" else f"{fname}: {where}: {msg}")
+            hint = '; write a number, or "none" for no cap' if str(loc[-1]) in NONE_ABLE and e["type"].endswith("_parsing") else ""
+            lines.append(f"{fname}: {where}: {msg} (got {got}){hint}" if e["type"] != "value_error" else f"{fname}: {where}: {msg}")
     return lines
 
 
@@ -331,7 +338,8 @@ def _merge_models(fname: str, raw: dict[str, Any], problems: list[str]) -> None:
         if not isinstance(table, dict):
             continue
         merged = {**good_defaults, **table}
-        merged["options"] = {**good_defaults.get("options", {}), **table.get("options", {})}
+        if isinstance(table.get("options", {}), dict):
+            merged["options"] = {**good_defaults.get("options", {}), **table.get("options", {})}
         merged.setdefault("name", key)
         if "endpoint" not in merged and len(endpoints) == 1:
             merged["endpoint"] = next(iter(endpoints))  # one endpoint: nothing to choose

@@ -129,6 +129,9 @@ def test_demo_toml_loads() -> None:
          "camp.toml: endpoints.local.base_url: '127.0.0.1:11434' is not an http(s) URL"),
         (GOOD + '\n[executor]\nkind = "k8s"\n', "camp.toml: executor.kind: Input should be 'local' or 'celery'"),
         (GOOD.replace("[models.sim-mild]", "[[models]]"), "camp.toml: models: declare models as [models.<id>] tables"),
+        (GOOD.replace("options = {num_ctx = 8192}", "options = 3"), "camp.toml: models.llama.options: Input should be a valid dictionary"),
+        (GOOD.replace("max_tokens = 4000", 'max_tokens = "lots"'),
+         'camp.toml: models.sim-mild.max_tokens: Input should be a valid integer'),
     ],
 )
 def test_bad_specs_one_clear_line(tmp_path: Path, body: str, expected: str) -> None:
