@@ -21,7 +21,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 120)
 err_console = Console(stderr=True)
 
 DataOpt = Annotated[Path, typer.Option("--data", help="Dataset root (runs are stored under DATA/runs/).")]
@@ -179,7 +179,7 @@ def analyze(
 
 
 def _print_analysis(result) -> None:  # noqa: ANN001
-    from analysis.render import print_result
+    from orchestrator.printing import print_result
 
     print_result(result, console)
 

@@ -42,7 +42,7 @@ def run_demo(workdir: Path, examples: Path, console: Console, *, progress: bool 
         f"{summary.executed} runs executed, {skipped} already stored (resume), in {elapsed:.1f} s"
     )
     result = run_analysis(data, out, AnalysisOptions())
-    from analysis.render import print_result
+    from orchestrator.printing import print_result
 
     print_result(result, console)
     console.print(f"\nraw runs (Parquet): {data / 'runs'}")

@@ -115,7 +115,7 @@ async def run_local(
     ``secrets`` maps environment-variable names to API keys; it is read here and handed to the
     providers in memory only. Returns counts per model and outcome.
     """
-    limiter = limiter or MemoryLimiter(clock=None)
+    limiter = limiter or MemoryLimiter()
     gate = gate or MemoryGate(tasks[0].retry.disable_after_consecutive if tasks else 3)
     own_client = client is None
     client = client or make_http_client(options.max_connections)
