@@ -192,20 +192,13 @@ def test_model_table_ranks_ties_and_exclusions() -> None:
 
 
 def test_model_table_stab_breaks_jaccard_tie() -> None:
-    # Equal mean Jaccard (0.8); X has the higher mean ID-stability, so X ranks first even
-    # though 'Y' > 'X' would not matter and insertion order puts Y first.
+    # Equal mean Jaccard (0.8); Y has the higher mean ID-stability, so Y ranks first although
+    # the name order alone would put X first.
     cells = pa.Table.from_pylist(
-        [
-            _cell_row("Y", "s1", 0.8, 0.5),
-            _cell_row("Y", "s2", 0.8, 0.5),
-            _cell_row("Y", "s3", 0.8, 0.5),
-            _cell_row("X", "s1", 0.8, 0.7),
-            _cell_row("X", "s2", 0.8, 0.7),
-            _cell_row("X", "s3", 0.8, 0.7),
-        ],
+        [_cell_row(m, f"s{i}", 0.8, stab) for m, stab in (("X", 0.5), ("Y", 0.7)) for i in range(3)],
         schema=CELL_SCHEMA,
     )
-    assert model_table(cells).models == ["X", "Y"]
+    assert model_table(cells).models == ["Y", "X"]
 
 
 def _cell_row(model: str, sha: str, jac: float, stab: float) -> dict[str, Any]:
