@@ -377,6 +377,7 @@ class ParquetDataset:
                 raise FileNotFoundError(str(exc)) from exc
             raise self._diagnose(files, exc) from exc
         self._check_versions(table)
+        self._check_required(table)
         if dedupe:
             table = dedupe_table(table, self.spec.key, self.spec.order_col, FILENAME_COLUMN)
         return table.select(columns)
@@ -395,6 +396,20 @@ class ParquetDataset:
                 f"version {top}, this irbench reads versions <= {self.version}: upgrade irbench "
                 f"(first: {files[0]})"
             )
+
+    def _check_required(self, table: pa.Table) -> None:
+        """Non-nullable columns that came back null belong to files that lack them."""
+        for name in table.column_names:
+            if name == FILENAME_COLUMN or self.spec.schema.field(name).nullable:
+                continue
+            col = table[name]
+            if col.null_count:
+                files = sorted(set(table.filter(pc.is_null(col))[FILENAME_COLUMN].to_pylist()))
+                raise StorageError(
+                    f"dataset {self.spec.name!r}: required column {name!r} is missing or null in "
+                    f"{len(files)} file(s) (first: {files[0]}); they were not written by this "
+                    f"schema (version {self.version}): move them out of {self.path}"
+                )
 
     def _diagnose(self, files: list[Path], exc: Exception) -> StorageError:
         """Find which files are unreadable or of an incompatible schema, and say so."""

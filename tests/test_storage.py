@@ -1,0 +1,415 @@
+"""Storage layer: schema round trip, atomic partitioned writes, dedupe, filters, compaction."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from storage.compaction import (
+    CompactionConfig,
+    CompactionManifest,
+    compact,
+    partition_lock,
+    write_outputs,
+)
+from storage.dataset import ParquetDataset
+from storage.errors import StorageError
+from storage.records import SCHEMA_VERSION, Attempt, Outcome, ParseOutcome, RunRecord
+from storage.runs import RunStore, file_stem_for, run_spec
+from storage.schema import (
+    ATTEMPT_STRUCT,
+    RUN_SCHEMA,
+    records_to_table,
+    schema_version_of,
+    table_to_records,
+)
+
+UTC = dt.timezone.utc
+DAY1 = dt.date(2026, 3, 1)
+DAY2 = dt.date(2026, 3, 2)
+DAY3 = dt.date(2026, 3, 3)
+
+
+def make_record(
+    i: int,
+    *,
+    day: dt.date = DAY1,
+    model: str | None = None,
+    campaign: str = "camp",
+    run_id: str | None = None,
+    second: float | None = None,
+    **over: object,
+) -> RunRecord:
+    """A valid RunRecord; ``second`` offsets measured_at within ``day`` (default: i)."""
+    at = dt.datetime.combine(day, dt.time(0), UTC) + dt.timedelta(seconds=i if second is None else second)
+    fields: dict[str, object] = dict(
+        run_id=run_id or f"run-{i:06d}",
+        campaign=campaign,
+        panel="panel-a",
+        prompt_sha256="a" * 64,
+        prompt_name=f"prompt-{i % 7}",
+        model=model or f"model-{i % 3}",
+        endpoint="http://127.0.0.1:9/v1",
+        wire_format="openai",
+        run_index=i,
+        instruction_version="v1",
+        instruction_sha256="b" * 64,
+        measured_at=at,
+        measurement_date=day,
+        outcome=Outcome.OK,
+        attempts=[Attempt(attempt=1, outcome=Outcome.OK, started_at=at, latency_ms=12.5)],
+    )
+    fields.update(over)
+    return RunRecord(**fields)  # type: ignore[arg-type]
+
+
+def full_record() -> RunRecord:
+    """Every optional field set to a non-default value."""
+    start = dt.datetime(2026, 3, 1, 23, 59, 59, 123456, tzinfo=dt.timezone(dt.timedelta(hours=-2)))
+    return make_record(
+        1,
+        prompt_license="CC-BY-4.0",
+        prompt_source="https://example.org/p",
+        budget_max_tokens=512,
+        max_tokens=512,
+        temperature=0.7,
+        reasoning_enabled=True,
+        structured_output=True,
+        connect_timeout_s=1.5,
+        read_timeout_s=30.0,
+        total_timeout_s=60.0,
+        measured_at=start,
+        measurement_date=dt.date(2026, 3, 2),  # the UTC date of `start`
+        date_is_window=True,
+        outcome=Outcome.RATE_LIMITED,
+        cancel_reason="retired",
+        attempts=[
+            Attempt(
+                attempt=1, outcome=Outcome.RATE_LIMITED, started_at=start, latency_ms=3.25,
+                status_code=429, bytes_received=17, retry_after_s=2.5, error="slow down ünïcode",
+            ),
+            Attempt(
+                attempt=2, outcome=Outcome.OK, started_at=start + dt.timedelta(seconds=3),
+                latency_ms=900.0, status_code=200, bytes_received=4096,
+            ),
+        ],
+        latency_ms=900.0,
+        status_code=200,
+        finish_reason="stop",
+        retired_on="2026-06-01",
+        response_text='{"nodes": []}',
+        reasoning_text="thinking…",
+        answer_chars=13,
+        reasoning_chars=9,
+        prompt_tokens=100,
+        completion_tokens=20,
+        reasoning_tokens=5,
+        parse_outcome=ParseOutcome.REPAIRED,
+        parse_repairs=["trailing_comma", "fence"],
+        ir_json='{"nodes":[]}',
+        node_ids=["a", "b"],
+        node_count=2,
+        duplicate_id_count=1,
+        irbench_version="0.1.0",
+    )
+
+
+# ---------------------------------------------------------------------------- schema
+
+
+def test_schema_fields_equal_model_fields() -> None:
+    assert RUN_SCHEMA.names == list(RunRecord.model_fields)
+    assert [f.name for f in ATTEMPT_STRUCT] == list(Attempt.model_fields)
+    assert schema_version_of(RUN_SCHEMA) == SCHEMA_VERSION
+    assert RUN_SCHEMA.field("measured_at").type == pa.timestamp("us", tz="UTC")
+    assert RUN_SCHEMA.field("measurement_date").type == pa.date32()
+
+
+def test_round_trip_is_exact() -> None:
+    records = [full_record(), make_record(2), make_record(3, attempts=[])]
+    table = records_to_table(records)
+    assert table.schema.equals(RUN_SCHEMA, check_metadata=True)
+    back = table_to_records(table)
+    assert back == records
+    # the non-UTC offset is normalised to the same instant in UTC
+    assert back[0].measured_at.utcoffset() == dt.timedelta(0)
+    assert back[0].attempts[0].error == "slow down ünïcode"
+
+
+def test_naive_datetime_is_rejected() -> None:
+    rec = make_record(1, measured_at=dt.datetime(2026, 3, 1, 12))
+    with pytest.raises(StorageError, match="no timezone"):
+        records_to_table([rec])
+
+
+# ---------------------------------------------------------------------------- writes
+
+
+def test_partition_path_and_hive_layout(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    rec = full_record()
+    assert store.write([rec]) == 1
+    files = store.dataset.data_files()
+    assert [f.relative_to(tmp_path).as_posix() for f in files] == [
+        f"runs/measurement_date=2026-03-02/{rec.run_id}.parquet"
+    ]
+    # the partition column lives in the directory name only, so a plain hive reader works
+    assert "measurement_date" not in pq.read_schema(files[0]).names
+    plain = ds.dataset(tmp_path / "runs", format="parquet", partitioning="hive").to_table()
+    assert plain["run_id"].to_pylist() == [rec.run_id]
+    assert str(plain["measurement_date"][0]) == "2026-03-02"
+    # nothing but the published file is left behind
+    assert [p.name for p in files[0].parent.iterdir()] == [files[0].name]
+
+
+def test_batch_writes_one_file_per_date(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    recs = [make_record(i, day=[DAY1, DAY2, DAY3][i % 3]) for i in range(30)]
+    assert store.write(recs) == 30
+    files = store.dataset.data_files()
+    assert len(files) == 3 and all(f.name.startswith("batch-") for f in files)
+    assert sorted(store.read_records(), key=lambda r: r.run_id) == sorted(recs, key=lambda r: r.run_id)
+
+
+def test_filters_and_projection(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    recs = [make_record(i, day=[DAY1, DAY2, DAY3][i % 3], campaign=f"c{i % 2}") for i in range(60)]
+    store.write(recs[:30])
+    for r in recs[30:]:
+        store.write([r])
+
+    def expect(pred) -> list[str]:
+        return sorted(r.run_id for r in recs if pred(r))
+
+    got = store.read_table(date_from=DAY2, date_to=DAY3)["run_id"].to_pylist()
+    assert got == expect(lambda r: r.measurement_date >= DAY2)
+    got = store.read_table(date_to=DAY1, campaigns=["c1"])["run_id"].to_pylist()
+    assert got == expect(lambda r: r.measurement_date == DAY1 and r.campaign == "c1")
+    got = store.read_table(models=["model-0", "model-2"], campaigns=["c0"])["run_id"].to_pylist()
+    assert got == expect(lambda r: r.model in ("model-0", "model-2") and r.campaign == "c0")
+    assert store.read_table(campaigns=[]).num_rows == 0
+    proj = store.read_table(columns=["model", "measurement_date"])
+    assert proj.column_names == ["model", "measurement_date"] and proj.num_rows == 60
+    assert store.completed_run_ids("c0") == set(expect(lambda r: r.campaign == "c0"))
+    assert store.date_window() == (DAY1, DAY3)
+    assert store.date_window(campaign="nope") is None
+    by_day = store.dataset.read(filters={"measurement_date": DAY2}, columns=["run_id"])
+    assert by_day["run_id"].to_pylist() == expect(lambda r: r.measurement_date == DAY2)
+
+
+def test_dedupe_single_and_batch(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    first = make_record(1, second=10)
+    assert store.write([first]) == 1
+    assert store.write([first]) == 0  # redelivery: loses the link race, nothing written
+    later = make_record(1, second=20, outcome=Outcome.TIMEOUT_READ)  # same run_id, re-run
+    assert store.write([later, make_record(2)]) == 2  # batch: written, deduped on read
+    assert store.write([later, make_record(3)]) == 2
+    assert len(store.dataset.data_files()) == 3
+    assert store.dataset.read(dedupe=False).num_rows == 5
+    recs = store.read_records()
+    assert [r.run_id for r in recs] == ["run-000001", "run-000002", "run-000003"]
+    assert recs[0] == first  # earliest measured_at wins
+    assert store.count_by_outcome("camp") == {"ok": 3}
+
+
+def test_dedupe_ties_break_by_file_name(tmp_path: Path) -> None:
+    ds_ = ParquetDataset(tmp_path, run_spec())
+    a = make_record(1, response_text="from-a")
+    b = make_record(1, response_text="from-b")  # same measured_at: the tie goes to file "a"
+    ds_.write(records_to_table([b]), stem="b")
+    ds_.write(records_to_table([a]), stem="a")
+    assert ds_.read()["response_text"].to_pylist() == ["from-a"]
+
+
+def test_link_race_two_threads_one_file(tmp_path: Path) -> None:
+    for rnd in range(5):
+        store = RunStore(tmp_path / str(rnd))
+        rec = make_record(rnd)
+        barrier = threading.Barrier(4)
+        results: list[int] = []
+
+        def go() -> None:
+            barrier.wait()
+            results.append(store.write([rec]))
+
+        threads = [threading.Thread(target=go) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(results) == [0, 0, 0, 1]
+        pdir = store.dataset.partition_dir(DAY1)
+        assert [p.name for p in pdir.iterdir()] == [f"{rec.run_id}.parquet"]
+
+
+def test_unsafe_run_id_gets_hashed_stem(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    rec = make_record(1, run_id="../evil/id")
+    assert store.write([rec]) == 1 and store.write([rec]) == 0
+    (f,) = store.dataset.data_files()
+    assert f.name == file_stem_for("../evil/id") + ".parquet" and f.name.startswith("run-")
+    assert store.read_records() == [rec]
+
+
+# ---------------------------------------------------------------------------- robustness
+
+
+def test_tmp_files_and_hidden_dirs_are_ignored(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    store.write([make_record(1)])
+    pdir = store.dataset.partition_dir(DAY1)
+    good = (pdir / "run-000001.parquet").read_bytes()
+    (pdir / ".run-000002.abc.tmp").write_bytes(good[: len(good) // 2])  # a killed writer
+    (tmp_path / "runs" / "_compaction").mkdir()
+    (tmp_path / "runs" / "_compaction" / "junk.parquet").write_bytes(b"junk")
+    assert store.completed_run_ids() == {"run-000001"}
+    assert store.dataset.remove_stale_tmp(older_than_s=3600) == 0  # too young
+    assert store.dataset.remove_stale_tmp(older_than_s=0, now_s=time.time() + 1) == 1
+    assert [p.name for p in pdir.iterdir()] == ["run-000001.parquet"]
+
+
+def test_unreadable_file_is_named(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    store.write([make_record(1)])
+    bad = store.dataset.partition_dir(DAY1) / "torn.parquet"
+    bad.write_bytes(b"PAR1 not really")
+    with pytest.raises(StorageError, match="torn.parquet") as info:
+        store.read_table()
+    assert "move them out" in str(info.value)
+
+
+def test_newer_schema_version_is_refused(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    table = records_to_table([make_record(1)])
+    idx = table.schema.get_field_index("schema_version")
+    table = table.set_column(idx, RUN_SCHEMA.field(idx), pa.array([SCHEMA_VERSION + 1], pa.int32()))
+    store.dataset.write(table, stem="future")
+    with pytest.raises(StorageError, match=f"version {SCHEMA_VERSION + 1}"):
+        store.read_table()
+
+
+def test_foreign_file_missing_required_columns_is_named(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    store.write([make_record(1)])
+    pdir = store.dataset.partition_dir(DAY1)
+    pq.write_table(pa.table({"run_id": ["x"], "schema_version": pa.array([1], pa.int32())}), pdir / "odd.parquet")
+    with pytest.raises(StorageError, match="odd.parquet") as info:
+        store.read_table()
+    assert "required column" in str(info.value)
+
+
+def test_incompatible_column_type_names_file(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    store.write([make_record(1)])
+    pdir = store.dataset.partition_dir(DAY1)
+    odd = pa.table({"run_id": pa.array([[1, 2]], pa.list_(pa.int64()))})
+    pq.write_table(odd, pdir / "odd.parquet")
+    with pytest.raises(StorageError, match="odd.parquet") as info:
+        store.read_table()
+    assert "expected string" in str(info.value)
+
+
+# ---------------------------------------------------------------------------- compaction
+
+
+def _populate(store: RunStore) -> list[RunRecord]:
+    recs = [make_record(i, day=[DAY1, DAY2][i % 2]) for i in range(80)]
+    for r in recs[:20]:
+        store.write([r])
+    for j in range(20, 80, 10):
+        store.write(recs[j : j + 10])
+    store.write(recs[5:15])  # duplicates of single-written runs
+    return sorted(recs, key=lambda r: r.run_id)
+
+
+def test_compaction_merges_and_keeps_every_run_once(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    recs = _populate(store)
+    before = store.read_table()
+    n_files = len(store.dataset.data_files())
+    report = store.compact()
+    assert report.files_before == n_files
+    assert report.files_after == 2  # one per partition
+    assert report.rows_before == 90 and report.rows_after == 80
+    assert all(f.name.startswith("part-") for f in store.dataset.data_files())
+    assert store.dataset.read(dedupe=False).num_rows == 80
+    assert store.read_table().equals(before)
+    assert store.read_records() == recs
+    # nothing hidden is left but locks; a second run has nothing to merge
+    assert not list((tmp_path / "runs").glob(".compact-*"))
+    assert not list((tmp_path / "runs" / "_compaction").glob("*.json"))
+    again = store.compact(DAY1)
+    assert again.partitions[0].skipped and again.files_after == 1
+    # new writes after compaction are merged in by the next run
+    store.write([make_record(500, day=DAY1)])
+    assert store.compact(DAY1).rows_after == 41
+
+
+def test_compaction_recovers_after_crash_before_deletes(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    recs = _populate(store)
+    inputs = store.dataset.partition_files(DAY1)
+    with partition_lock(store.dataset, DAY1) as held:
+        assert held
+        manifest = write_outputs(store.dataset, DAY1, CompactionConfig())  # then "crash"
+    assert manifest is not None and manifest.path.is_file()
+    assert CompactionManifest.load(manifest.path).inputs == tuple(p.name for p in inputs)
+    on_disk = store.dataset.partition_files(DAY1)
+    assert len(on_disk) == len(inputs) + 1  # outputs beside the inputs
+    assert store.read_records() == recs  # readers dedupe meanwhile
+    report = store.compact(DAY1)
+    assert report.partitions[0].recovered
+    assert [p.name for p in store.dataset.partition_files(DAY1)] == list(manifest.outputs)
+    assert not manifest.path.exists()
+    assert store.dataset.read(dedupe=False, date_to=DAY1).num_rows == 40
+    assert store.read_records() == recs
+
+
+def test_manifest_with_missing_outputs_keeps_inputs(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    recs = _populate(store)
+    with partition_lock(store.dataset, DAY2):
+        manifest = write_outputs(store.dataset, DAY2, CompactionConfig())
+    assert manifest is not None
+    for name in manifest.outputs:  # e.g. removed by hand
+        (store.dataset.partition_dir(DAY2) / name).unlink()
+    store.compact(DAY2)
+    assert store.read_records() == recs
+
+
+def test_compaction_lock_is_exclusive(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    _populate(store)
+    with partition_lock(store.dataset, DAY1) as held:
+        assert held
+        report = compact(store.dataset, DAY1)
+    assert report.partitions[0].skipped == "another compactor holds the lock"
+    assert report.files_after == report.files_before > 1
+
+
+# ---------------------------------------------------------------------------- performance
+
+
+def test_write_and_read_throughput(tmp_path: Path) -> None:
+    """The local executor batches ~every 0.25 s at >= 200 runs/s: 50-run batches."""
+    store = RunStore(tmp_path)
+    recs = [make_record(i, day=[DAY1, DAY2][i % 2], response_text="x" * 1500) for i in range(3000)]
+    t0 = time.perf_counter()
+    for j in range(0, len(recs), 50):
+        store.write(recs[j : j + 50])
+    write_s = time.perf_counter() - t0
+    assert len(recs) / write_s > 200, f"{len(recs) / write_s:.0f} runs/s"
+    t0 = time.perf_counter()
+    table = store.read_table()
+    read_s = time.perf_counter() - t0
+    assert table.num_rows == 3000 and read_s < 3.0, f"read {read_s:.2f} s"
+    assert pc.count_distinct(table["run_id"]).as_py() == 3000
