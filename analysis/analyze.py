@@ -41,8 +41,12 @@ MANIFEST_VERSION = 1
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")
 
 
-class NoRunsError(StorageError):
-    """The store (after filters) holds no run records to analyse."""
+class NoRunsError(StorageError, ValueError):
+    """The store (after filters) holds no run records to analyse.
+
+    Also a ValueError: the input (directory/filters) is wrong, and callers that catch bad
+    input as ValueError (the CLI) report it as a one-line error instead of a traceback.
+    """
 
 
 def _utc_now() -> dt.datetime:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass, fields
 
 import numpy as np
 import pyarrow as pa
@@ -201,10 +201,9 @@ def _cell(key: CellKey, runs: list[_Run], min_runs: int) -> Cell:
 def cells_to_table(cells: Sequence[Cell], min_runs: int) -> pa.Table:
     """Cells → Table with :data:`CELL_SCHEMA`; ``min_runs`` is recorded in schema metadata."""
     names = [f.name for f in fields(Cell)]
-    rows = [astuple(c) for c in cells]
     arrays = [
-        pa.array([r[j] for r in rows], type=CELL_SCHEMA.field(name).type)
-        for j, name in enumerate(names)
+        pa.array([getattr(c, name) for c in cells], type=CELL_SCHEMA.field(name).type)
+        for name in names
     ]
     schema = CELL_SCHEMA.with_metadata({MIN_RUNS_METADATA_KEY: str(min_runs).encode()})
     return pa.Table.from_arrays(arrays, schema=schema)
