@@ -140,7 +140,7 @@ def analyze(
     data: DataOpt = Path("data"),
     out: Annotated[Path, typer.Option("--out", help="Output directory (one subdirectory per panel).")] = Path("out"),
     min_runs: Annotated[int, typer.Option(help="Successful runs a cell needs to enter the table.")] = 2,
-    min_prompts: Annotated[int, typer.Option(help="Included cells a model needs to enter the table.")] = 3,
+    min_prompts: Annotated[int, typer.Option(help="Distinct prompts with an included cell a model needs to enter the table.")] = 3,
     seed: Annotated[int, typer.Option(help="Seed of every resampling.")] = 20260601,
     replicates: Annotated[int, typer.Option(help="Bootstrap replicates.")] = 10_000,
     panel: Annotated[Optional[str], typer.Option(help="Only this panel (default: every panel).")] = None,

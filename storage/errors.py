@@ -1,14 +1,18 @@
-"""The one exception the storage layer raises on purpose.
+"""The root of irbench's exception tree, and the storage layer's own error.
 
-``storage`` imports nothing of ours, so this is its own root; ``workers.errors.StorageError``
-is expected to subclass it (``class StorageError(IrbenchError, storage.errors.StorageError)``)
-so that callers catching either name see every storage failure.
+``storage`` imports nothing of ours, so the root lives here, at the bottom of the dependency
+graph; ``workers.errors`` re-exports it and draws the rest of the tree, and ``analysis`` can
+raise ``IrbenchError`` subclasses without importing ``workers``.
 """
 
 from __future__ import annotations
 
 
-class StorageError(Exception):
+class IrbenchError(Exception):
+    """Root of every error irbench raises on purpose."""
+
+
+class StorageError(IrbenchError):
     """The dataset cannot be read or written.
 
     Messages name the file or partition involved and say what to do about it.

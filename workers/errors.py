@@ -24,11 +24,10 @@ leave ``workers/``.
 
 from __future__ import annotations
 
+from storage.errors import IrbenchError, StorageError
 from storage.records import Outcome
 
-
-class IrbenchError(Exception):
-    """Root of every error irbench raises on purpose."""
+__all__ = ["IrbenchError", "StorageError", "ConfigError", "ProviderError"]
 
 
 class ConfigError(IrbenchError):
@@ -37,10 +36,6 @@ class ConfigError(IrbenchError):
     def __init__(self, message: str, problems: list[str] | None = None) -> None:
         self.problems = problems or [message]
         super().__init__(message if problems is None else message + "\n" + "\n".join(f"  - {p}" for p in self.problems))
-
-
-class StorageError(IrbenchError):
-    pass
 
 
 class ProviderError(IrbenchError):
