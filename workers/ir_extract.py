@@ -97,11 +97,16 @@ def extract_ir(
         return IRExtraction(ParseOutcome.EMPTY, tuple(repairs), error="answer is reasoning only")
 
     text, prose = _unfence(text, repairs)
-    found = _find_json(text, max_start_candidates)
+    first = _first_start(text)
+    if first is None:
+        outcome = ParseOutcome.TRUNCATED if budget_exhausted else ParseOutcome.INVALID_JSON
+        return IRExtraction(outcome, tuple(repairs), error=_clip(f"no JSON object in the answer ({len(raw_text)} chars)"))
+    status, cuts = _scan(text, first)
+    found = _find_json(text, max_start_candidates, first, status)
     if found is None:
         cleaned = _strip_trailing_commas(text)
         if cleaned != text:
-            found = _find_json(cleaned, max_start_candidates)
+            found = _find_json(cleaned, max_start_candidates, first, _scan(cleaned, first)[0])
             if found is not None:
                 repairs.append("trailing_comma")
                 text = cleaned
@@ -110,12 +115,6 @@ def extract_ir(
         if prose or text[:start].strip() or text[end:].strip():
             repairs.append("extracted_from_prose")
         return _validate(value, repairs, ParseOutcome.OK)
-
-    first = _first_start(text)
-    if first is None:
-        outcome = ParseOutcome.TRUNCATED if budget_exhausted else ParseOutcome.INVALID_JSON
-        return IRExtraction(outcome, tuple(repairs), error=_clip(f"no JSON object in the answer ({len(raw_text)} chars)"))
-    status, cuts = _scan(text, first)
     if status == "unterminated" or budget_exhausted:
         return _recover_truncated(text, first, cuts, repairs)
     fallback = _any_json(text, max_start_candidates)
@@ -171,19 +170,26 @@ def _decode_all(text: str, limit: int):  # type: ignore[no-untyped-def]
         yield value, pos, end
 
 
-def _find_json(text: str, limit: int) -> tuple[Any, int, int] | None:
-    """The first decodable JSON value that looks like an IR (object with ``nodes`` or a list
-    of objects)."""
+def _find_json(text: str, limit: int, first: int, first_status: str) -> tuple[Any, int, int] | None:
+    """The JSON value that holds the IR: the first decodable object with ``nodes``, else the
+    first decodable list of objects. A list nested inside an unterminated value that starts at
+    ``first`` is the node array of a cut-off document, not an answer, so it is not returned."""
+    bare_list: tuple[Any, int, int] | None = None
     for value, start, end in _decode_all(text, limit):
-        if _is_ir_like(value):
+        if isinstance(value, dict) and "nodes" in value:
             return value, start, end
-    return None
+        if bare_list is None and _is_ir_like(value):
+            bare_list = (value, start, end)
+    if bare_list is not None and bare_list[1] > first and first_status == "unterminated":
+        return None
+    return bare_list
 
 
 def _any_json(text: str, limit: int) -> Any | None:
-    """The first decodable object/list of any shape (it will be reported as schema_invalid)."""
+    """The first decodable object of any shape (it will be reported as schema_invalid). Lists
+    are not considered: a ``[]`` inside a broken object is not the answer."""
     for value, _start, _end in _decode_all(text, limit):
-        if isinstance(value, (dict, list)):
+        if isinstance(value, dict):
             return value
     return None
 
