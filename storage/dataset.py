@@ -334,9 +334,13 @@ class ParquetDataset:
             files = self.data_files(date_from, date_to)
             try:
                 return self._read_files(files, expr, columns, dedupe)
-            except FileNotFoundError:
+            except FileNotFoundError as exc:  # a compaction deleted an input we had listed
                 if attempt == self.read_retries:
-                    raise
+                    raise StorageError(
+                        f"dataset {self.spec.name!r}: files vanished while reading "
+                        f"{self.read_retries + 1} times ({exc}); is something deleting files "
+                        f"under {self.path} other than the compactor? retry later"
+                    ) from exc
         raise AssertionError("unreachable")
 
     def read_files(

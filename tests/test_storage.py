@@ -396,6 +396,43 @@ def test_compaction_lock_is_exclusive(tmp_path: Path) -> None:
     assert report.files_after == report.files_before > 1
 
 
+def test_reads_during_concurrent_writes_and_compaction(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    reader = RunStore(tmp_path)  # a separate handle, as another process would have
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def churn() -> None:
+        try:
+            i = 0
+            while not stop.is_set():
+                store.write([make_record(i + k, day=DAY1) for k in range(5)])
+                store.write([make_record(i + 5, day=DAY1)])
+                i += 6
+                if i % 24 == 0:
+                    store.compact(DAY1)
+        except BaseException as exc:  # surfaced in the main thread
+            errors.append(exc)
+
+    worker = threading.Thread(target=churn)
+    worker.start()
+    try:
+        seen = 0
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            ids = reader.completed_run_ids()
+            table = reader.read_table(columns=["run_id"])
+            assert table.num_rows >= seen  # runs never disappear
+            assert table.num_rows == pc.count_distinct(table["run_id"]).as_py()
+            assert len(ids) >= seen
+            seen = table.num_rows
+    finally:
+        stop.set()
+        worker.join()
+    assert not errors, errors
+    assert seen > 0
+
+
 # ---------------------------------------------------------------------------- performance
 
 
