@@ -34,7 +34,14 @@ from starlette.routing import Route
 
 from analysis.annotations import AnnotationSet, parse_annotations
 from simulator.config import SimConfig, SimModel
-from simulator.model import apply_token_budget, count_tokens, reasoning_text, render_answer, simulate_ir
+from simulator.model import (
+    apply_token_budget,
+    count_tokens,
+    inferred_pool,
+    reasoning_text,
+    render_answer,
+    simulate_ir,
+)
 
 BEGIN_MARKER = "--- BEGIN PROMPT ---"
 END_MARKER = "--- END PROMPT ---"
@@ -64,9 +71,9 @@ class ModelStats:
 
 @dataclass
 class SimState:
-    """Mutable per-app state. ``truth_cache`` is keyed by prompt sha256."""
+    """Mutable per-app state. ``truth_cache`` is keyed by (model, prompt sha256)."""
 
-    truth_cache: dict[str, AnnotationSet] = field(default_factory=dict)
+    truth_cache: dict[tuple[str, str], tuple[AnnotationSet, list[str]]] = field(default_factory=dict)
     prompt_counters: dict[tuple[str, str], int] = field(default_factory=dict)
     model_requests: Counter = field(default_factory=Counter)
     stats: dict[str, ModelStats] = field(default_factory=dict)
@@ -148,13 +155,15 @@ class SimApp:
             raise _Reject(401, "Missing or invalid API key: send 'Authorization: Bearer <key>' with the "
                                "simulator's configured api_key.", "invalid_api_key")
 
-    def _truth(self, sha: str, prompt: str) -> AnnotationSet:
-        truth = self.state.truth_cache.get(sha)
-        if truth is None:
+    def _truth(self, name: str, p: SimModel, sha: str, prompt: str) -> tuple[AnnotationSet, list[str]]:
+        """Parsed annotations and this model's inferred pool, cached per (model, prompt sha)."""
+        hit = self.state.truth_cache.get((name, sha))
+        if hit is None:
             if len(self.state.truth_cache) >= self._cache_max:
                 self.state.truth_cache.clear()  # bounded memory; re-parsing is cheap
-            truth = self.state.truth_cache[sha] = parse_annotations(prompt)
-        return truth
+            truth = parse_annotations(prompt)
+            hit = self.state.truth_cache[(name, sha)] = (truth, inferred_pool(truth, f"prompt-{sha[:12]}", p))
+        return hit
 
     def _record_arrival(self, model: str) -> ModelStats:
         st = self.state.stats.setdefault(model, ModelStats())
@@ -219,9 +228,10 @@ class SimApp:
         key = (name, sha)
         counter = self.state.prompt_counters.get(key, 0)
         self.state.prompt_counters[key] = counter + 1
-        ss = np.random.SeedSequence([self.config.seed, self._model_ints[name], int(sha, 16), counter])
-        fail_ss, lat_ss, content_ss = ss.spawn(3)
-        u = np.random.default_rng(fail_ss).random(4)
+        # One generator per answer, seeded by (seed, model, prompt, counter); the failure draws
+        # come first and are always made, so content draws do not depend on failure settings.
+        rng = np.random.default_rng([self.config.seed, self._model_ints[name], int(sha, 16), counter])
+        u = rng.random(5)
         if u[0] < p.rate_limit_prob:
             ra = p.retry_after_s
             ra_text = str(int(ra)) if float(ra).is_integer() else f"{ra:g}"
@@ -232,19 +242,19 @@ class SimApp:
             raise _Reject(status, f"Simulated server error {status} for model '{name}'.", "server_error")
         delay_s = 0.0
         if p.latency_ms_median > 0:
-            z = float(np.random.default_rng(lat_ss).standard_normal())
+            z = float(np.sqrt(-2.0 * np.log(max(u[4], 1e-300))) * np.cos(2.0 * np.pi * u[2]))  # Box-Muller N(0,1)
             delay_s = p.latency_ms_median * math.exp(p.latency_sigma * z) / 1000.0
         if u[3] < p.hang_prob:
             delay_s += p.hang_s
-        rng = np.random.default_rng(content_ss)
-        ir = simulate_ir(self._truth(sha, prompt), f"prompt-{sha[:12]}", p, rng)
+        truth, pool = self._truth(name, p, sha, prompt)
+        ir = simulate_ir(truth, f"prompt-{sha[:12]}", p, rng, pool=pool)
         reasoning = reasoning_text(p, rng) if reasoning_on else ""
         text = render_answer(ir, p, rng)
         out = apply_token_budget(text, reasoning, max_tokens, p.chars_per_token)
         if delay_s > 0:
             await self._sleep(delay_s)
         return _Answer(out.content, out.reasoning, out.finish_reason, count_tokens(message, p.chars_per_token),
-                       out.completion_tokens, out.reasoning_tokens, ss.generate_state(2).tobytes().hex(),
+                       out.completion_tokens, out.reasoning_tokens, f"{counter}-{sha[:12]}-{name}",
                        time.perf_counter_ns() - t0)
 
     async def _serve(self, request: Request, fmt: str, build: Callable[[dict], Awaitable[Response]]) -> Response:

@@ -43,6 +43,9 @@ class SimModel(BaseModel):
     # answer formatting
     fence_prob: float = Field(default=0.0, ge=0, le=1, description="answer wrapped in a ```json fence")
     prose_prob: float = Field(default=0.0, ge=0, le=1, description="prose before/after the JSON")
+    json_indent: int | None = Field(
+        default=None, ge=0, description="indentation of the answer JSON; None = compact (json's fast C encoder)"
+    )
     # timing and size
     latency_ms_median: float = Field(default=0.0, ge=0)
     latency_sigma: float = Field(default=0.0, ge=0, description="sigma of the lognormal latency")

@@ -103,13 +103,16 @@ def _perturb_meta(node: dict, rng: np.random.Generator) -> None:
         node["range"]["end_line"] += shift
 
 
-def simulate_ir(truth: AnnotationSet, uri: str, params: SimModel, rng: np.random.Generator) -> dict:
+def simulate_ir(
+    truth: AnnotationSet, uri: str, params: SimModel, rng: np.random.Generator, *, pool: list[str] | None = None
+) -> dict:
     """One run's IR (``../shared/spec/ir.md``) for a prompt whose annotations are ``truth``.
 
     Each distinct annotated id is dropped with ``drop_prob``; a kept one is restyled with
     ``rename_prob`` and its metadata changed with ``metadata_prob``; then
     Poisson(``add_rate``) ids (capped at the pool size) are drawn without replacement from the
     prompt's inferred pool and added with ``inferred=true``. Deterministic given ``rng``'s state.
+    ``pool`` may pass a cached ``inferred_pool(truth, uri, params)`` (a speed-up, same result).
     """
     firsts = list(truth.first_by_id().values())
     n = len(firsts)
@@ -126,7 +129,8 @@ def simulate_ir(truth: AnnotationSet, uri: str, params: SimModel, rng: np.random
         if meta[i]:
             _perturb_meta(node, rng)
         nodes.append(node)
-    pool = inferred_pool(truth, uri, params)
+    if pool is None:
+        pool = inferred_pool(truth, uri, params)
     k = min(int(rng.poisson(params.add_rate)) if params.add_rate > 0 else 0, len(pool))
     last_line = max((a.line for a in firsts), default=1)
     for j in sorted(rng.choice(len(pool), size=k, replace=False).tolist()) if k else []:
@@ -165,11 +169,12 @@ def expected_node_set_jaccard(
     """
     if runs < 2 or n_sims < 2:
         raise ValueError(f"need runs >= 2 and n_sims >= 2 (got runs={runs}, n_sims={n_sims})")
-    children = np.random.SeedSequence(seed).spawn(n_sims)
+    rng = np.random.default_rng(seed)
+    pool = inferred_pool(truth, "sim", params)
     cells = np.empty(n_sims)
-    for s, ss in enumerate(children):
-        rng = np.random.default_rng(ss)
-        sets = [frozenset(n["id"] for n in simulate_ir(truth, "sim", params, rng)["nodes"]) for _ in range(runs)]
+    for s in range(n_sims):
+        sets = [frozenset(n["id"] for n in simulate_ir(truth, "sim", params, rng, pool=pool)["nodes"])
+                for _ in range(runs)]
         cells[s] = node_set_jaccard(sets)
     return float(cells.mean()), float(cells.std(ddof=1))
 
@@ -195,9 +200,9 @@ def reasoning_text(params: SimModel, rng: np.random.Generator) -> str:
 
 
 def render_answer(ir: dict, params: SimModel, rng: np.random.Generator) -> str:
-    """Answer text: the IR JSON, maybe fenced (``fence_prob``), maybe with prose (``prose_prob``)."""
+    """Answer text: the IR JSON (``json_indent``), maybe fenced (``fence_prob``), maybe with prose."""
     fence, prose, before, after = rng.random(4)
-    text = json.dumps(ir, indent=2, ensure_ascii=False)
+    text = json.dumps(ir, indent=params.json_indent, ensure_ascii=False)
     if fence < params.fence_prob:
         text = f"```json\n{text}\n```"
     if prose < params.prose_prob:
