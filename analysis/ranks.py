@@ -254,12 +254,20 @@ def pairwise_rank_set(scores: np.ndarray, *, level: float = 0.95
     s, observed = _panel(scores)
     m = s.shape[0]
     j, k = np.nonzero(~np.eye(m, dtype=bool))
-    both = observed[j] & observed[k]
-    n = both.sum(axis=1)
-    d = np.where(both, s[j] - s[k], 0.0)
+    n = np.empty(j.size)
+    mean = np.empty(j.size)
+    var = np.empty(j.size)
+    step = max(1, 2_000_000 // max(1, s.shape[1]))  # pairs per block: bounds memory to ~16 MB
+    for a in range(0, j.size, step):  # blocks of pairs, vectorised inside
+        jj, kk = j[a:a + step], k[a:a + step]
+        both = observed[jj] & observed[kk]
+        nb = both.sum(axis=1)
+        d = np.where(both, s[jj] - s[kk], 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mb = d.sum(axis=1) / nb
+            var[a:a + step] = np.where(both, (d - mb[:, None]) ** 2, 0.0).sum(axis=1) / (nb - 1)
+        n[a:a + step], mean[a:a + step] = nb, mb
     with np.errstate(invalid="ignore", divide="ignore"):
-        mean = d.sum(axis=1) / n
-        var = np.where(both, (d - mean[:, None]) ** 2, 0.0).sum(axis=1) / (n - 1)
         tstat = mean / np.sqrt(var / n)
         p = student_t.sf(tstat, n - 1)
     constant = (n >= 2) & (var <= 1e-24)
