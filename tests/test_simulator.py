@@ -286,3 +286,39 @@ def test_example_config_and_subprocess(tmp_path):
         r = oa(sub).chat.completions.create(model="sim-steady", messages=message())
         assert {n["id"] for n in ir_of(r.choices[0].message.content)["nodes"]} == TRUE_IDS
     assert sub.process.poll() is not None
+
+
+def test_example_prompts_and_demo_panel_order_by_stability():
+    """The demo (5 models x 12 prompts x 3 runs) runs in seconds and ranks the models as designed."""
+    prompts = sorted((ROOT / "examples" / "prompts").glob("*.prompt.rtpl"))
+    assert len(prompts) >= 12
+    texts = [p.read_text(encoding="utf-8") for p in prompts]
+    parsed = [parse_annotations(t) for t in texts]
+    assert all(4 <= len(s.annotations) <= 10 for s in parsed)
+    assert sum(a.tag == "provider" for s in parsed for a in s.annotations) == 1
+    assert sum(a.tag == "breakpoint" for s in parsed for a in s.annotations) >= 6
+    panel = ["sim-steady", "sim-mild", "sim-medium", "sim-shaky", "sim-chaotic"]
+    cfg = load_sim_config(ROOT / "examples" / "sim.toml")
+
+    async def demo(base_url):
+        sem = asyncio.Semaphore(24)
+        async with httpx.AsyncClient(base_url=base_url, timeout=10) as client:
+            async def one(model, text):
+                async with sem:
+                    r = await client.post("/v1/chat/completions", json={"model": model, "messages": message(text)})
+                r.raise_for_status()
+                return frozenset(n["id"] for n in ir_of(r.json()["choices"][0]["message"]["content"])["nodes"])
+            jobs = [(m, i, one(m, t)) for m in panel for i, t in enumerate(texts) for _ in range(3)]
+            sets = await asyncio.gather(*(j[2] for j in jobs))
+        cells: dict[tuple[str, int], list] = {}
+        for (m, i, _), s in zip(jobs, sets):
+            cells.setdefault((m, i), []).append(s)
+        return {m: float(np.mean([node_set_jaccard(cells[(m, i)]) for i in range(len(texts))])) for m in panel}
+
+    with start_background(cfg) as sim:
+        t0 = time.perf_counter()
+        means = asyncio.run(demo(sim.base_url))
+        assert time.perf_counter() - t0 < 10
+    assert means["sim-steady"] == 1.0
+    assert [means[m] for m in panel] == sorted((means[m] for m in panel), reverse=True), means
+    assert means["sim-chaotic"] < 0.6
