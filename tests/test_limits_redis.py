@@ -1,0 +1,299 @@
+"""Redis limiter against a real redis-server: a stateful model check, contention between
+connections and processes, cross-instance signals, and Redis going away."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+
+from tests.support.redis_server import RedisServer
+from workers.limits import Lease, LimiterUnavailable, ModelDisabled, RedisLimiter
+from workers.runtask import ModelLimits
+
+REPO = Path(__file__).resolve().parent.parent
+EPS_S = 2e-5  # decisions this close to a boundary may go either way (us rounding)
+
+
+@pytest.fixture(scope="module")
+def redis_srv() -> Iterator[RedisServer]:
+    with RedisServer() as srv:
+        yield srv
+
+
+# ----- stateful model check ---------------------------------------------------------------------
+
+CAP, RPM, TPM, PERIOD_S, TTL_S = 2, 4, 100, 0.4, 0.25  # 1 request per 0.1 s, 1 token per 4 ms
+HOLDERS = st.sampled_from([f"h{i}" for i in range(5)])
+
+
+class LimiterMachine(RuleBasedStateMachine):
+    """Predicts every decision exactly from server timestamps (the limiter's own clock) and
+    checks Redis agrees: live leases, concurrency, request and token GCRA."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, url: str) -> None:
+        super().__init__()
+        self.loop = loop
+        self.client = aioredis.Redis.from_url(url)
+        self.lim = RedisLimiter(self.client, key_prefix=f"sm:{uuid.uuid4().hex}", lease_ttl_s=TTL_S, period_s=PERIOD_S)
+        self.limits = ModelLimits(max_concurrency=CAP, requests_per_minute=RPM, tokens_per_minute=TPM)
+        self.expiry: dict[str, float] = {}  # holder -> lease expiry on the server clock
+        self.mine: set[str] = set()  # holders we still remember (not crashed)
+        self.tat_r = self.tat_t = 0.0
+        self.grants: list[float] = []
+
+    def run(self, coro):  # type: ignore[no-untyped-def]
+        return self.loop.run_until_complete(coro)
+
+    def server_now(self) -> float:
+        sec, usec = self.run(self.client.time())
+        return sec + usec / 1e6
+
+    def live_at(self, now: float) -> dict[str, float]:
+        return {h: e for h, e in self.expiry.items() if e > now}
+
+    @initialize()
+    def start(self) -> None:
+        self.expiry.clear()
+
+    @rule(holder=HOLDERS, cost=st.integers(0, 60))
+    def acquire(self, holder: str, cost: int) -> None:
+        d = self.run(self.lim.try_acquire("m", self.limits, holder, cost))
+        now = d.now_s
+        live = self.live_at(now)
+        near = any(abs(e - now) < EPS_S for e in self.expiry.values()) or min(abs(self.tat_r - now), abs(self.tat_t - now)) < EPS_S
+        if holder in live:
+            expected, wait = "adopted", 0.0
+        elif len(live) >= CAP:
+            expected, wait = "concurrency", min(live.values()) - now
+        elif max(self.tat_r, self.tat_t) > now:
+            wr, wt = self.tat_r - now, self.tat_t - now
+            expected, wait = ("requests", wr) if wr >= wt else ("tokens", wt)
+        else:
+            expected, wait = "granted", 0.0
+        if not near:
+            assert d.reason == expected, (d, expected, live)
+            assert abs(d.wait_s - wait) < 1e-5, (d, wait)
+        if d.permit is not None:
+            self.expiry[holder] = now + TTL_S
+            self.mine.add(holder)
+            if d.reason == "granted":
+                self.grants.append(now)
+                self.tat_r = now + PERIOD_S / RPM
+                self.tat_t = now + cost * PERIOD_S / TPM
+
+    @rule(holder=HOLDERS)
+    def release(self, holder: str) -> None:
+        if holder not in self.mine:
+            return
+        before = self.server_now()
+        removed = self.run(self.lim.release(Lease("m", holder, 0)))
+        after = self.server_now()
+        exp = self.expiry.pop(holder)
+        self.mine.discard(holder)
+        if exp > after + EPS_S:
+            assert removed is True
+        elif exp < before - EPS_S:
+            assert removed is False
+
+    @rule(holder=HOLDERS)
+    def crash(self, holder: str) -> None:
+        self.mine.discard(holder)  # the lease stays on the server until it expires
+
+    @rule(seconds=st.sampled_from([0.02, 0.05, 0.1]))
+    def tick(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    @rule()
+    def expire(self) -> None:
+        time.sleep(TTL_S + 0.02)
+        assert self.run(self.lim.outstanding("m")) == 0, "an expired lease still holds a slot"
+
+    @invariant()
+    def leases_match_model_and_cap(self) -> None:
+        before = self.server_now()
+        n = self.run(self.lim.outstanding("m"))
+        after = self.server_now()
+        assert n <= CAP
+        assert len(self.live_at(after + EPS_S)) <= n <= len(self.live_at(before - EPS_S))
+
+    @invariant()
+    def requests_per_window_within_limit(self) -> None:
+        g = self.grants
+        if g:
+            assert max(sum(1 for u in g if t <= u < t + PERIOD_S) for t in g) <= RPM
+
+    def teardown(self) -> None:
+        self.run(self.lim.aclose())
+        self.run(self.client.aclose())
+
+
+@pytest.mark.timeout(120)
+def test_state_machine_against_real_redis(redis_srv: RedisServer) -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        run_state_machine_as_test(
+            lambda: LimiterMachine(loop, redis_srv.url),
+            settings=settings(
+                max_examples=12,
+                stateful_step_count=20,
+                deadline=None,
+                suppress_health_check=[HealthCheck.too_slow],
+                derandomize=True,
+                phases=[Phase.explicit, Phase.reuse, Phase.generate],  # shrinking real sleeps takes minutes
+            ),
+        )
+    finally:
+        loop.close()
+
+
+# ----- contention --------------------------------------------------------------------------------
+
+
+def test_three_connections_contend_and_cap_holds(redis_srv: RedisServer) -> None:
+    limits = ModelLimits(max_concurrency=2)
+    prefix = f"c:{uuid.uuid4().hex}"
+    rng = random.Random(3)
+
+    async def body() -> None:
+        clients = [aioredis.Redis.from_url(redis_srv.url) for _ in range(3)]
+        lims = [RedisLimiter(c, key_prefix=prefix) for c in clients]
+        inflight = peak = 0
+
+        async def worker(lim: RedisLimiter, i: int, hold_s: float) -> None:
+            nonlocal inflight, peak
+            p = await lim.acquire("m", limits, f"w{i}", 0)
+            inflight += 1
+            peak = max(peak, inflight)
+            await asyncio.sleep(hold_s)
+            inflight -= 1
+            await lim.release(p)
+
+        try:
+            await asyncio.gather(*(worker(lims[i % 3], i, rng.uniform(0.005, 0.02)) for i in range(30)))
+            assert peak == 2
+            assert await lims[0].outstanding("m") == 0
+        finally:
+            for lim, c in zip(lims, clients, strict=True):
+                await lim.aclose()
+                await c.aclose()
+
+    asyncio.run(body())
+
+
+WORKER = textwrap.dedent(
+    """
+    import asyncio, json, random, sys
+    import redis.asyncio as aioredis
+    from workers.limits import RedisLimiter
+    from workers.runtask import ModelLimits
+
+    async def main(url, prefix, who):
+        c = aioredis.Redis.from_url(url)
+        lim = RedisLimiter(c, key_prefix=prefix, period_s=1.0)
+        limits = ModelLimits(max_concurrency=2, requests_per_minute=40)
+        out = []
+        for i in range(6):
+            p = await lim.acquire("m", limits, f"{who}-{i}", 0)
+            await asyncio.sleep(random.uniform(0.01, 0.04))
+            sec, usec = await c.time()
+            out.append((p.granted_at_s, sec + usec / 1e6))
+            await lim.release(p)
+        await lim.aclose(); await c.aclose()
+        print(json.dumps(out))
+
+    asyncio.run(main(*sys.argv[1:]))
+    """
+)
+
+
+def test_separate_processes_share_cap_and_rate(redis_srv: RedisServer) -> None:
+    prefix = f"p:{uuid.uuid4().hex}"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WORKER, redis_srv.url, prefix, f"p{k}"], stdout=subprocess.PIPE, env=env, text=True)
+        for k in range(3)
+    ]
+    spans: list[tuple[float, float]] = []
+    for p in procs:
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 0
+        spans += [tuple(s) for s in json.loads(out)]  # type: ignore[misc]
+    assert len(spans) == 18
+    # each span lies inside its lease; more than 2 overlapping spans would prove > 2 leases
+    events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans], key=lambda e: (e[0], e[1]))
+    depth = peak = 0
+    for _, step in events:
+        depth += step
+        peak = max(peak, depth)
+    assert peak <= 2
+    starts = sorted(a for a, _ in spans)
+    assert max(sum(1 for u in starts if t <= u < t + 1.0) for t in starts) <= 40
+
+
+# ----- signals across instances, and Redis going away ------------------------------------------------
+
+
+def test_cooldown_and_disable_reach_other_instances(redis_srv: RedisServer) -> None:
+    limits = ModelLimits(max_concurrency=1)
+    prefix = f"s:{uuid.uuid4().hex}"
+
+    async def body() -> None:
+        ca, cb = aioredis.Redis.from_url(redis_srv.url), aioredis.Redis.from_url(redis_srv.url)
+        a, b = RedisLimiter(ca, key_prefix=prefix), RedisLimiter(cb, key_prefix=prefix)
+        try:
+            await a.cooldown("m", 0.4)
+            t0 = time.monotonic()
+            p = await b.acquire("m", limits, "x", 0)
+            assert 0.3 < time.monotonic() - t0 < 1.0
+            waiter = asyncio.create_task(b.acquire("m", limits, "y", 0))
+            await asyncio.sleep(0.1)
+            t1 = time.monotonic()
+            await a.disable("m", "410 from provider")
+            with pytest.raises(ModelDisabled):
+                await waiter
+            assert time.monotonic() - t1 < 0.5
+            await a.release(p)
+        finally:
+            for lim, c in ((a, ca), (b, cb)):
+                await lim.aclose()
+                await c.aclose()
+
+    asyncio.run(body())
+
+
+def test_redis_down_raises_limiter_unavailable_then_recovers_with_state() -> None:
+    limits = ModelLimits(max_concurrency=1)
+
+    async def body(srv: RedisServer) -> None:
+        client = aioredis.Redis.from_url(srv.url, socket_connect_timeout=1.0)
+        lim = RedisLimiter(client, key_prefix="r", lease_ttl_s=30.0)
+        try:
+            await lim.acquire("m", limits, "held", 0)
+            srv.stop(kill=False)  # SIGTERM: AOF is fsynced on every write
+            with pytest.raises(LimiterUnavailable, match="unreachable"):
+                await lim.try_acquire("m", limits, "other", 0)
+            srv.start()
+            d = await lim.try_acquire("m", limits, "other", 0)  # same client reconnects
+            assert d.permit is None and d.reason == "concurrency", "the lease must survive the restart"
+            assert (await lim.try_acquire("m", limits, "held", 0)).reason == "adopted"
+        finally:
+            await lim.aclose()
+            await client.aclose()
+
+    with RedisServer(aof=True) as srv:
+        asyncio.run(body(srv))
