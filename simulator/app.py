@@ -212,7 +212,7 @@ class SimApp:
             msg += f" Use '{p.replacement_model}' instead."
         return msg
 
-    async def _answer(self, body: dict, max_tokens: int | None, reasoning_on: bool) -> _Answer:
+    async def _answer(self, body: dict, max_tokens: int | None, reasoning_on: bool, structured: bool) -> _Answer:
         """The shared request path after auth and body parsing. Raises ``_Reject``."""
         t0 = time.perf_counter_ns()
         name = body.get("model")
@@ -249,7 +249,7 @@ class SimApp:
         truth, pool = self._truth(name, p, sha, prompt)
         ir = simulate_ir(truth, f"prompt-{sha[:12]}", p, rng, pool=pool)
         reasoning = reasoning_text(p, rng) if reasoning_on else ""
-        text = render_answer(ir, p, rng)
+        text = render_answer(ir, p, rng, structured=structured)
         out = apply_token_budget(text, reasoning, max_tokens, p.chars_per_token)
         if delay_s > 0:
             await self._sleep(delay_s)
@@ -278,7 +278,9 @@ class SimApp:
             if body.get("stream"):
                 raise _Reject(400, "stream=true is not supported by the simulator; send stream=false", "unsupported")
             mt = body.get("max_completion_tokens", body.get("max_tokens"))
-            a = await self._answer(body, self._budget(mt, "max_tokens"), True)
+            rf = body.get("response_format")
+            structured = isinstance(rf, dict) and rf.get("type") in ("json_object", "json_schema")
+            a = await self._answer(body, self._budget(mt, "max_tokens"), True, structured)
             message: dict[str, Any] = {"role": "assistant", "content": a.content}
             if a.reasoning:
                 message["reasoning_content"] = a.reasoning
@@ -308,7 +310,7 @@ class SimApp:
             if not isinstance(options, dict):
                 raise _Reject(400, "'options' must be an object", "invalid_options")
             a = await self._answer(body, self._budget(options.get("num_predict"), "options.num_predict"),
-                                   body.get("think") is not False)
+                                   body.get("think") is not False, bool(body.get("format")))
             message: dict[str, Any] = {"role": "assistant", "content": a.content}
             if a.reasoning:
                 message["thinking"] = a.reasoning

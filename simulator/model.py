@@ -199,10 +199,16 @@ def reasoning_text(params: SimModel, rng: np.random.Generator) -> str:
     return (base * (n // len(base) + 1))[:n]
 
 
-def render_answer(ir: dict, params: SimModel, rng: np.random.Generator) -> str:
-    """Answer text: the IR JSON (``json_indent``), maybe fenced (``fence_prob``), maybe with prose."""
+def render_answer(ir: dict, params: SimModel, rng: np.random.Generator, *, structured: bool = False) -> str:
+    """Answer text: the IR JSON (``json_indent``), maybe fenced (``fence_prob``), maybe with prose.
+
+    ``structured`` (the request asked for JSON / a JSON schema) suppresses fences and prose, as
+    constrained decoding would; the same RNG draws are made either way.
+    """
     fence, prose, before, after = rng.random(4)
     text = json.dumps(ir, indent=params.json_indent, ensure_ascii=False)
+    if structured:
+        return text
     if fence < params.fence_prob:
         text = f"```json\n{text}\n```"
     if prose < params.prose_prob:
