@@ -409,7 +409,7 @@ def test_reads_during_concurrent_writes_and_compaction(tmp_path: Path) -> None:
                 store.write([make_record(i + k, day=DAY1) for k in range(5)])
                 store.write([make_record(i + 5, day=DAY1)])
                 i += 6
-                if i % 24 == 0:
+                if i % 60 == 0:  # compact often (real life: hourly)
                     store.compact(DAY1)
         except BaseException as exc:  # surfaced in the main thread
             errors.append(exc)
