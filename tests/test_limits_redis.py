@@ -16,13 +16,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 import redis.asyncio as aioredis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from tests.support.redis_server import RedisServer
-from workers.limits import Lease, LimiterUnavailable, ModelDisabled, RedisLimiter
+from workers.limits import Lease, LimiterUnavailable, ModelDisabled, RedisLimiter, SyncRedisLimiter
 from workers.runtask import ModelLimits
 
 REPO = Path(__file__).resolve().parent.parent
@@ -297,3 +300,38 @@ def test_redis_down_raises_limiter_unavailable_then_recovers_with_state() -> Non
 
     with RedisServer(aof=True) as srv:
         asyncio.run(body(srv))
+
+
+def test_sync_twin_shares_state_and_wakes_async_waiters(redis_srv: RedisServer) -> None:
+    limits = ModelLimits(max_concurrency=1, tokens_per_minute=100)
+    prefix = f"y:{uuid.uuid4().hex}"
+    sync_client = redis.Redis.from_url(redis_srv.url)
+    sync = SyncRedisLimiter(sync_client, key_prefix=prefix, period_s=1.0)
+
+    async def body() -> None:
+        client = aioredis.Redis.from_url(redis_srv.url)
+        lim = RedisLimiter(client, key_prefix=prefix, period_s=1.0)
+        try:
+            d = sync.try_acquire("m", limits, "sync-holder", 100)
+            assert d.permit is not None and sync.outstanding("m") == 1
+            waiter = asyncio.create_task(lim.acquire("m", limits, "async-holder", 10))
+            await asyncio.sleep(0.1)
+            assert not waiter.done()
+            t0 = time.monotonic()
+            await asyncio.to_thread(sync.release, d.permit, 5)  # frees the slot and refunds 95 tokens
+            p = await waiter
+            assert time.monotonic() - t0 < 0.3, "the release message must wake the async waiter"
+            assert p.waited_ms > 90
+            sync.disable("m", "410")
+            assert await lim.is_disabled("m")
+        finally:
+            await lim.aclose()
+            await client.aclose()
+
+    try:
+        asyncio.run(body())
+    finally:
+        sync_client.close()
+    srv_down = SyncRedisLimiter(redis.Redis(port=1, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0)))
+    with pytest.raises(LimiterUnavailable):
+        srv_down.try_acquire("m", limits, "x", 0)

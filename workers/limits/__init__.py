@@ -13,7 +13,7 @@ from workers.limits.memory import (
     MemoryLimiter,
     ModelDisabled,
 )
-from workers.limits.redis_limiter import RedisLimiter
+from workers.limits.redis_limiter import RedisLimiter, SyncRedisLimiter
 
 __all__ = [
     "Lease",
@@ -25,4 +25,5 @@ __all__ = [
     "ModelDisabled",
     "Permit",
     "RedisLimiter",
+    "SyncRedisLimiter",
 ]

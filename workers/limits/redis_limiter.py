@@ -26,6 +26,7 @@ from dataclasses import replace
 from importlib import resources
 from typing import Any
 
+import redis
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
@@ -50,6 +51,50 @@ _SCRIPTS = ("acquire", "release", "renew", "cooldown", "outstanding")
 
 def _text(x: Any) -> str:
     return x.decode() if isinstance(x, bytes) else str(x)
+
+
+def _keys(prefix: str, model: str) -> list[str]:
+    """[lease ZSET, state HASH]; the hash tag keeps one model's keys on one cluster slot."""
+    return [f"{prefix}:{{{model}}}:lease", f"{prefix}:{{{model}}}:state"]
+
+
+def _load_scripts(client: Any) -> dict[str, Any]:
+    pkg = resources.files("workers.limits")
+    return {n: client.register_script(pkg.joinpath(f"{n}.lua").read_text()) for n in _SCRIPTS}
+
+
+def _acquire_args(limits: ModelLimits, holder: str, cost_tokens: int, period_s: float, ttl_s: float) -> list[Any]:
+    check_cost(cost_tokens)
+    per_request, per_token = intervals_s(limits, period_s)
+    return [holder, limits.max_concurrency or 0, per_request * _US, per_token * _US, cost_tokens, ttl_s * _US]
+
+
+def _decision(res: list[Any], model: str, holder: str, cost_tokens: int) -> LimitDecision:
+    code, wait_us, reason, now_us, detail = res
+    now_s = int(_text(now_us)) / _US
+    if int(code) == -1:
+        raise ModelDisabled(model, _text(detail))
+    if int(code) > 0:
+        return LimitDecision(Lease(model, holder, cost_tokens, granted_at_s=now_s), 0.0, _text(reason), now_s)
+    return LimitDecision(None, int(_text(wait_us)) / _US, _text(reason), now_s)
+
+
+def _release_args(permit: Permit, actual_tokens: int | None, channel: str) -> list[Any]:
+    return [permit.holder, permit.cost_tokens, "" if actual_tokens is None else actual_tokens, channel]
+
+
+def _translate(e: Exception, where: str, what: str) -> LimiterError:
+    if isinstance(e, (RedisConnectionError, RedisTimeoutError, OSError)):
+        return LimiterUnavailable(
+            f"limiter Redis at {where} is unreachable while {what} ({e}); "
+            "check that redis-server is running and reachable, then retry the task"
+        )
+    return LimiterError(f"limiter Redis at {where} refused {what}: {e}")
+
+
+def _where(client: Any) -> str:
+    kw = client.connection_pool.connection_kwargs
+    return str(kw.get("path") or f"{kw.get('host', '?')}:{kw.get('port', '?')}")
 
 
 class RedisLimiter:
@@ -79,8 +124,7 @@ class RedisLimiter:
         self._period_s = period_s
         self._max_block_s = max_block_s
         self._ready_timeout_s = listener_ready_timeout_s
-        pkg = resources.files("workers.limits")
-        self._scripts = {n: client.register_script(pkg.joinpath(f"{n}.lua").read_text()) for n in _SCRIPTS}
+        self._scripts = _load_scripts(client)
         self._chan_head = f"{key_prefix}:chg:"
         self._events: dict[str, asyncio.Event] = {}
         self._listener: asyncio.Task[None] | None = None
@@ -88,41 +132,23 @@ class RedisLimiter:
 
     # ----- keys and errors -------------------------------------------------------------------
     def _keys(self, model: str) -> list[str]:
-        return [f"{self._prefix}:{{{model}}}:lease", f"{self._prefix}:{{{model}}}:state"]
+        return _keys(self._prefix, model)
 
     def _channel(self, model: str) -> str:
         return self._chan_head + model
 
-    def _where(self) -> str:
-        kw = self._client.connection_pool.connection_kwargs
-        return kw.get("path") or f"{kw.get('host', '?')}:{kw.get('port', '?')}"
-
     async def _run(self, what: str, coro: Any) -> Any:
         try:
             return await coro
-        except (RedisConnectionError, RedisTimeoutError, OSError) as e:
-            raise LimiterUnavailable(
-                f"limiter Redis at {self._where()} is unreachable while {what} ({e}); "
-                "check that redis-server is running and reachable, then retry the task"
-            ) from e
-        except RedisError as e:
-            raise LimiterError(f"limiter Redis at {self._where()} refused {what}: {e}") from e
+        except (RedisError, OSError) as e:
+            raise _translate(e, _where(self._client), what) from e
 
     # ----- decisions ---------------------------------------------------------------------------
     async def try_acquire(self, model: str, limits: ModelLimits, holder: str, cost_tokens: int) -> LimitDecision:
         """One atomic check on Redis's clock: grant now, or say how long to wait and why."""
-        check_cost(cost_tokens)
-        per_request, per_token = intervals_s(limits, self._period_s)
-        args = [holder, limits.max_concurrency or 0, per_request * _US, per_token * _US, cost_tokens, self._ttl_s * _US]
-        code, wait_us, reason, now_us, detail = await self._run(
-            f"deciding for model {model!r}", self._scripts["acquire"](keys=self._keys(model), args=args)
-        )
-        now_s = int(_text(now_us)) / _US
-        if int(code) == -1:
-            raise ModelDisabled(model, _text(detail))
-        if int(code) > 0:
-            return LimitDecision(Lease(model, holder, cost_tokens, granted_at_s=now_s), 0.0, _text(reason), now_s)
-        return LimitDecision(None, int(_text(wait_us)) / _US, _text(reason), now_s)
+        args = _acquire_args(limits, holder, cost_tokens, self._period_s, self._ttl_s)
+        res = await self._run(f"deciding for model {model!r}", self._scripts["acquire"](keys=_keys(self._prefix, model), args=args))
+        return _decision(res, model, holder, cost_tokens)
 
     async def acquire(self, model: str, limits: ModelLimits, holder: str, cost_tokens: int) -> Lease:
         """Wait (without spinning) until granted; ``waited_ms`` is measured on Redis's clock."""
@@ -144,7 +170,7 @@ class RedisLimiter:
 
     async def release(self, permit: Permit, actual_tokens: int | None = None) -> bool:
         """Free the lease, settle tokens, wake waiters. False if the lease had already expired."""
-        args = [permit.holder, permit.cost_tokens, "" if actual_tokens is None else actual_tokens, self._channel(permit.model)]
+        args = _release_args(permit, actual_tokens, self._channel(permit.model))
         removed, _ = await self._run(
             f"releasing {permit.holder!r} on {permit.model!r}", self._scripts["release"](keys=self._keys(permit.model), args=args)
         )
@@ -252,3 +278,56 @@ class RedisLimiter:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+class SyncRedisLimiter:
+    """Blocking-client twin for sync code (a Celery task, an admission loop): the same keys and
+    scripts as :class:`RedisLimiter`, without waiting. Denied work should be deferred for
+    ``decision.wait_s`` rather than sleep in a worker slot."""
+
+    def __init__(
+        self, client: redis.Redis, *, key_prefix: str = "irbench:lim", lease_ttl_s: float = 900.0, period_s: float = 60.0
+    ) -> None:
+        if lease_ttl_s <= 0 or period_s <= 0:
+            raise LimiterError("lease_ttl_s and period_s must be > 0 seconds")
+        self._client = client
+        self._prefix = key_prefix
+        self._ttl_s = lease_ttl_s
+        self._period_s = period_s
+        self._scripts = _load_scripts(client)
+
+    def _call(self, what: str, fn: Any, *a: Any, **kw: Any) -> Any:
+        try:
+            return fn(*a, **kw)
+        except (RedisError, OSError) as e:
+            raise _translate(e, _where(self._client), what) from e
+
+    def try_acquire(self, model: str, limits: ModelLimits, holder: str, cost_tokens: int) -> LimitDecision:
+        args = _acquire_args(limits, holder, cost_tokens, self._period_s, self._ttl_s)
+        res = self._call(f"deciding for model {model!r}", self._scripts["acquire"], keys=_keys(self._prefix, model), args=args)
+        return _decision(res, model, holder, cost_tokens)
+
+    def release(self, permit: Permit, actual_tokens: int | None = None) -> bool:
+        args = _release_args(permit, actual_tokens, f"{self._prefix}:chg:{permit.model}")
+        removed, _ = self._call(f"releasing {permit.holder!r}", self._scripts["release"], keys=_keys(self._prefix, permit.model), args=args)
+        return int(removed) == 1
+
+    def renew(self, permit: Permit) -> bool:
+        keys = _keys(self._prefix, permit.model)[:1]
+        return int(self._call(f"renewing {permit.holder!r}", self._scripts["renew"], keys=keys, args=[permit.holder, self._ttl_s * _US])) == 1
+
+    def cooldown(self, model: str, seconds: float) -> None:
+        args = [max(seconds, 0.0) * _US, f"{self._prefix}:chg:{model}"]
+        self._call(f"setting a cooldown on {model!r}", self._scripts["cooldown"], keys=_keys(self._prefix, model)[1:], args=args)
+
+    def disable(self, model: str, reason: str) -> None:
+        pipe = self._client.pipeline(transaction=True)
+        pipe.hset(_keys(self._prefix, model)[1], "disabled", reason or "disabled")
+        pipe.publish(f"{self._prefix}:chg:{model}", "disabled")
+        self._call(f"disabling {model!r}", pipe.execute)
+
+    def is_disabled(self, model: str) -> bool:
+        return self._call(f"reading {model!r}", self._client.hget, _keys(self._prefix, model)[1], "disabled") is not None
+
+    def outstanding(self, model: str) -> int:
+        return int(self._call(f"counting leases of {model!r}", self._scripts["outstanding"], keys=_keys(self._prefix, model)[:1], args=[]))
