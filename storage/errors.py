@@ -1,8 +1,9 @@
-"""The root of irbench's exception tree, and the storage layer's own error.
+"""The root of irbench's exception tree and the one exception the storage layer raises.
 
 ``storage`` imports nothing of ours, so the root lives here, at the bottom of the dependency
-graph; ``workers.errors`` re-exports it and draws the rest of the tree, and ``analysis`` can
-raise ``IrbenchError`` subclasses without importing ``workers``.
+graph. ``workers/errors.py`` should import both names from this module instead of defining its
+own (``from storage.errors import IrbenchError, StorageError``), so that ``except IrbenchError``
+and ``except workers.errors.StorageError`` both catch what storage raises.
 """
 
 from __future__ import annotations
