@@ -139,7 +139,9 @@ def _signal_group(info: ProcInfo, sig: int) -> None:
 
 def _spawn(name: str, role: str, argv: list[str], log: Path, env: Mapping[str, str]) -> ProcInfo:
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as fh:
+    if log.exists():  # keep one previous run's log, but readiness must only see this run's lines
+        os.replace(log, log.with_name(log.name + ".prev"))
+    with open(log, "wb") as fh:
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=dict(env), start_new_session=True
         )

@@ -230,6 +230,9 @@ def test_env_file_reaches_workers_and_foreground_ctrl_c_leaves_nothing(cluster_d
 def test_failed_worker_start_stops_redis_too(cluster_dirs, app_env):
     state, data = cluster_dirs
     port = _free_port()
+    (state / "logs").mkdir(parents=True)
+    for i in (1, 2):  # a previous run's "ready" lines must not count as this run's readiness
+        (state / "logs" / f"worker-{i}.log").write_text(f"[..: INFO/MainProcess] w{i}@host ready.\n")
     out = _launcher(["up", "--workers", "2", "--port", str(port), "--state", str(state), "--data", str(data),
                      "--app", "no_such_module_for_deploy_test", "--grace", "3"], app_env)
     assert out.returncode == 1
