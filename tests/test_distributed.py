@@ -1,0 +1,407 @@
+"""Distributed execution end to end: real redis-server, real `celery worker` subprocesses
+(threads pool), the simulator over loopback, the Parquet store. No mocks.
+
+The workers are shared by the module (startup is slow); each test uses its own campaign and
+model names, so Redis keys and limiter state never collide. Faults: SIGKILL of a worker, a Redis
+restart (AOF on), SIGKILL of the orchestrator process, 429 storms, hangs, a 410 retirement.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from orchestrator.campaign import PreparedCampaign, prepare
+from orchestrator.celery_executor import (
+    CeleryOptions,
+    campaign_status_celery,
+    cancel_campaign,
+    run_campaign_celery,
+)
+from orchestrator.local import ExecutionSummary
+from orchestrator.spec import load_campaign
+from simulator.config import SimConfig, SimModel
+from simulator.server import RunningSimulator, start_background
+from storage.runs import RunStore
+from tests.support.celery_workers import CeleryWorkers
+from tests.support.redis_server import RedisServer
+
+pytestmark = pytest.mark.timeout(120)
+REPO = Path(__file__).resolve().parent.parent
+LIMIT_PERIOD_S = 1.0  # workers count requests_per_minute per second here, to test windows quickly
+WORKER_ENV = {
+    "IRBENCH_CLAIM_TTL_S": "3",
+    "IRBENCH_LEASE_TTL_S": "3",
+    "IRBENCH_MAX_WAIT_S": "1",
+    "IRBENCH_MIN_DEFER_S": "0.3",
+    "IRBENCH_MAX_DEFER_S": "3",
+    "IRBENCH_REDIS_RETRY_S": "30",
+    "IRBENCH_LIMIT_PERIOD_S": str(LIMIT_PERIOD_S),
+}
+FAST = CeleryOptions(reconcile_after_s=4.0, store_scan_s=0.5)
+
+
+@dataclass
+class Cluster:
+    redis: RedisServer
+    workers: CeleryWorkers
+
+    @property
+    def url(self) -> str:
+        return self.redis.url
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    with RedisServer(aof=True) as srv, CeleryWorkers(srv.url, count=3, concurrency=4, env=WORKER_ENV) as workers:
+        yield Cluster(srv, workers)
+
+
+@pytest.fixture
+def live(cluster: Cluster) -> Iterator[Cluster]:
+    """The shared cluster with every worker up (a previous test may have killed one)."""
+    if not cluster.redis.running:
+        cluster.redis.start()
+    cluster.workers.ensure_running()
+    yield cluster
+
+
+# ----- helpers -----------------------------------------------------------------------------------
+
+PROMPT = "// @rule RULE:r{i} priority=1\n// @step STEP:s{i}\nPrompt number {i}: do the thing {{ x }}.\n"
+
+
+def _toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return json.dumps(v)
+
+
+def make_campaign(
+    tmp: Path, name: str, base_url: str, models: dict[str, dict], *, prompts: int = 4, runs: int = 3,
+    retry: dict | None = None,
+) -> Path:
+    (tmp / "prompts").mkdir(parents=True, exist_ok=True)
+    for i in range(prompts):
+        (tmp / "prompts" / f"p{i:02d}.txt").write_text(PROMPT.format(i=i), encoding="utf-8")
+    lines = [f'name = "{name}"', f"runs = {runs}", "[corpus]", 'paths = ["prompts"]',
+             "[endpoints.sim]", f'base_url = "{base_url}"', "[defaults]", 'endpoint = "sim"',
+             'requests_per_minute = "none"', "max_concurrency = 4", "connect_timeout_s = 2",
+             "read_timeout_s = 10", "total_timeout_s = 10"]
+    for m, fields in models.items():
+        lines.append(f"[models.{m}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in fields.items()]
+    lines.append("[retry]")
+    for k, v in ({"max_attempts": 3, "backoff_base_s": 0.05, "backoff_cap_s": 0.2} | (retry or {})).items():
+        lines.append(f"{k} = {_toml_value(v)}")
+    path = tmp / f"{name}.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def sim(models: dict[str, SimModel]) -> RunningSimulator:
+    return start_background(SimConfig(seed=11, models=models))
+
+
+def stats(base_url: str) -> dict:
+    with urllib.request.urlopen(f"{base_url}/_stats", timeout=5) as resp:
+        return json.load(resp)["models"]
+
+
+def rows_per_run_id(store: RunStore) -> Counter[str]:
+    """Rows per run_id over every published file (NOT the deduplicating reader)."""
+    c: Counter[str] = Counter()
+    for f in sorted((store.root / "runs").rglob("*.parquet")):
+        if not f.name.startswith("."):
+            c.update(pq.read_table(f, columns=["run_id"]).column("run_id").to_pylist())
+    return c
+
+
+def assert_exactly_once(store: RunStore, prepared: PreparedCampaign) -> None:
+    rows = rows_per_run_id(store)
+    planned = {t.run_id for t in prepared.tasks}
+    assert set(rows) == planned, f"missing {len(planned - set(rows))}, extra {len(set(rows) - planned)}"
+    dup = {r: n for r, n in rows.items() if n != 1}
+    assert not dup, f"{len(dup)} run_ids stored more than once"
+
+
+def records_by_model(store: RunStore, campaign: str) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for r in store.read_records(campaigns=[campaign]):
+        out.setdefault(r.model, []).append(r)
+    return out
+
+
+def stored_count(store: RunStore, campaign: str) -> int:
+    try:
+        return len(store.completed_run_ids(campaign))
+    except Exception:  # noqa: BLE001 - the dataset may not exist yet
+        return 0
+
+
+class Background:
+    """``run_campaign_celery`` in a thread, so the test can inject faults meanwhile."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        self.result: ExecutionSummary | None = None
+        self.error: BaseException | None = None
+        self._t = threading.Thread(target=self._run, args=args, kwargs=kwargs, daemon=True)
+        self._t.start()
+
+    def _run(self, *args: object, **kwargs: object) -> None:
+        try:
+            self.result = run_campaign_celery(*args, **kwargs)  # type: ignore[arg-type]
+        except BaseException as e:  # noqa: BLE001 - reported by join()
+            self.error = e
+
+    def join(self, timeout_s: float) -> ExecutionSummary:
+        self._t.join(timeout_s)
+        assert not self._t.is_alive(), "orchestrator did not finish"
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+def wait_for(cond, timeout_s: float, what: str) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+# ----- 1. crossed campaign -----------------------------------------------------------------------
+
+
+def test_crossed_campaign_three_workers(live: Cluster, tmp_path: Path) -> None:
+    models = {"t1-a": SimModel(latency_ms_median=5), "t1-b": SimModel(latency_ms_median=10, drop_prob=0.2),
+              "t1-c": SimModel(latency_ms_median=5, fence_prob=1.0)}
+    with sim(models) as s:
+        prepared = prepare(load_campaign(make_campaign(tmp_path, "t1", s.base_url, {m: {} for m in models}, runs=5)))
+        store = RunStore(tmp_path / "data")
+        seen: list[str] = []
+        summary = run_campaign_celery(prepared, store, live.url, options=FAST, timeout_s=60,
+                                      on_progress=lambda m, p: seen.append(m))
+        st = stats(s.base_url)
+    assert len(prepared.tasks) == 60 and not summary.interrupted
+    assert summary.executed == 60
+    assert summary.by_model == {m: {"ok": 20} for m in models}
+    assert_exactly_once(store, prepared)
+    assert sum(st[m]["requests"] for m in models) == 60  # no call duplicated
+    assert set(seen) == set(models)
+    # a second call is a resume with nothing to do: no dispatch, no call
+    again = run_campaign_celery(prepared, store, live.url, options=FAST, timeout_s=30)
+    assert again.executed == 0
+    status = campaign_status_celery(prepared, store, live.url)
+    assert status.stored.stored == 60 and status.outstanding == 0
+    assert {m: p.done for m, p in status.progress.items()} == {m: 20 for m in models}
+
+
+# ----- 2. kill -9 a worker mid-campaign ----------------------------------------------------------
+
+
+def test_worker_killed_mid_campaign(live: Cluster, tmp_path: Path) -> None:
+    models = {f"t2-{k}": SimModel(latency_ms_median=150, latency_sigma=0.1) for k in "abc"}
+    with sim(models) as s:
+        prepared = prepare(load_campaign(make_campaign(tmp_path, "t2", s.base_url, {m: {} for m in models}, runs=6)))
+        store = RunStore(tmp_path / "data")
+        bg = Background(prepared, store, live.url, options=FAST, timeout_s=90)
+        wait_for(lambda: stored_count(store, "t2") >= 15, 30, "15 stored runs")
+        live.workers.kill(0)  # SIGKILL the whole process group, mid-call
+        killed_at = stored_count(store, "t2")
+        summary = bg.join(100)
+    assert killed_at < len(prepared.tasks), "the kill came too late to test anything"
+    assert not summary.interrupted
+    assert_exactly_once(store, prepared)
+    outcomes = Counter(r.outcome.value for rs in records_by_model(store, "t2").values() for r in rs)
+    assert outcomes == {"ok": 72}
+
+
+# ----- 3. Redis restarted mid-campaign (AOF) ----------------------------------------------------
+
+
+def test_redis_restart_mid_campaign(live: Cluster, tmp_path: Path) -> None:
+    models = {f"t3-{k}": SimModel(latency_ms_median=100, latency_sigma=0.1) for k in "ab"}
+    with sim(models) as s:
+        prepared = prepare(load_campaign(make_campaign(tmp_path, "t3", s.base_url, {m: {} for m in models}, runs=6)))
+        store = RunStore(tmp_path / "data")
+        bg = Background(prepared, store, live.url, options=FAST, timeout_s=100)
+        wait_for(lambda: stored_count(store, "t3") >= 10, 30, "10 stored runs")
+        live.redis.restart()
+        restarted_at = stored_count(store, "t3")
+        summary = bg.join(110)
+    assert restarted_at < len(prepared.tasks)
+    assert not summary.interrupted
+    assert_exactly_once(store, prepared)
+    outcomes = Counter(r.outcome.value for rs in records_by_model(store, "t3").values() for r in rs)
+    assert outcomes == {"ok": 48}
+
+
+# ----- 4. orchestrator killed mid-dispatch, then restarted ----------------------------------------
+
+ORCH = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from orchestrator.campaign import prepare
+    from orchestrator.celery_executor import CeleryOptions, run_campaign_celery
+    from orchestrator.spec import load_campaign
+    from storage.runs import RunStore
+    prepared = prepare(load_campaign(Path(sys.argv[1])))
+    run_campaign_celery(prepared, RunStore(Path(sys.argv[2])), sys.argv[3],
+                        options=CeleryOptions(max_outstanding=4, dispatch_batch=2, reconcile_after_s=3, store_scan_s=0.2))
+    """
+)
+
+
+def test_orchestrator_killed_mid_dispatch_then_resumed(live: Cluster, tmp_path: Path) -> None:
+    models = {f"t4-{k}": SimModel(latency_ms_median=80, latency_sigma=0.1) for k in "ab"}
+    with sim(models) as s:
+        path = make_campaign(tmp_path, "t4", s.base_url, {m: {} for m in models}, runs=6)
+        prepared = prepare(load_campaign(path))
+        store = RunStore(tmp_path / "data")
+        proc = subprocess.Popen([sys.executable, "-c", ORCH, str(path), str(store.root), live.url], cwd=REPO,
+                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            wait_for(lambda: stored_count(store, "t4") >= 10 or proc.poll() is not None, 60, "10 stored runs")
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            os.killpg(proc.pid, signal.SIGKILL)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        at_kill = stored_count(store, "t4")
+        summary = run_campaign_celery(prepared, store, live.url,
+                                      options=CeleryOptions(reconcile_after_s=3, store_scan_s=0.3), timeout_s=60)
+        st = stats(s.base_url)
+    assert at_kill < len(prepared.tasks)
+    assert not summary.interrupted and summary.executed == len(prepared.tasks) - at_kill
+    assert_exactly_once(store, prepared)
+    assert sum(st[m]["requests"] for m in models) == len(prepared.tasks)  # no run called twice
+
+
+# ----- 5. 429 storm with Retry-After ---------------------------------------------------------------
+
+
+def test_rate_limit_storm_obeys_limit_and_cooldown(live: Cluster, tmp_path: Path) -> None:
+    rpm, retry_after_s = 10, 0.5  # 10 per LIMIT_PERIOD_S (1 s) on the workers
+    models = {"t5-rl": SimModel(rate_limit_prob=0.3, retry_after_s=retry_after_s, latency_ms_median=5)}
+    with sim(models) as s:
+        fields = {"requests_per_minute": rpm}
+        prepared = prepare(load_campaign(make_campaign(tmp_path, "t5", s.base_url, {"t5-rl": fields}, prompts=4,
+                                                       runs=6, retry={"max_attempts": 8})))
+        store = RunStore(tmp_path / "data")
+        summary = run_campaign_celery(prepared, store, live.url, options=FAST, timeout_s=90)
+        st = stats(s.base_url)["t5-rl"]
+    assert not summary.interrupted
+    assert_exactly_once(store, prepared)
+    arrivals = sorted(st["arrivals_s"])
+    n429 = st["by_status"].get("429", 0)
+    assert n429 >= 3, st["by_status"]
+    # never more than the limit in any window of the period (50 ms allowance for network jitter)
+    window = LIMIT_PERIOD_S - 0.05
+    j = 0
+    for i, t in enumerate(arrivals):
+        while arrivals[j] <= t - window:
+            j += 1
+        assert i - j + 1 <= rpm, f"{i - j + 1} requests within {window} s at t={t:.3f}"
+    # every 429 cooled the model down for all workers: one quiet gap >= Retry-After per 429
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    assert sum(g >= retry_after_s - 0.05 for g in gaps) >= n429, (n429, sorted(gaps)[-n429 - 2 :])
+    # deferrals never spent attempts: every failed attempt is a 429
+    records = store.read_records(campaigns=["t5"])
+    assert sum(a.outcome.value == "rate_limited" for r in records for a in r.attempts) == n429
+    assert all(a.outcome.value in ("ok", "rate_limited") for r in records for a in r.attempts)
+
+
+# ----- 6. a model that hangs past its total timeout -------------------------------------------------
+
+
+def test_hanging_model_times_out_at_deadline(live: Cluster, tmp_path: Path) -> None:
+    total_s = 1.5
+    models = {"t6-hang": SimModel(hang_prob=1.0, hang_s=30), "t6-ok": SimModel(latency_ms_median=5)}
+    with sim(models) as s:
+        spec = {"t6-hang": {"total_timeout_s": total_s, "max_concurrency": 4}, "t6-ok": {}}
+        prepared = prepare(load_campaign(make_campaign(tmp_path, "t6", s.base_url, spec, prompts=4, runs=2)))
+        store = RunStore(tmp_path / "data")
+        t0 = time.monotonic()
+        summary = run_campaign_celery(prepared, store, live.url, options=FAST, timeout_s=60)
+        elapsed = time.monotonic() - t0
+    assert not summary.interrupted
+    assert_exactly_once(store, prepared)
+    recs = records_by_model(store, "t6")
+    hang = recs["t6-hang"]
+    assert [r.outcome.value for r in hang] == ["timeout_total"] * 8
+    lat = [r.latency_ms for r in hang]
+    assert all(0.9 * total_s * 1000 <= x <= 1.1 * total_s * 1000 for x in lat), lat
+    assert all(len(r.attempts) == 1 for r in hang)  # timeouts are not retried by default
+    ok = recs["t6-ok"]
+    assert [r.outcome.value for r in ok] == ["ok"] * 8
+    assert max(r.latency_ms for r in ok) < 1000
+    assert elapsed < 30
+
+
+# ----- 7. a model retired (410) mid-campaign ------------------------------------------------------
+
+
+def test_retired_model_gets_no_further_calls(live: Cluster, tmp_path: Path) -> None:
+    after = 5
+    models = {"t7-ret": SimModel(retired_after_requests=after, retired_on="2026-08-01", latency_ms_median=5),
+              "t7-ok": SimModel(latency_ms_median=5)}
+    with sim(models) as s:
+        spec = {"t7-ret": {"max_concurrency": 1}, "t7-ok": {}}
+        prepared = prepare(load_campaign(make_campaign(tmp_path, "t7", s.base_url, spec, prompts=4, runs=5)))
+        store = RunStore(tmp_path / "data")
+        summary = run_campaign_celery(prepared, store, live.url, options=FAST, timeout_s=60)
+        st = stats(s.base_url)
+    assert not summary.interrupted
+    assert_exactly_once(store, prepared)
+    # one 410, then silence: no worker called the model again
+    assert st["t7-ret"]["requests"] == after + 1, st["t7-ret"]
+    assert st["t7-ret"]["by_status"] == {"200": after, "410": 1}
+    recs = records_by_model(store, "t7")
+    outcomes = Counter(r.outcome.value for r in recs["t7-ret"])
+    assert outcomes == {"ok": after, "retired": 1, "cancelled": 20 - after - 1}
+    assert all(r.cancel_reason and r.cancel_reason.startswith("retired") for r in recs["t7-ret"]
+               if r.outcome.value == "cancelled")
+    assert Counter(r.outcome.value for r in recs["t7-ok"]) == {"ok": 20}
+    status = campaign_status_celery(prepared, store, live.url)
+    assert status.closed_models["t7-ret"].startswith("retired")
+
+
+# ----- cancel --------------------------------------------------------------------------------------
+
+
+def test_cancel_records_every_remaining_run(live: Cluster, tmp_path: Path) -> None:
+    models = {"t8-a": SimModel(latency_ms_median=100)}
+    with sim(models) as s:
+        prepared = prepare(load_campaign(make_campaign(tmp_path, "t8", s.base_url, {"t8-a": {"max_concurrency": 2}},
+                                                       prompts=4, runs=10)))
+        store = RunStore(tmp_path / "data")
+        bg = Background(prepared, store, live.url, options=CeleryOptions(max_outstanding=6, reconcile_after_s=4,
+                                                                         store_scan_s=0.3), timeout_s=60)
+        wait_for(lambda: stored_count(store, "t8") >= 4, 30, "4 stored runs")
+        cancel_campaign("t8", live.url, reason="cancelled by test")
+        summary = bg.join(70)
+        st = stats(s.base_url)
+    assert not summary.interrupted
+    assert_exactly_once(store, prepared)
+    outcomes = Counter(r.outcome.value for r in store.read_records(campaigns=["t8"]))
+    assert outcomes["cancelled"] >= 20 and outcomes["ok"] + outcomes["cancelled"] == 40
+    assert st["t8-a"]["requests"] == outcomes["ok"]

@@ -1,0 +1,93 @@
+"""The Celery application: JSON only, late acks, no result backend, threads pool.
+
+Start a worker (the deploy files assume exactly this)::
+
+    IRBENCH_BROKER_URL=redis://host:6379/0 IRBENCH_DATA_DIR=/data \\
+        celery -A workers.celery_app worker -P threads -c 16 -Q irbench
+
+Library code calls :func:`make_celery_app`; the module-level ``app`` exists only as the edge for
+the ``celery -A`` command line (it reads ``IRBENCH_BROKER_URL``; nothing connects at import).
+
+Delivery is at-least-once (``task_acks_late`` + ``task_reject_on_worker_lost``), so the task is
+idempotent by run_id (``workers.tasks``). **Visibility timeout rule**: an unacked message is
+re-delivered after ``visibility_timeout_s``, so it must exceed the longest fetch-to-ack time:
+``visibility_timeout_s > max_attempts * max(total_timeout_s) + (max_attempts - 1) * backoff_cap_s
++ max deferral countdown (IRBENCH_MAX_DEFER_S) + margin`` — with the defaults (4 attempts × 600 s
++ 3 × 60 s + 30 s) the default 3600 s holds. A redelivery inside that window is harmless anyway
+(claims and done markers), and a lost message is re-dispatched by the orchestrator's reconciler.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_init, worker_process_init, worker_shutdown
+
+from workers.logs import configure_logging
+from workers.tasks import register_tasks
+from workers.worker_runtime import RuntimeHolder
+
+DEFAULT_QUEUE = "irbench"
+
+
+def make_celery_app(
+    broker_url: str,
+    *,
+    visibility_timeout_s: float = 3600.0,
+    default_queue: str = DEFAULT_QUEUE,
+    main: str = "irbench",
+    publish_max_retries: int = 5,
+) -> Celery:
+    """A configured app with the ``irbench.run`` task registered. Connects lazily."""
+    app = Celery(main, broker=broker_url, backend=None, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],  # pickle refused
+        result_accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_acks_on_failure_or_timeout=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        result_backend=None,
+        worker_pool="threads",
+        task_default_queue=default_queue,
+        broker_transport_options={"visibility_timeout": visibility_timeout_s},
+        broker_connection_retry=True,
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,  # a Redis restart must not stop a worker
+        task_publish_retry=True,
+        task_publish_retry_policy={
+            "max_retries": publish_max_retries,
+            "interval_start": 0.2,
+            "interval_step": 0.5,
+            "interval_max": 2.0,
+        },
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        task_send_sent_event=False,
+    )
+    holder = RuntimeHolder(broker_url)
+    app.irbench_runtime = holder  # type: ignore[attr-defined]  # per-process resources, created lazily
+    register_tasks(app, holder)
+    return app
+
+
+def _configure_worker_logging(**_: Any) -> None:
+    configure_logging(level=os.environ.get("IRBENCH_LOG_LEVEL", "INFO"))
+
+
+def _close_runtime(sender: Any = None, **_: Any) -> None:
+    holder = getattr(getattr(sender, "app", None), "irbench_runtime", None) or getattr(app, "irbench_runtime", None)
+    if holder is not None:
+        holder.close()
+
+
+# worker_process_init fires in prefork children; worker_init in the (threads-pool) worker itself.
+worker_init.connect(_configure_worker_logging, weak=False, dispatch_uid="irbench-logging-init")
+worker_process_init.connect(_configure_worker_logging, weak=False, dispatch_uid="irbench-logging-proc")
+worker_shutdown.connect(_close_runtime, weak=False, dispatch_uid="irbench-close-runtime")
+
+app = make_celery_app(os.environ.get("IRBENCH_BROKER_URL", "redis://127.0.0.1:6379/0"))

@@ -1,0 +1,119 @@
+"""The Celery task: execute one run, store its record, mark it done — idempotent by run_id.
+
+Arguments are JSON only: ``RunTask.model_dump(mode="json")`` and the store root (never a
+secret: the API key is read by the worker from its own environment). Order of effects:
+claim (skip if done / live elsewhere) → already stored? → ``execute_run`` on the process's
+loop → ``RunStore.write([record])`` (``<run_id>.parquet``, first writer wins) → done marker and
+counters → return (ack). A permit that is not available within a second or two re-publishes
+the same run with a countdown (a deferral: no Celery retry, no attempt spent).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pyarrow.parquet as pq
+import structlog
+from celery import Celery
+from redis.exceptions import RedisError
+
+from storage.records import Outcome
+from storage.runs import RunStore, file_stem_for
+from workers.campaign_state import BUSY, DONE, CampaignState
+from workers.execute import RunContext, execute_run
+from workers.redis_gate import RedisGate
+from workers.runtask import RunTask
+from workers.worker_runtime import Deferred, DeferringLimiter, RuntimeHolder, WorkerRuntime
+
+RUN_TASK_NAME = "irbench.run"
+log = structlog.get_logger("irbench.task")
+T = TypeVar("T")
+
+
+def _with_redis_retry(fn: Callable[[], T], budget_s: float) -> T:
+    """Call ``fn`` until it succeeds or ``budget_s`` is spent (Redis restarting), backing off."""
+    deadline, wait = time.monotonic() + budget_s, 0.1
+    while True:
+        try:
+            return fn()
+        except RedisError:
+            if time.monotonic() + wait > deadline:
+                raise
+            time.sleep(wait)
+            wait = min(wait * 2, 2.0)
+
+
+def _stored_outcome(store: RunStore, task: RunTask) -> str | None:
+    """The outcome of ``task``'s own record file if it is already published (crash after write)."""
+    if task.measured_on is None:
+        return None
+    path = store.dataset.partition_dir(task.measured_on) / f"{file_stem_for(task.run_id)}.parquet"
+    if not path.exists():
+        return None
+    return str(pq.read_table(path, columns=["outcome"]).column("outcome")[0].as_py())
+
+
+def execute_one(rt: WorkerRuntime, task: RunTask, data_dir: str | None, owner: str) -> str:
+    """Run ``task`` exactly once across deliveries; returns what happened (for logs/tests).
+
+    Raises :class:`Deferred` when the run must be re-published later (claim already released).
+    """
+    s = rt.settings
+    state = CampaignState(rt.redis, task.campaign, prefix=f"{s.key_prefix}:camp")
+    claim = _with_redis_retry(lambda: state.claim(task.run_id, task.model, owner, s.claim_ttl_s), s.redis_retry_s)
+    if claim in (DONE, BUSY):
+        return claim
+    store = rt.store(data_dir)
+    stored = _stored_outcome(store, task)
+    if stored is not None:
+        failed = stored != Outcome.OK.value
+        _with_redis_retry(lambda: state.mark_done(task.run_id, task.model, stored, failed), s.redis_retry_s)
+        return "already_stored"
+    gate = RedisGate(state, disable_after_consecutive=task.retry.disable_after_consecutive)
+    ctx = RunContext(provider_for=rt.provider_for, limiter=DeferringLimiter(rt.limiter, gate, rt), gate=gate)
+    rt.hold_claim(state, task.run_id, owner)
+    try:
+        record = rt.run(execute_run(task, ctx))
+    except (Deferred, RedisError) as exc:
+        wait_s = exc.wait_s if isinstance(exc, Deferred) else s.min_defer_s * 4
+        countdown = min(max(wait_s, s.min_defer_s) + random.uniform(0, s.min_defer_s), s.max_defer_s)
+        rt.drop_claim(task.run_id)
+        try:
+            state.release_claim(task.run_id, owner, countdown)
+        except RedisError:
+            pass  # the claim expires on its own
+        raise Deferred(countdown, exc.reason if isinstance(exc, Deferred) else "redis unavailable") from exc
+    finally:
+        rt.drop_claim(task.run_id)
+    store.write([record])
+    failed = record.outcome is not Outcome.OK or not record.succeeded
+    _with_redis_retry(
+        lambda: state.mark_done(task.run_id, task.model, record.outcome.value, failed), s.redis_retry_s
+    )
+    return record.outcome.value
+
+
+def register_tasks(app: Celery, holder: RuntimeHolder) -> Any:
+    """Register ``irbench.run`` on ``app``; returns the task object."""
+
+    @app.task(name=RUN_TASK_NAME, bind=True, acks_late=True, ignore_result=True)
+    def run(self: Any, task_json: dict[str, Any], data_dir: str | None = None) -> str:
+        task = RunTask.model_validate(task_json)
+        owner = f"{self.request.hostname}:{uuid.uuid4().hex[:12]}"
+        with structlog.contextvars.bound_contextvars(campaign=task.campaign, run_id=task.run_id, model=task.model):
+            try:
+                result = execute_one(holder.get(), task, data_dir, owner)
+            except Deferred as d:
+                queue = (self.request.delivery_info or {}).get("routing_key") or app.conf.task_default_queue
+                # Same task id, new message; NOT self.retry(): deferrals must not spend max_retries.
+                self.apply_async(args=(task_json, data_dir), task_id=task.run_id, countdown=d.wait_s, queue=queue)
+                log.info("run_deferred", countdown_s=round(d.wait_s, 3), reason=d.reason)
+                return "deferred"
+            log.info("run_finished", result=result)
+            return result
+
+    return run

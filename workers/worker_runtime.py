@@ -1,0 +1,303 @@
+"""What one Celery worker process shares between its task threads.
+
+* one asyncio event loop in a background thread; task threads submit coroutines to it with
+  ``asyncio.run_coroutine_threadsafe`` and block on the result (the threads pool's slot is the
+  unit of worker concurrency, the loop multiplexes their HTTP calls);
+* one ``httpx.AsyncClient`` and one ``RedisLimiter`` (async Redis client) living on that loop;
+* one sync Redis client for campaign state and the gate;
+* a heartbeat thread renewing the claims and limiter leases of the runs executing here, so a
+  killed worker's runs and slots come back within a TTL instead of a call's worst-case duration.
+
+``DeferringLimiter`` wraps the Redis limiter for ``execute_run``: it waits at most
+``max_wait_s`` for a permit and otherwise raises :class:`Deferred` (deliberately NOT an
+``IrbenchError``, so it leaves ``execute_run`` without becoming an attempt or a record); the
+task then re-publishes itself with a countdown. A Redis outage also becomes a deferral.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import redis
+import redis.asyncio as aioredis
+import structlog
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from storage.runs import RunStore
+from workers.errors import IrbenchError
+from workers.gate import ModelGate
+from workers.limits.base import Permit
+from workers.limits.memory import CONCURRENCY, LimiterError, LimiterUnavailable
+from workers.limits.redis_limiter import RedisLimiter
+from workers.providers.base import Provider
+from workers.providers.registry import make_http_client, make_provider
+from workers.runtask import ModelLimits, RunTask
+
+log = structlog.get_logger("irbench.worker")
+T = TypeVar("T")
+
+ENV_PREFIX = "IRBENCH_"
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Worker knobs; each can be set by env ``IRBENCH_<FIELD>`` (e.g. ``IRBENCH_CLAIM_TTL_S``).
+
+    ``redis_url``: Redis for limiter/state (default: the broker). ``data_dir``: the run store
+    root; when set it wins over the path a task carries (the worker's own mount of the store).
+    ``lease_ttl_s``/``claim_ttl_s``: lifetime of a limiter lease / run claim without a heartbeat
+    (renewed every third of the shorter one). ``max_wait_s``: longest wait for a permit while
+    holding a worker slot. ``min_defer_s``/``max_defer_s``: bounds of a deferral countdown (keep
+    ``max_defer_s`` far below the broker visibility timeout). ``limit_period_s``: the window
+    ``requests_per_minute``/``tokens_per_minute`` are counted over. ``redis_retry_s``: how long
+    to keep retrying Redis for the done marker before giving up to the reconciler.
+    """
+
+    redis_url: str
+    data_dir: str | None = None
+    max_connections: int = 64
+    lease_ttl_s: float = 30.0
+    claim_ttl_s: float = 30.0
+    max_wait_s: float = 1.5
+    min_defer_s: float = 0.5
+    max_defer_s: float = 30.0
+    limit_period_s: float = 60.0
+    redis_retry_s: float = 30.0
+    key_prefix: str = "irbench"
+
+    @property
+    def heartbeat_s(self) -> float:
+        return min(self.lease_ttl_s, self.claim_ttl_s) / 3.0
+
+    @classmethod
+    def from_env(cls, broker_url: str, environ: Mapping[str, str] | None = None) -> WorkerSettings:
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {"redis_url": env.get(ENV_PREFIX + "REDIS_URL") or broker_url}
+        for f in fields(cls):
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if f.name == "redis_url" or raw in (None, ""):
+                continue
+            values[f.name] = int(raw) if f.type in ("int", int) else float(raw) if "float" in str(f.type) else raw
+        return cls(**values)
+
+
+class Deferred(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """No permit within the bounded wait: re-publish the run after ``wait_s`` seconds."""
+
+    def __init__(self, wait_s: float, reason: str) -> None:
+        super().__init__(f"deferred {wait_s:.2f} s ({reason})")
+        self.wait_s = wait_s
+        self.reason = reason
+
+
+class GateClosed(IrbenchError):
+    """The model was closed while this run waited for a permit; ``str()`` is the gate's reason."""
+
+
+def sync_redis(url: str, *, socket_timeout_s: float = 5.0) -> redis.Redis:
+    """A pooled sync client that retries dropped connections briefly (Redis restarts)."""
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=2.0,
+        health_check_interval=10,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 5),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
+    )
+
+
+class DeferringLimiter:
+    """``Limiter`` for ``execute_run``: bounded wait, deferral, gate re-check after the grant.
+
+    ``on_grant``/``on_release`` let the runtime's heartbeat renew the permits held here.
+    """
+
+    def __init__(self, inner: RedisLimiter, gate: ModelGate, runtime: WorkerRuntime) -> None:
+        self._inner, self._gate, self._rt = inner, gate, runtime
+        self._max_wait_s = runtime.settings.max_wait_s
+        self._min_defer_s = runtime.settings.min_defer_s
+
+    async def acquire(self, model: str, limits: ModelLimits, holder: str, cost_tokens: int) -> Permit:
+        try:
+            d = await self._inner.try_acquire(model, limits, holder, cost_tokens)
+            permit: Permit | None = d.permit
+            if permit is None:
+                if d.reason != CONCURRENCY and d.wait_s > self._max_wait_s:
+                    raise Deferred(d.wait_s, d.reason)  # rate/cooldown: the wait is exact, don't hold a slot
+                try:
+                    permit = await asyncio.wait_for(
+                        self._inner.acquire(model, limits, holder, cost_tokens), self._max_wait_s
+                    )
+                except asyncio.TimeoutError:
+                    # The cancelled wait may have been granted server-side: drop it (no-op if not).
+                    with contextlib.suppress(LimiterError):
+                        await self._inner.release(Permit(model, holder, cost_tokens))
+                    hint = d.wait_s if d.reason != CONCURRENCY else self._min_defer_s
+                    raise Deferred(max(hint, self._min_defer_s), d.reason) from None
+        except LimiterUnavailable as exc:
+            raise Deferred(self._min_defer_s * 4, "limiter unavailable") from exc
+        # A 410 may have closed the model while we waited: don't make the call.
+        try:
+            reason = self._gate.closed_reason(model)
+        except RedisError:
+            await self.release(permit)
+            raise
+        if reason is not None:
+            await self.release(permit)
+            raise GateClosed(reason)
+        self._rt.hold_permit(permit)
+        return permit
+
+    async def release(self, permit: Permit, actual_tokens: int | None = None) -> None:
+        self._rt.drop_permit(permit)
+        try:
+            await self._inner.release(permit, actual_tokens)
+        except LimiterError as exc:  # the lease expires by itself
+            log.warning("limiter_release_failed", model=permit.model, error=str(exc))
+
+    async def cooldown(self, model: str, seconds: float) -> None:
+        try:
+            await self._inner.cooldown(model, seconds)
+        except LimiterError as exc:
+            log.warning("limiter_cooldown_failed", model=model, error=str(exc))
+
+
+@dataclass
+class _Claim:
+    state: Any  # CampaignState (import cycle avoided)
+    run_id: str
+    owner: str
+
+
+class WorkerRuntime:
+    """Per-process shared resources. Create once per worker process; ``close()`` at shutdown."""
+
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.settings = settings
+        self.redis = sync_redis(settings.redis_url)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="irbench-loop", daemon=True)
+        self._thread.start()
+        self._lock = threading.Lock()
+        self._claims: dict[str, _Claim] = {}
+        self._permits: dict[tuple[str, str], Permit] = {}
+        self._providers: dict[tuple[str, str, str, str | None], Provider] = {}
+        self._stores: dict[str, RunStore] = {}
+        self._stop = threading.Event()
+        self.http, self._aredis, self.limiter = self.run(self._setup())
+        self._heartbeat = threading.Thread(target=self._beat, name="irbench-heartbeat", daemon=True)
+        self._heartbeat.start()
+
+    async def _setup(self) -> tuple[httpx.AsyncClient, aioredis.Redis, RedisLimiter]:
+        client = aioredis.Redis.from_url(self.settings.redis_url, socket_timeout=5.0, socket_connect_timeout=2.0)
+        limiter = RedisLimiter(
+            client,
+            key_prefix=f"{self.settings.key_prefix}:lim",
+            lease_ttl_s=self.settings.lease_ttl_s,
+            period_s=self.settings.limit_period_s,
+            max_block_s=max(self.settings.max_wait_s, 0.05),
+        )
+        return make_http_client(self.settings.max_connections), client, limiter
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        """Run ``coro`` on the shared loop and wait for it from the calling (task) thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
+
+    # ----- shared objects -----------------------------------------------------------------------
+    def provider_for(self, task: RunTask) -> Provider:
+        """Provider of ``task``'s endpoint; the key is read from THIS process's environment."""
+        ep = task.endpoint
+        key = (ep.name, ep.base_url, ep.wire_format, ep.api_key_env)
+        with self._lock:
+            if key not in self._providers:
+                api_key = os.environ.get(ep.api_key_env) if ep.api_key_env else None
+                self._providers[key] = make_provider(ep, self.http, api_key)
+            return self._providers[key]
+
+    def store(self, data_dir: str | None) -> RunStore:
+        root = self.settings.data_dir or data_dir
+        if not root:
+            raise IrbenchError("no data directory: set IRBENCH_DATA_DIR on the worker or pass data_dir in the task")
+        with self._lock:
+            if root not in self._stores:
+                self._stores[root] = RunStore(Path(root))
+            return self._stores[root]
+
+    # ----- heartbeat ----------------------------------------------------------------------------
+    def hold_claim(self, state: Any, run_id: str, owner: str) -> None:
+        with self._lock:
+            self._claims[run_id] = _Claim(state, run_id, owner)
+
+    def drop_claim(self, run_id: str) -> None:
+        with self._lock:
+            self._claims.pop(run_id, None)
+
+    def hold_permit(self, permit: Permit) -> None:
+        with self._lock:
+            self._permits[(permit.model, permit.holder)] = permit
+
+    def drop_permit(self, permit: Permit) -> None:
+        with self._lock:
+            self._permits.pop((permit.model, permit.holder), None)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.settings.heartbeat_s):
+            with self._lock:
+                claims, permits = list(self._claims.values()), list(self._permits.values())
+            for c in claims:
+                try:
+                    c.state.renew_claim(c.run_id, c.owner, self.settings.claim_ttl_s)
+                except RedisError as exc:
+                    log.warning("claim_renew_failed", run_id=c.run_id, error=str(exc))
+            for p in permits:
+                try:
+                    self.run(self.limiter.renew(p), timeout_s=self.settings.heartbeat_s)
+                except Exception as exc:  # noqa: BLE001 - a missed renewal is retried next beat
+                    log.warning("lease_renew_failed", model=p.model, error=str(exc))
+
+    def close(self) -> None:
+        self._stop.set()
+
+        async def _close() -> None:
+            await self.limiter.aclose()
+            await self.http.aclose()
+            await self._aredis.aclose()
+
+        with contextlib.suppress(Exception):
+            self.run(_close(), timeout_s=5.0)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5.0)
+        self.redis.close()
+
+
+class RuntimeHolder:
+    """Lazily creates the process's ``WorkerRuntime`` on first use (thread-safe)."""
+
+    def __init__(self, broker_url: str) -> None:
+        self._broker_url = broker_url
+        self._lock = threading.Lock()
+        self._runtime: WorkerRuntime | None = None
+
+    def get(self) -> WorkerRuntime:
+        with self._lock:
+            if self._runtime is None:
+                self._runtime = WorkerRuntime(WorkerSettings.from_env(self._broker_url))
+            return self._runtime
+
+    def close(self) -> None:
+        with self._lock:
+            rt, self._runtime = self._runtime, None
+        if rt is not None:
+            rt.close()
