@@ -269,7 +269,7 @@ def test_cooldown_and_disable_reach_other_instances(redis_srv: RedisServer) -> N
             await a.disable("m", "410 from provider")
             with pytest.raises(ModelDisabled):
                 await waiter
-            assert time.monotonic() - t1 < 0.5
+            assert time.monotonic() - t1 < 1.5  # without the message: ~5 s
             await a.release(p)
         finally:
             for lim, c in ((a, ca), (b, cb)):
@@ -320,7 +320,7 @@ def test_sync_twin_shares_state_and_wakes_async_waiters(redis_srv: RedisServer) 
             t0 = time.monotonic()
             await asyncio.to_thread(sync.release, d.permit, 5)  # frees the slot and refunds 95 tokens
             p = await waiter
-            assert time.monotonic() - t0 < 0.3, "the release message must wake the async waiter"
+            assert time.monotonic() - t0 < 1.5, "the release message must wake the async waiter (else ~5 s)"
             assert p.waited_ms > 90
             sync.disable("m", "410")
             assert await lim.is_disabled("m")
