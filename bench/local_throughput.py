@@ -57,6 +57,9 @@ def main() -> None:
     parser.add_argument("--levels", default="1,4,16")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
+    from workers.logs import configure_logging
+
+    configure_logging(level="WARNING")
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "sim.toml"
         cfg.write_text('seed = 1\n[models.sim-mild]\ndrop_prob = 0.03\nadd_rate = 0.3\nfence_prob = 0.5\n')
