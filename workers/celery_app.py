@@ -20,6 +20,7 @@ re-delivered after ``visibility_timeout_s``, so it must exceed the longest fetch
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 from celery import Celery
@@ -75,8 +76,22 @@ def make_celery_app(
     return app
 
 
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is now: Celery redirects it into the worker log only
+    after the init signals fire, so binding the stream object at init would lose the lines."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
 def _configure_worker_logging(**_: Any) -> None:
-    configure_logging(level=os.environ.get("IRBENCH_LOG_LEVEL", "INFO"))
+    configure_logging(level=os.environ.get("IRBENCH_LOG_LEVEL", "INFO"), json=True, stream=_CurrentStderr())  # type: ignore[arg-type]
 
 
 def _close_runtime(sender: Any = None, **_: Any) -> None:

@@ -121,15 +121,28 @@ def sync_redis(url: str, *, socket_timeout_s: float = 5.0) -> redis.Redis:
 class DeferringLimiter:
     """``Limiter`` for ``execute_run``: bounded wait, deferral, gate re-check after the grant.
 
-    ``on_grant``/``on_release`` let the runtime's heartbeat renew the permits held here.
+    Only the run's first permit can be deferred; a retry's permit is awaited (bounded by the
+    cooldown/rate interval), so attempts already made are never lost. One instance per run.
+
+    Granted permits are registered with the runtime so its heartbeat renews their leases.
     """
 
     def __init__(self, inner: RedisLimiter, gate: ModelGate, runtime: WorkerRuntime) -> None:
         self._inner, self._gate, self._rt = inner, gate, runtime
         self._max_wait_s = runtime.settings.max_wait_s
         self._min_defer_s = runtime.settings.min_defer_s
+        self._acquisitions = 0  # one instance per run execution
 
     async def acquire(self, model: str, limits: ModelLimits, holder: str, cost_tokens: int) -> Permit:
+        self._acquisitions += 1
+        if self._acquisitions > 1:
+            # A retry inside execute_run: deferring now would drop the attempts already made
+            # (every attempt must be stored), so wait; the wait is a cooldown or rate slot.
+            try:
+                permit = await self._inner.acquire(model, limits, holder, cost_tokens)
+            except LimiterUnavailable as exc:
+                raise Deferred(self._min_defer_s * 4, "limiter unavailable") from exc
+            return await self._admit(permit)
         try:
             d = await self._inner.try_acquire(model, limits, holder, cost_tokens)
             permit: Permit | None = d.permit
@@ -148,7 +161,11 @@ class DeferringLimiter:
                     raise Deferred(max(hint, self._min_defer_s), d.reason) from None
         except LimiterUnavailable as exc:
             raise Deferred(self._min_defer_s * 4, "limiter unavailable") from exc
+        return await self._admit(permit)
+
+    async def _admit(self, permit: Permit) -> Permit:
         # A 410 may have closed the model while we waited: don't make the call.
+        model = permit.model
         try:
             reason = self._gate.closed_reason(model)
         except RedisError:
