@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 
+import structlog
+
 from storage.records import ERROR_TEXT_MAX_CHARS, Attempt, Outcome, ParseOutcome, RunRecord
 from workers.clock import Clock, SystemClock
 from workers.errors import IrbenchError, ModelRetired, ProviderError
@@ -22,6 +24,7 @@ from workers.providers.base import ChatRequest, Provider, Reply
 from workers.retry import decide
 from workers.runtask import RunTask
 
+log = structlog.get_logger("irbench.run")
 
 def _package_version() -> str:
     try:
@@ -77,7 +80,25 @@ def _truncate(text: str) -> str:
 
 
 async def execute_run(task: RunTask, ctx: RunContext) -> RunRecord:
-    """Execute ``task`` under its retry policy; return its record (never raises ProviderError)."""
+    """Execute ``task`` under its retry policy; return its record (never raises ProviderError).
+
+    Logs one canonical ``run_finished`` line with campaign, run_id and model bound.
+    """
+    with structlog.contextvars.bound_contextvars(campaign=task.campaign, run_id=task.run_id, model=task.model):
+        record = await _execute(task, ctx)
+        log.info(
+            "run_finished",
+            outcome=record.outcome.value,
+            attempts=len(record.attempts),
+            latency_ms=record.latency_ms,
+            parse_outcome=record.parse_outcome.value,
+            nodes=record.node_count,
+            cancel_reason=record.cancel_reason,
+        )
+        return record
+
+
+async def _execute(task: RunTask, ctx: RunContext) -> RunRecord:
     clock = ctx.clock
     measured_at = clock.now()
     rng = random.Random(task.run_id)  # deterministic jitter per run
