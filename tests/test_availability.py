@@ -1,0 +1,127 @@
+"""Availability checks against the simulator over loopback, timelines, and the artifact import."""
+
+from __future__ import annotations
+
+import datetime as dt
+import socket
+from pathlib import Path
+
+import pytest
+
+from orchestrator.availability import (
+    CheckSettings,
+    CheckTarget,
+    check_availability,
+    import_availability_artifact,
+)
+from simulator.config import SimConfig, SimModel
+from simulator.server import start_background
+from storage.availability import Availability, AvailabilityStore
+from storage.probes import ProbeStore
+from workers.runtask import EndpointRef, TimeoutPolicy
+
+DAY1 = dt.datetime(2026, 9, 1, 6, 0, tzinfo=dt.timezone.utc)
+DAY2 = DAY1 + dt.timedelta(days=1)
+FAST = CheckSettings(timeouts=TimeoutPolicy(connect_timeout_s=2.0, read_timeout_s=0.5, total_timeout_s=0.5))
+
+
+def _config(api_key: str | None = None) -> SimConfig:
+    return SimConfig(api_key=api_key, models={
+        "alive": SimModel(latency_ms_median=2),
+        # answers the first call, then every call is 410 (switched to retired between checks)
+        "going": SimModel(retired_after_requests=1, retired_on="2026-08-01", retirement_reference="RET-0042",
+                          replacement_model="alive"),
+        "hidden": SimModel(listed=False),
+        "slow": SimModel(hang_prob=1.0, hang_s=3.0),
+    })
+
+
+def _target(base_url: str, *models: str, key_env: str | None = None) -> CheckTarget:
+    return CheckTarget(EndpointRef(name="sim", base_url=base_url, api_key_env=key_env), models)
+
+
+def test_statuses_and_switch_to_retired(tmp_path: Path) -> None:
+    store = AvailabilityStore(tmp_path / "data", fsync=False)
+    with start_background(_config()) as sim:
+        target = _target(sim.base_url, "alive", "going", "hidden", "slow", "ghost")
+        first = check_availability([target], store, now=lambda: DAY1, secrets={}, settings=FAST)
+        second = check_availability([target], store, now=lambda: DAY2, secrets={}, settings=FAST)
+    s1 = {r.model: r for r in first}
+    assert {m: r.status for m, r in s1.items()} == {
+        "alive": Availability.AVAILABLE, "going": Availability.AVAILABLE, "hidden": Availability.AVAILABLE,
+        "slow": Availability.TIMEOUT, "ghost": Availability.NOT_LISTED,
+    }
+    assert s1["hidden"].listed is False and s1["alive"].listed is True and s1["ghost"].http_status == 404
+    assert s1["slow"].latency_ms >= 400  # gave up at the 0.5 s total deadline, elapsed time kept
+    going = {r.model: r for r in second}["going"]
+    assert going.status is Availability.RETIRED and going.http_status == 410
+    assert going.retired_on == "2026-08-01" and going.reference == "RET-0042"
+
+    # stored by check date, one row per model and check
+    assert store.dataset.partitions() == [DAY1.date(), DAY2.date()]
+    assert store.read().num_rows == 10
+    lines = {t.model: t for t in store.timelines()}
+    g = lines["going"]
+    assert (g.first_seen, g.last_available, g.first_missing) == (DAY1.date(), DAY1.date(), DAY2.date())
+    assert g.retired_on == "2026-08-01" and g.latest_status is Availability.RETIRED
+    assert lines["alive"].first_missing is None and lines["alive"].last_available == DAY2.date()
+    assert lines["ghost"].first_seen is None and lines["ghost"].first_missing == DAY1.date()
+    assert set(store.unavailable_models()) == {"going", "ghost"}
+
+
+def test_auth_and_connection_failures(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead_port = s.getsockname()[1]
+    with start_background(_config(api_key="sim-secret-key")) as sim:
+        wrong = check_availability([_target(sim.base_url, "alive", key_env="SIM_KEY")], None,
+                                   now=lambda: DAY1, secrets={"SIM_KEY": "not-the-key"}, settings=FAST)
+        right = check_availability([_target(sim.base_url, "alive", key_env="SIM_KEY")], None,
+                                   now=lambda: DAY1, secrets={"SIM_KEY": "sim-secret-key"}, settings=FAST)
+    assert wrong[0].status is Availability.AUTH_ERROR and wrong[0].listed is None
+    assert "sim-secret-key" not in (wrong[0].message or "") and "not-the-key" not in (wrong[0].message or "")
+    assert right[0].status is Availability.AVAILABLE
+    dead = check_availability([_target(f"http://127.0.0.1:{dead_port}", "alive")], None,
+                              now=lambda: DAY1, secrets={}, settings=FAST)
+    assert dead[0].status is Availability.ERROR and "connect" in (dead[0].message or "")
+
+
+def test_scheduled_stem_is_idempotent(tmp_path: Path) -> None:
+    store = AvailabilityStore(tmp_path / "data", fsync=False)
+    with start_background(_config()) as sim:
+        for _ in range(2):  # two runs of the same interval: the second publishes nothing
+            check_availability([_target(sim.base_url, "alive")], store, now=lambda: DAY1, secrets={},
+                               settings=FAST, stem="scheduled-20260901T0600")
+    assert store.read().num_rows == 1
+
+
+def test_artifact_import(tmp_path: Path, artifact_dir: Path) -> None:
+    data = tmp_path / "data"
+    result = import_availability_artifact(artifact_dir, data, now=lambda: DAY1)
+    assert result.availability_rows == 15 and result.probe_rows == 22 and not result.notes
+    store = AvailabilityStore(data)
+    rows = {r["model"]: r for r in store.read().to_pylist()}
+    assert sum(r["status"] == "retired" for r in rows.values()) == 10 == len(result.retired_models)
+    gemma = rows["gemma3:12b"]
+    assert gemma["retired_on"] == "2026-07-15" and gemma["reference"] == "9a2ba1b0-727f-4057-9098-1765d64aaf9e"
+    assert rows["glm-4.6"]["retired_on"] == "2026-06-16"
+    assert rows["gpt-oss:20b"]["status"] == "available" and rows["gpt-oss:20b"]["study_role"] == "reported in Table 1"
+    assert {r["check_date"] for r in rows.values()} == {dt.date(2026, 8, 17)}
+    t = {x.model: x for x in store.timelines()}
+    assert t["gemma3:12b"].first_missing == dt.date(2026, 8, 17) and t["gemma3:12b"].first_seen is None
+    probes = ProbeStore(data).read(campaigns=["study-probe-2026-08-17"])
+    assert probes.num_rows == 22
+    again = import_availability_artifact(artifact_dir, data, now=lambda: DAY2)
+    assert again.availability_rows == 0 and store.read().num_rows == 15
+    assert ProbeStore(data).read().num_rows == 22
+
+
+@pytest.mark.parametrize("missing", ["model_availability.csv", "failure_attribution.csv"])
+def test_artifact_import_reports_missing_files(tmp_path: Path, artifact_dir: Path, missing: str) -> None:
+    fake = tmp_path / "artifact" / "results"
+    fake.mkdir(parents=True)
+    for name in ("model_availability.csv", "failure_attribution.csv"):
+        if name != missing:
+            (fake / name).write_bytes((artifact_dir / "results" / name).read_bytes())
+    result = import_availability_artifact(tmp_path / "artifact", tmp_path / "data", now=lambda: DAY1)
+    assert len(result.notes) == 1 and missing in result.notes[0]
