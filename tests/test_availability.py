@@ -125,3 +125,33 @@ def test_artifact_import_reports_missing_files(tmp_path: Path, artifact_dir: Pat
             (fake / name).write_bytes((artifact_dir / "results" / name).read_bytes())
     result = import_availability_artifact(tmp_path / "artifact", tmp_path / "data", now=lambda: DAY1)
     assert len(result.notes) == 1 and missing in result.notes[0]
+
+
+def test_cli_commands(tmp_path: Path, artifact_dir: Path) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from orchestrator.ops_cli import availability_app, probe_command
+
+    app = typer.Typer()
+    app.command("probe")(probe_command)
+    app.add_typer(availability_app, name="availability")
+    runner = CliRunner()
+    for args in (["probe", "--help"], ["availability", "check", "--help"], ["availability", "history", "--help"]):
+        res = runner.invoke(app, args)
+        assert res.exit_code == 0 and "Example: irbench" in res.output, res.output
+    data = tmp_path / "data"
+    empty = runner.invoke(app, ["availability", "history", "--data", str(data)])
+    assert empty.exit_code == 0 and "no availability checks" in empty.output
+    import_availability_artifact(artifact_dir, data, now=lambda: DAY1)
+    hist = runner.invoke(app, ["availability", "history", "--data", str(data), "--models", "gemma3:12b,gpt-oss:20b"])
+    assert hist.exit_code == 0, hist.output
+    assert "2026-07-15" in hist.output and "gpt-oss:20b" in hist.output and "glm-4.6" not in hist.output
+    bad = runner.invoke(app, ["availability", "check", "--data", str(data), "--models", "x"])
+    assert bad.exit_code == 2 and "--base-url" in bad.output
+    with start_background(_config()) as sim:
+        ok = runner.invoke(app, ["availability", "check", "--data", str(data), "--models", "alive,ghost",
+                                 "--base-url", sim.base_url, "--timeout", "2"])
+    assert ok.exit_code == 0, ok.output
+    assert "available" in ok.output and "not_listed" in ok.output
+    assert AvailabilityStore(data).read(sources=["check"]).num_rows == 2

@@ -154,3 +154,26 @@ def test_probe_spec_checks(tmp_path: Path, examples_dir: Path) -> None:
     with pytest.raises(ConfigError, match="not above the reference timeout 60 s"):
         load_probe(short, ProbeSettings(reference_timeout_s=60))
     assert load_probe(short, ProbeSettings(reference_timeout_s=20)).budgets == [1500, 8000]
+
+
+def test_probe_command(tmp_path: Path, examples_dir: Path) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from orchestrator.ops_cli import probe_command
+
+    app = typer.Typer()
+    app.command("probe")(probe_command)
+    app.command("noop")(lambda: None)  # two commands: typer keeps the "probe" subcommand name
+    runner = CliRunner()
+    bad = runner.invoke(app, ["probe", str(examples_dir / "probe.toml"), "--endpoint-url", "nourl"])
+    assert bad.exit_code == 2 and "NAME=URL" in bad.output
+    with start_background(load_sim_config(examples_dir / "sim_probe.toml")) as sim:
+        res = runner.invoke(app, [
+            "probe", str(examples_dir / "probe.toml"), "--data", str(tmp_path / "data"), "--no-progress",
+            "--reference-timeout", str(REFERENCE_S), "--endpoint-url", f"sim={sim.base_url}",
+        ])
+    assert res.exit_code == 0, res.output
+    for word in ("budget_bound", "timeout_bound", "works_under_both", "fails_under_both"):
+        assert word in res.output
+    assert (tmp_path / "data" / "probes.parquet").is_file()
