@@ -17,7 +17,7 @@ import datetime as dt
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import redis
@@ -94,9 +94,14 @@ class _Dispatcher:
     def __init__(self, app: Celery, state: CampaignState, store: RunStore, opts: CeleryOptions) -> None:
         self.app, self.state, self.store, self.opts = app, state, store, opts
 
-    def send(self, tasks: Sequence[RunTask], measured_on: dt.date) -> None:
-        """Record then publish (a kill between the two leaves entries the reconciler re-sends)."""
-        stamped = [t if t.measured_on is not None else t.model_copy(update={"measured_on": measured_on}) for t in tasks]
+    def send(self, tasks: Sequence[RunTask]) -> None:
+        """Record then publish (a kill between the two leaves entries the reconciler re-sends).
+
+        Each message carries ``measured_on`` = the UTC dispatch date (unless planned), so every
+        redelivery or deferral of that message writes to the same partition.
+        """
+        today = dt.datetime.now(dt.timezone.utc).date()
+        stamped = [t if t.measured_on is not None else t.model_copy(update={"measured_on": today}) for t in tasks]
         self.state.record_dispatch(t.run_id for t in stamped)
         with self.app.producer_or_acquire() as producer:
             for t in stamped:
@@ -152,7 +157,6 @@ def reconcile(
     state: CampaignState,
     dispatcher: _Dispatcher,
     remaining: dict[str, RunTask],
-    measured_on: dt.date,
     older_than_s: float,
     limit: int | None = None,
 ) -> int:
@@ -167,7 +171,7 @@ def reconcile(
     if limit is not None:
         stale = stale[:limit]
     for i in range(0, len(stale), dispatcher.opts.dispatch_batch):
-        dispatcher.send(stale[i : i + dispatcher.opts.dispatch_batch], measured_on)
+        dispatcher.send(stale[i : i + dispatcher.opts.dispatch_batch])
     if stale:
         log.info("reconciled", campaign=state.campaign, redispatched=len(stale))
     return len(stale)
@@ -196,7 +200,7 @@ def run_campaign_celery(
     waiting after this long (returns ``interrupted=True``; the workers carry on). The summary
     counts the runs stored during this call, per model and outcome.
     """
-    opts = options if reconcile_after_s is None else CeleryOptions(**{**options.__dict__, "reconcile_after_s": reconcile_after_s})
+    opts = options if reconcile_after_s is None else replace(options, reconcile_after_s=reconcile_after_s)
     campaign = prepared.spec.name
     app = app or make_celery_app(broker_url)
     client = sync_redis(broker_url)
@@ -210,7 +214,6 @@ def run_campaign_celery(
     remaining = {rid: t for rid, t in by_id.items() if rid not in stored_at_start}  # planned order
     planned = dict(Counter(t.model for t in prepared.tasks))
     retry(lambda: state.set_planned(planned), "writing the plan")
-    measured_on = retry(lambda: state.measured_on(dt.datetime.now(dt.timezone.utc).date()), "fixing the date")
     log.info("celery_campaign_start", campaign=campaign, planned=len(by_id), pending=len(remaining))
 
     # Initial dispatch list: pending runs Redis does not know, or whose sign of life is stale
@@ -243,7 +246,7 @@ def run_campaign_celery(
                 while room > 0 and to_send:
                     batch, to_send = to_send[: min(room, opts.dispatch_batch)], to_send[min(room, opts.dispatch_batch) :]
                     batch = [t for t in batch if t.run_id in remaining]
-                    retry(lambda b=batch: dispatcher.send(b, measured_on), "dispatching")
+                    retry(lambda b=batch: dispatcher.send(b), "dispatching")
                     room -= len(batch)
             # progress from Redis counters
             t_now = time.monotonic()
@@ -263,7 +266,7 @@ def run_campaign_celery(
                 last_scan = t_now
                 if remaining and not to_send and t_now - last_reconcile >= min(opts.reconcile_after_s / 2, 30.0):
                     retry(
-                        lambda: reconcile(state, dispatcher, remaining, measured_on, opts.reconcile_after_s),
+                        lambda: reconcile(state, dispatcher, remaining, opts.reconcile_after_s),
                         "reconciling",
                     )
                     last_reconcile = t_now
@@ -300,8 +303,7 @@ def reconcile_campaign(
         state = CampaignState(client, prepared.spec.name)
         stored = _planned_ids_stored(prepared, store)
         remaining = {t.run_id: t for t in prepared.tasks if t.run_id not in stored}
-        measured_on = state.measured_on(dt.datetime.now(dt.timezone.utc).date())
-        return reconcile(state, _Dispatcher(app, state, store, options), remaining, measured_on, older_than_s)
+        return reconcile(state, _Dispatcher(app, state, store, options), remaining, older_than_s)
     finally:
         client.close()
 

@@ -14,7 +14,6 @@ Keys (one hash tag per campaign, so a cluster keeps them on one slot), ``P = {pr
 * ``P:cancel``      STRING reason: the campaign is cancelled
 * ``P:gate`` / ``P:streak`` HASH model -> closed reason / consecutive disabling outcomes
   (``workers.redis_gate``)
-* ``P:measured_on`` STRING ISO date fixed at the first dispatch (partition of every record)
 
 Every time is Redis ``TIME`` (inside scripts), so machines' clocks never matter. Redis is a
 cache of progress, not the truth: the Parquet store says which runs have an outcome, and the
@@ -23,7 +22,6 @@ orchestrator rebuilds everything else from the plan (e.g. after a Redis restart 
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -116,12 +114,6 @@ class CampaignState:
 
     def planned(self) -> dict[str, int]:
         return {_s(k): int(v) for k, v in self.client.hgetall(self.key("planned")).items()}
-
-    def measured_on(self, default: dt.date) -> dt.date:
-        """The campaign's fixed measurement date (set once; ``default`` if not set yet)."""
-        self.client.set(self.key("measured_on"), default.isoformat(), nx=True)
-        value = self.client.get(self.key("measured_on"))
-        return dt.date.fromisoformat(_s(value)) if value is not None else default
 
     # ----- one run (worker side) ----------------------------------------------------------------
     def claim(self, run_id: str, model: str, owner: str, ttl_s: float) -> str:

@@ -67,6 +67,10 @@ def make_celery_app(
             "interval_max": 2.0,
         },
         worker_hijack_root_logger=False,
+        worker_redirect_stdouts_level="INFO",  # structlog lines land in the worker log as INFO
+        # On broker connection loss running runs continue: their late ack may be lost, and the
+        # redelivery is a no-op (claim / done marker). Celery warns about this default; harmless.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         worker_send_task_events=False,
         task_send_sent_event=False,
     )
