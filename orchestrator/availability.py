@@ -1,72 +1,39 @@
-"""Availability re-checks: list each endpoint's models, make one minimal call per model, store
-what was found (``storage.availability``), and import the study's published audits.
-
-Status of one model (``../shared/spec/failures.md``), from the minimal call (a tiny
-``max_tokens``, so a ``truncated`` 2xx still means the model answers):
-
-==============  =================================================================
-available       any 2xx answer (``listed`` says whether the listing names it)
-retired         HTTP 410; ``retired_on`` and ``reference`` parsed from the body
-not_listed      HTTP 404 and the endpoint's listing does not name the model
-not_found       HTTP 404 although the listing names it (or the listing failed)
-auth_error      HTTP 401/403 (the key is never echoed)
-timeout         connect, read or total timeout of the minimal call
-error           anything else (5xx, 429, connection refused, malformed answer)
-==============  =================================================================
+"""Availability re-checks on demand (``irbench availability check``) and the import of the
+study's published audits. The check itself (statuses, the minimal call) lives in
+``workers.availability_tasks`` so the Celery beat task can run it without importing the
+orchestrator; it is re-exported here.
 """
 
 from __future__ import annotations
 
-import asyncio
+import csv
 import datetime as dt
-import os
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-
-import httpx
 
 from analysis.probes import ProbeSettings, probe_input_from_study_csv, probe_table
 from orchestrator.spec import CampaignSpec
 from storage.availability import Availability, AvailabilityRecord, AvailabilityStore
 from storage.probes import ProbeStore
-from workers.errors import (
-    AuthFailed,
-    ConfigError,
-    ConnectTimeout,
-    ModelNotFound,
-    ModelRetired,
-    ProviderError,
-    ReadTimeout,
-    TotalTimeout,
+from workers.availability_tasks import (
+    MESSAGE_CHARS,
+    CheckSettings,
+    CheckTarget,
+    check_availability,
+    check_endpoint,
 )
+from workers.errors import ConfigError
 from workers.providers._http import parse_retirement
-from workers.providers.base import ChatRequest, Provider
-from workers.providers.registry import make_http_client, make_provider
-from workers.runtask import EndpointRef, TimeoutPolicy
 
-MESSAGE_CHARS = 500
-
-
-@dataclass(frozen=True)
-class CheckTarget:
-    """Models to check on one endpoint."""
-
-    endpoint: EndpointRef
-    models: tuple[str, ...]
+__all__ = [
+    "ArtifactImport", "CheckSettings", "CheckTarget", "check_availability", "check_endpoint",
+    "import_availability_artifact", "targets_from_campaign",
+]
 
 
-@dataclass(frozen=True)
-class CheckSettings:
-    """The minimal call: ``max_tokens`` tokens of an answer to ``message``; per-call deadlines;
-    at most ``concurrency`` calls in flight per endpoint."""
-
-    max_tokens: int = 5
-    message: str = "hi"
-    timeouts: TimeoutPolicy = field(
-        default_factory=lambda: TimeoutPolicy(connect_timeout_s=10.0, read_timeout_s=60.0, total_timeout_s=60.0)
-    )
-    concurrency: int = 4
+def _utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
 
 
 def targets_from_campaign(spec: CampaignSpec) -> list[CheckTarget]:
@@ -77,109 +44,12 @@ def targets_from_campaign(spec: CampaignSpec) -> list[CheckTarget]:
     return [CheckTarget(spec.endpoints[e].to_ref(e), tuple(models)) for e, models in by_endpoint.items()]
 
 
-def _utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
-
-
-def _status_of(exc: ProviderError, listed: bool | None) -> Availability:
-    if isinstance(exc, ModelRetired):
-        return Availability.RETIRED
-    if isinstance(exc, ModelNotFound):
-        return Availability.NOT_LISTED if listed is False else Availability.NOT_FOUND
-    if isinstance(exc, AuthFailed):
-        return Availability.AUTH_ERROR
-    if isinstance(exc, (ConnectTimeout, ReadTimeout, TotalTimeout)):
-        return Availability.TIMEOUT
-    return Availability.ERROR
-
-
-async def check_endpoint(
-    provider: Provider, target: CheckTarget, settings: CheckSettings, checked_at: dt.datetime
-) -> list[AvailabilityRecord]:
-    """List ``target``'s endpoint and make one minimal call per model (concurrently)."""
-    listing: set[str] | None
-    try:
-        listing = set(await provider.list_models(settings.timeouts))
-    except ProviderError:
-        listing = None  # the per-model calls still say what is wrong
-    gate = asyncio.Semaphore(max(settings.concurrency, 1))
-
-    async def one(model: str) -> AvailabilityRecord:
-        listed = None if listing is None else model in listing
-        common = dict(
-            checked_at=checked_at, endpoint=target.endpoint.name, base_url=target.endpoint.base_url,
-            model=model, listed=listed,
-        )
-        request = ChatRequest(model=model, user_message=settings.message, timeouts=settings.timeouts,
-                              max_tokens=settings.max_tokens, temperature=0.0)
-        async with gate:
-            try:
-                reply = await provider.complete(request)
-            except ProviderError as exc:
-                retired_on = getattr(exc, "retired_on", None)
-                reference = getattr(exc, "reference", None)
-                return AvailabilityRecord(
-                    **common, status=_status_of(exc, listed), http_status=exc.status_code,
-                    latency_ms=exc.latency_ms, retired_on=retired_on, reference=reference,
-                    message=str(exc)[:MESSAGE_CHARS],
-                )
-        return AvailabilityRecord(
-            **common, status=Availability.AVAILABLE, http_status=reply.status_code, latency_ms=reply.latency_ms,
-            message=None if listed is not False else "answers, but the endpoint's listing does not name it",
-        )
-
-    return list(await asyncio.gather(*(one(m) for m in target.models)))
-
-
-def check_availability(
-    targets: Sequence[CheckTarget],
-    store: AvailabilityStore | None,
-    *,
-    now: Callable[[], dt.datetime] = _utc_now,
-    secrets: Mapping[str, str] | None = None,
-    settings: CheckSettings = CheckSettings(),
-    client: httpx.AsyncClient | None = None,
-    stem: str | None = None,
-) -> list[AvailabilityRecord]:
-    """Check every target model once; append the rows to ``store`` (if given) and return them.
-
-    ``secrets`` maps environment-variable names to keys (default: the process environment);
-    ``now()`` stamps the check (one instant for the whole check); ``stem`` names the stored file
-    (first writer wins; a scheduled check passes one per interval).
-    """
-    environ = os.environ if secrets is None else secrets
-    checked_at = now()
-    if checked_at.tzinfo is None:
-        raise ConfigError("now() must return a timezone-aware UTC datetime")
-
-    async def run() -> list[AvailabilityRecord]:
-        own = client is None
-        http = client or make_http_client()
-        try:
-            out: list[AvailabilityRecord] = []
-            for target in targets:
-                env = target.endpoint.api_key_env
-                provider = make_provider(target.endpoint, http, environ.get(env) if env else None)
-                out += await check_endpoint(provider, target, settings, checked_at)
-            return out
-        finally:
-            if own:
-                await http.aclose()
-
-    records = asyncio.run(run())
-    if store is not None:
-        store.write(records, stem=stem)
-    return records
-
-
 # ------------------------------------------------------------------ import of the study's audits
 
 ARTIFACT_ENDPOINT = "study-endpoint"
 
 
 def _artifact_availability(path: Path) -> list[AvailabilityRecord]:
-    import csv
-
     with path.open(newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
     need = {"audit_date", "model", "study_role", "http_status", "available", "provider_message"}
