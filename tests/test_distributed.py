@@ -243,7 +243,7 @@ def test_redis_restart_mid_campaign(live: Cluster, tmp_path: Path) -> None:
         store = RunStore(tmp_path / "data")
         bg = Background(prepared, store, live.url, options=FAST, timeout_s=100)
         wait_for(lambda: stored_count(store, "t3") >= 10, 30, "10 stored runs")
-        live.redis.restart()
+        live.redis.restart(kill=True)  # SIGKILL: AOF (fsync always) must carry the campaign
         restarted_at = stored_count(store, "t3")
         summary = bg.join(110)
     assert restarted_at < len(prepared.tasks)
@@ -301,10 +301,11 @@ def test_orchestrator_killed_mid_dispatch_then_resumed(live: Cluster, tmp_path: 
 
 def test_rate_limit_storm_obeys_limit_and_cooldown(live: Cluster, tmp_path: Path) -> None:
     rpm, retry_after_s = 10, 0.5  # 10 per LIMIT_PERIOD_S (1 s) on the workers
-    models = {"t5-rl": SimModel(rate_limit_prob=0.3, retry_after_s=retry_after_s, latency_ms_median=5)}
+    models = {"t5-rl": SimModel(rate_limit_prob=0.3, retry_after_s=retry_after_s, latency_ms_median=5),
+              "t5-free": SimModel(latency_ms_median=5)}
     with sim(models) as s:
-        fields = {"requests_per_minute": rpm}
-        prepared = prepare(load_campaign(make_campaign(tmp_path, "t5", s.base_url, {"t5-rl": fields}, prompts=4,
+        fields = {"t5-rl": {"requests_per_minute": rpm}, "t5-free": {}}
+        prepared = prepare(load_campaign(make_campaign(tmp_path, "t5", s.base_url, fields, prompts=4,
                                                        runs=6, retry={"max_attempts": 8})))
         store = RunStore(tmp_path / "data")
         summary = run_campaign_celery(prepared, store, live.url, options=FAST, timeout_s=90)
@@ -325,7 +326,13 @@ def test_rate_limit_storm_obeys_limit_and_cooldown(live: Cluster, tmp_path: Path
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
     assert sum(g >= retry_after_s - 0.05 for g in gaps) >= n429, (n429, sorted(gaps)[-n429 - 2 :])
     # deferrals never spent attempts: every failed attempt is a 429
-    records = store.read_records(campaigns=["t5"])
+    recs = records_by_model(store, "t5")
+    records = recs["t5-rl"]
+    # the saturated model never held up the other one: it finished long before
+    def span_s(rs: list) -> float:
+        return (max(r.measured_at for r in rs) - min(r.measured_at for r in rs)).total_seconds()
+    assert [r.outcome.value for r in recs["t5-free"]] == ["ok"] * 24
+    assert span_s(recs["t5-free"]) < 3.0 < span_s(records), (span_s(recs["t5-free"]), span_s(records))
     assert sum(a.outcome.value == "rate_limited" for r in records for a in r.attempts) == n429
     assert all(a.outcome.value in ("ok", "rate_limited") for r in records for a in r.attempts)
     # 12 worker threads vs 10 requests/s: some runs were deferred (re-published), not blocked
@@ -407,3 +414,28 @@ def test_cancel_records_every_remaining_run(live: Cluster, tmp_path: Path) -> No
     outcomes = Counter(r.outcome.value for r in store.read_records(campaigns=["t8"]))
     assert outcomes["cancelled"] >= 20 and outcomes["ok"] + outcomes["cancelled"] == 40
     assert st["t8-a"]["requests"] == outcomes["ok"]
+
+
+# ----- `irbench worker` entry point -----------------------------------------------------------------
+
+WORKER_MAIN = "import sys; from workers.celery_app import start_worker; " \
+    "start_worker(sys.argv[1], concurrency=2, queues=('irbench-sw',), data_dir=sys.argv[2], hostname='sw@%h')"
+
+
+def test_start_worker_entry_point_on_its_own_queue(live: Cluster, tmp_path: Path) -> None:
+    models = {"t9-a": SimModel(latency_ms_median=5)}
+    data = tmp_path / "data"
+    proc = subprocess.Popen([sys.executable, "-c", WORKER_MAIN, live.url, str(data)], cwd=REPO,
+                            env={**os.environ, **WORKER_ENV}, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with sim(models) as s:
+            prepared = prepare(load_campaign(make_campaign(tmp_path, "t9", s.base_url, {"t9-a": {}}, prompts=2, runs=3)))
+            store = RunStore(data)
+            summary = run_campaign_celery(prepared, store, live.url, timeout_s=60,
+                                          options=CeleryOptions(queue="irbench-sw", reconcile_after_s=4, store_scan_s=0.3))
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    assert summary.by_model == {"t9-a": {"ok": 6}}
+    assert_exactly_once(store, prepared)

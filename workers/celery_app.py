@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from typing import Any
 
 from celery import Celery
@@ -28,7 +29,7 @@ from celery.signals import worker_init, worker_process_init, worker_shutdown
 
 from workers.logs import configure_logging
 from workers.tasks import register_tasks
-from workers.worker_runtime import RuntimeHolder
+from workers.worker_runtime import RuntimeHolder, WorkerSettings
 
 DEFAULT_QUEUE = "irbench"
 
@@ -40,8 +41,13 @@ def make_celery_app(
     default_queue: str = DEFAULT_QUEUE,
     main: str = "irbench",
     publish_max_retries: int = 5,
+    worker_settings: WorkerSettings | None = None,
 ) -> Celery:
-    """A configured app with the ``irbench.run`` task registered. Connects lazily."""
+    """A configured app with the ``irbench.run`` task registered. Connects lazily.
+
+    ``worker_settings``: what a worker process started from this app uses (default: read from
+    the ``IRBENCH_*`` environment on first task, see ``WorkerSettings``).
+    """
     app = Celery(main, broker=broker_url, backend=None, set_as_current=False)
     app.conf.update(
         task_serializer="json",
@@ -74,7 +80,7 @@ def make_celery_app(
         worker_send_task_events=False,
         task_send_sent_event=False,
     )
-    holder = RuntimeHolder(broker_url)
+    holder = RuntimeHolder(broker_url, worker_settings)
     app.irbench_runtime = holder  # type: ignore[attr-defined]  # per-process resources, created lazily
     register_tasks(app, holder)
     return app
@@ -92,6 +98,31 @@ class _CurrentStderr:
 
     def isatty(self) -> bool:
         return False
+
+
+def start_worker(
+    broker_url: str,
+    *,
+    concurrency: int = 8,
+    queues: tuple[str, ...] = (DEFAULT_QUEUE,),
+    data_dir: str | None = None,
+    loglevel: str = "INFO",
+    hostname: str | None = None,
+) -> None:
+    """Run a worker in this process until it is stopped (``irbench worker``); blocks.
+
+    Equivalent to ``celery -A workers.celery_app worker -P threads -c N -Q queues`` with
+    ``IRBENCH_BROKER_URL=broker_url`` (and ``IRBENCH_DATA_DIR=data_dir`` when given).
+    """
+    settings = WorkerSettings.from_env(broker_url)
+    if data_dir is not None:
+        settings = replace(settings, data_dir=data_dir)
+    worker_app = make_celery_app(broker_url, worker_settings=settings)
+    argv = ["worker", "-P", "threads", "-c", str(concurrency), "-Q", ",".join(queues), "--loglevel", loglevel,
+            "--without-gossip", "--without-mingle"]
+    if hostname:
+        argv += ["-n", hostname]
+    worker_app.worker_main(argv=argv)
 
 
 def _configure_worker_logging(**_: Any) -> None:

@@ -302,15 +302,16 @@ class WorkerRuntime:
 class RuntimeHolder:
     """Lazily creates the process's ``WorkerRuntime`` on first use (thread-safe)."""
 
-    def __init__(self, broker_url: str) -> None:
+    def __init__(self, broker_url: str, settings: WorkerSettings | None = None) -> None:
         self._broker_url = broker_url
+        self._settings = settings
         self._lock = threading.Lock()
         self._runtime: WorkerRuntime | None = None
 
     def get(self) -> WorkerRuntime:
         with self._lock:
             if self._runtime is None:
-                self._runtime = WorkerRuntime(WorkerSettings.from_env(self._broker_url))
+                self._runtime = WorkerRuntime(self._settings or WorkerSettings.from_env(self._broker_url))
             return self._runtime
 
     def close(self) -> None:
