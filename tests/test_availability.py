@@ -155,3 +155,84 @@ def test_cli_commands(tmp_path: Path, artifact_dir: Path) -> None:
     assert ok.exit_code == 0, ok.output
     assert "available" in ok.output and "not_listed" in ok.output
     assert AvailabilityStore(data).read(sources=["check"]).num_rows == 2
+
+
+def _stop(proc, grace_s: float = 10.0) -> None:
+    import signal
+    import subprocess
+
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_beat_one_check_per_interval_with_two_beats(tmp_path: Path) -> None:
+    """Real redis-server, a real Celery worker and two real beat processes against the simulator."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import redis
+
+    from tests.support.redis_server import RedisServer
+    from workers.availability_tasks import LOCK_PREFIX, slot_of, targets_to_json
+
+    interval_s = 2.0
+    data = tmp_path / "data"
+    celery = [sys.executable, "-m", "celery", "-A", "workers.availability_tasks:app"]
+    cfg = SimConfig(models={"alive": SimModel(), "switch": SimModel(retired_after_requests=2, retired_on="2026-08-01",
+                                                                    retirement_reference="RET-9")})
+    procs: list[subprocess.Popen] = []
+    with RedisServer() as srv, start_background(cfg) as sim:
+        targets = tmp_path / "targets.json"
+        targets.write_text(json.dumps(targets_to_json([_target(sim.base_url, "alive", "switch")])))
+        env = {**os.environ, "IRBENCH_BROKER_URL": srv.url, "IRBENCH_DATA_DIR": str(data),
+               "IRBENCH_AVAILABILITY_TARGETS": str(targets), "IRBENCH_AVAILABILITY_INTERVAL_S": str(interval_s)}
+        logs = []
+        try:
+            log = open(tmp_path / "worker.log", "w")  # noqa: SIM115 - closed below
+            logs.append(log)
+            procs.append(subprocess.Popen(celery + ["worker", "-P", "threads", "-c", "2", "-Q", "irbench",
+                                                    "--without-gossip", "--without-mingle", "--without-heartbeat",
+                                                    "--loglevel", "INFO"], cwd=tmp_path, env=env, stdout=log,
+                                                   stderr=subprocess.STDOUT))
+            for k in (1, 2):
+                log = open(tmp_path / f"beat{k}.log", "w")  # noqa: SIM115
+                logs.append(log)
+                procs.append(subprocess.Popen(celery + ["beat", "-s", str(tmp_path / f"beat{k}-schedule"),
+                                                        "--pidfile", str(tmp_path / f"beat{k}.pid"), "--loglevel", "INFO"],
+                                                       cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT))
+            store = AvailabilityStore(data, fsync=False)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if store.dataset.partitions() and len(set(store.read().column("checked_at").to_pylist())) >= 4:
+                    break
+                assert all(p.poll() is None for p in procs), "a celery process died; see the logs in tmp_path"
+                time.sleep(0.5)
+        finally:
+            for p in procs[1:]:
+                _stop(p)
+            time.sleep(1.0)  # let the worker finish a check it already took
+            _stop(procs[0])
+            for log in logs:
+                log.close()
+        skipped = int(redis.Redis.from_url(srv.url).get(f"{LOCK_PREFIX}skipped") or 0)
+    sends = [(tmp_path / f"beat{k}.log").read_text().count("Sending due task") for k in (1, 2)]
+    rows = AvailabilityStore(data).read(sources=["check"]).to_pylist()
+    checks: dict[dt.datetime, list[dict]] = {}
+    for r in rows:
+        checks.setdefault(r["checked_at"], []).append(r)
+    slots = [slot_of(t, interval_s) for t in checks]
+    assert len(checks) >= 4 and len(slots) == len(set(slots)), f"two checks in one interval: {sorted(slots)}"
+    assert all(sorted(r["model"] for r in rs) == ["alive", "switch"] for rs in checks.values())
+    assert min(sends) >= 2, f"both beats must have sent (sends per beat: {sends})"
+    assert len(checks) < sum(sends) and skipped >= 1  # the second beat's messages were refused
+    switch = [r for t in sorted(checks) for r in checks[t] if r["model"] == "switch"]
+    assert [r["status"] for r in switch[:3]] == ["available", "available", "retired"]
+    assert switch[2]["retired_on"] == "2026-08-01" and switch[2]["reference"] == "RET-9"
