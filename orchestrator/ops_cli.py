@@ -51,6 +51,7 @@ def probe_command(
     works_min_share: Annotated[float, typer.Option(help="Share of usable runs for a model × budget cell to count as working.")] = 0.5,
     endpoint_url: Annotated[Optional[list[str]], typer.Option(help="Override an endpoint's base_url: NAME=URL (repeatable).")] = None,
     executor: Annotated[str, typer.Option(help="'local' (in-process) or 'celery'.")] = "local",
+    broker: Annotated[Optional[str], typer.Option(help="Redis broker URL for --executor celery.")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Where to write probes.parquet (default DATA/probes.parquet).")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar per model.")] = True,
 ) -> None:
@@ -66,14 +67,20 @@ def probe_command(
     console = _console()
     try:
         settings = ProbeSettings(reference_timeout_s=reference_timeout, works_min_share=works_min_share)
-        if executor != "local":
-            raise ConfigError(
-                f"executor {executor!r} is not wired into the probe yet; use --executor local "
-                "(run_probe(execute=...) accepts the Celery executor's run function)"
-            )
-        with ModelBars(console, enabled=progress) as bars:
+        execute = None
+        if executor == "celery":
+            if not broker:
+                raise ConfigError("--executor celery needs --broker redis://HOST:PORT/DB")
+            from orchestrator.celery_executor import run_campaign_celery
+
+            def execute(prepared, store, secrets, on_progress=None):  # noqa: ANN001, ANN202
+                # workers read keys from their own environment; nothing is dispatched twice
+                return 0, run_campaign_celery(prepared, store, broker)
+        elif executor != "local":
+            raise ConfigError(f"--executor {executor!r}: use 'local' or 'celery'")
+        with ModelBars(console, enabled=progress and executor == "local") as bars:
             result = run_probe(probe, data, settings=settings, base_urls=_endpoint_urls(endpoint_url),
-                               on_progress=bars.update, out_path=out)
+                               on_progress=bars.update, out_path=out, execute=execute)
     except (IrbenchError, ValueError) as exc:
         _fail(exc)
         return
