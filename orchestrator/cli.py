@@ -238,6 +238,17 @@ def demo(
         _fail(exc)
 
 
+def _register_more_commands() -> None:
+    """Verbs whose bodies live in their own modules (one module per area)."""
+    from orchestrator.ops_cli import availability_app, probe_command
+
+    app.command("probe")(probe_command)
+    app.add_typer(availability_app, name="availability")
+
+
+_register_more_commands()
+
+
 def main() -> None:
     """Console-script entry point."""
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
