@@ -20,7 +20,9 @@ from orchestrator.instruction import Instruction, load_instruction
 from orchestrator.local import ExecutionSummary, LocalOptions, ProgressCallback, run_local
 from orchestrator.plan import pending, plan_runs
 from orchestrator.spec import CampaignSpec
+from storage.availability import Availability, AvailabilityRecord, AvailabilityStore
 from storage.runs import RunStore
+from workers.gate import MemoryGate
 from workers.errors import ConfigError
 from workers.runtask import RunTask
 
@@ -81,8 +83,35 @@ def run_campaign_local(
     skipped = len(prepared.tasks) - len(todo)
     log.info("campaign_start", campaign=prepared.spec.name, planned=len(prepared.tasks), pending=len(todo))
     options = options or LocalOptions(max_in_flight=prepared.spec.executor.concurrency)
-    summary = asyncio.run(run_local(todo, store, secrets=secrets, options=options, on_progress=on_progress))
+    gate = MemoryGate(prepared.spec.retry.disable_after_consecutive)
+    availability = AvailabilityStore(store.root)
+    for model, timeline in availability.unavailable_models().items():
+        # a model an availability check found gone is not called; its runs are recorded cancelled
+        gate.close(model, f"{timeline.latest_status.value} (availability check {timeline.latest_check})")
+    summary = asyncio.run(
+        run_local(todo, store, secrets=secrets, options=options, on_progress=on_progress, gate=gate)
+    )
+    _record_retirements(summary, prepared, availability)
     return skipped, summary
+
+
+def _record_retirements(summary: ExecutionSummary, prepared: PreparedCampaign, availability: AvailabilityStore) -> None:
+    """A 410 seen during the campaign becomes an event in the availability dataset."""
+    events = [
+        AvailabilityRecord(
+            checked_at=r.measured_at,
+            source="campaign",
+            endpoint=r.endpoint,
+            model=r.model,
+            status=Availability.RETIRED,
+            http_status=r.status_code,
+            retired_on=r.retired_on,
+            message=f"410 during campaign {prepared.spec.name}",
+        )
+        for r in summary.retired
+    ]
+    if events:
+        availability.write(events)
 
 
 @dataclass(frozen=True)

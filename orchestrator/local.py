@@ -59,6 +59,7 @@ class ExecutionSummary:
     executed: int
     by_model: Mapping[str, Mapping[str, int]]  # model -> outcome -> count
     interrupted: bool = False
+    retired: tuple[RunRecord, ...] = ()  # the runs that met a 410 (one per model, usually)
 
 
 class _BatchWriter:
@@ -141,6 +142,7 @@ async def run_local(
     writer = _BatchWriter(store, options)
     in_flight = asyncio.Semaphore(options.max_in_flight) if options.max_in_flight else None
     by_model: dict[str, Counter[str]] = defaultdict(Counter)
+    retired: list[RunRecord] = []
 
     async def worker(model: str) -> None:
         queue, state = queues[model], progress[model]
@@ -161,6 +163,8 @@ async def run_local(
             finally:
                 state.in_flight -= 1
             writer.add(record)
+            if record.outcome is Outcome.RETIRED:
+                retired.append(record)
             by_model[model][record.outcome.value] += 1
             state.done += 1
             state.outcomes[record.outcome.value] += 1
@@ -190,5 +194,8 @@ async def run_local(
             await client.aclose()
     log.info("local_execution_finished", executed=writer.written, interrupted=interrupted)
     return ExecutionSummary(
-        executed=writer.written, by_model={m: dict(c) for m, c in by_model.items()}, interrupted=interrupted
+        executed=writer.written,
+        by_model={m: dict(c) for m, c in by_model.items()},
+        interrupted=interrupted,
+        retired=tuple(retired),
     )

@@ -134,3 +134,36 @@ def test_killed_mid_campaign_then_resumed(tmp_path: Path, examples_dir: Path) ->
 
     raw = ds.dataset(data / "runs", format="parquet", partitioning="hive").to_table(columns=["run_id"])
     assert raw.num_rows >= planned
+
+
+def test_retirement_seen_in_a_campaign_is_recorded_and_honoured_next_time(
+    tmp_path: Path, sim_server, examples_dir: Path
+) -> None:
+    """A 410 becomes an availability event; the next campaign does not call that model at all."""
+    from storage.availability import AvailabilityStore
+
+    def campaign(name: str) -> Path:
+        path = tmp_path / f"{name}.toml"
+        path.write_text(
+            f"""
+name = "{name}"
+runs = 2
+[corpus]
+paths = ["{examples_dir / 'prompts'}"]
+[endpoints.sim]
+base_url = "{sim_server.base_url}"
+[models.sim-retiring]
+max_concurrency = 1
+"""
+        )
+        return path
+
+    store = RunStore(tmp_path / "data")
+    run_campaign_local(prepare(load_campaign(campaign("first"))), store, {})
+    timelines = AvailabilityStore(tmp_path / "data").unavailable_models()
+    assert timelines["sim-retiring"].retired_on == "2026-08-01"
+    calls = _stats(sim_server.base_url)["models"]["sim-retiring"]["requests"]
+    prepared = prepare(load_campaign(campaign("second")))
+    _, summary = run_campaign_local(prepared, store, {})
+    assert _stats(sim_server.base_url)["models"]["sim-retiring"]["requests"] == calls
+    assert summary.by_model["sim-retiring"] == {"cancelled": len(prepared.tasks)}

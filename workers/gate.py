@@ -27,6 +27,10 @@ class ModelGate(Protocol):
         """Close every model (campaign cancelled)."""
         ...
 
+    def close(self, model: str, reason: str) -> None:
+        """Close one model before dispatch (e.g. an availability check found it retired)."""
+        ...
+
 
 class MemoryGate:
     """Thread-safe in-process gate."""
@@ -60,3 +64,7 @@ class MemoryGate:
     def cancel_all(self, reason: str) -> None:
         with self._lock:
             self._all = reason
+
+    def close(self, model: str, reason: str) -> None:
+        with self._lock:
+            self._closed.setdefault(model, reason)
