@@ -427,8 +427,11 @@ def test_start_worker_entry_point_on_its_own_queue(live: Cluster, tmp_path: Path
     data = tmp_path / "data"
     proc = subprocess.Popen([sys.executable, "-c", WORKER_MAIN, live.url, str(data)], cwd=REPO,
                             env={**os.environ, **WORKER_ENV}, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "worker.log", "wb"))
     try:
+        log = tmp_path / "worker.log"
+        wait_for(lambda: " ready." in log.read_text(errors="replace") or proc.poll() is not None, 60, "worker ready")
+        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
         with sim(models) as s:
             prepared = prepare(load_campaign(make_campaign(tmp_path, "t9", s.base_url, {"t9-a": {}}, prompts=2, runs=3)))
             store = RunStore(data)
@@ -437,5 +440,5 @@ def test_start_worker_entry_point_on_its_own_queue(live: Cluster, tmp_path: Path
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
-    assert summary.by_model == {"t9-a": {"ok": 6}}
+    assert summary.by_model == {"t9-a": {"ok": 6}}, (tmp_path / "worker.log").read_text()[-3000:]
     assert_exactly_once(store, prepared)
