@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from workers.errors import IrbenchError
+from workers.errors import ConfigError, IrbenchError
 from workers.logs import Redactor, configure_logging
 
 app = typer.Typer(
@@ -25,6 +25,17 @@ console = Console(width=None if sys.stdout.isatty() else 120)
 err_console = Console(stderr=True)
 
 DataOpt = Annotated[Path, typer.Option("--data", help="Dataset root (runs are stored under DATA/runs/).")]
+BrokerOpt = Annotated[
+    Optional[str],
+    typer.Option("--broker", envvar="IRBENCH_BROKER_URL", help="Redis URL of the Celery broker (or IRBENCH_BROKER_URL)."),
+]
+
+
+def _broker_url(cli_value: str | None, spec_value: str | None) -> str:
+    url = cli_value or spec_value
+    if not url:
+        raise ConfigError("no broker given: pass --broker redis://HOST:6379/0 or set IRBENCH_BROKER_URL")
+    return url
 
 
 def _examples_dir() -> Path:
@@ -49,7 +60,10 @@ def _fail(exc: Exception) -> None:
 def run(
     campaign: Annotated[Path, typer.Argument(help="Campaign TOML file.", exists=True, dir_okay=False)],
     data: DataOpt = Path("data"),
-    executor: Annotated[str, typer.Option(help="'local' (in-process, default) or 'celery'.")] = "local",
+    executor: Annotated[
+        Optional[str], typer.Option(help="'local' (in-process) or 'celery'; default: the campaign's executor.kind.")
+    ] = None,
+    broker: BrokerOpt = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar per model.")] = True,
     log_file: Annotated[Optional[Path], typer.Option(help="Write JSON logs here instead of stderr.")] = None,
     verbose: bool = False,
@@ -66,16 +80,26 @@ def run(
     redactor = _setup_logging(log_file, verbose)
     try:
         spec = load_campaign(campaign)
-        if executor != "local":
-            raise IrbenchError(f"executor {executor!r} is not available in this build; use --executor local")
+        kind = executor or spec.executor.kind
+        if kind not in ("local", "celery"):
+            raise ConfigError(f"--executor {kind!r}: use 'local' or 'celery'")
         prepared = prepare(spec)
-        secrets = resolve_secrets(spec)
-        for value in secrets.values():
-            redactor.add_secret(value)
         store = RunStore(data)
         _report_corpus(prepared)
-        with ModelBars(console, enabled=progress) as bars:
-            skipped, summary = run_campaign_local(prepared, store, secrets, on_progress=bars.update)
+        if kind == "celery":
+            from orchestrator.celery_executor import run_campaign_celery
+
+            url = _broker_url(broker, spec.executor.broker)
+            done_before = len(store.completed_run_ids(spec.name) & {t.run_id for t in prepared.tasks})
+            with ModelBars(console, enabled=progress) as bars:
+                summary = run_campaign_celery(prepared, store, url, on_progress=bars.update)
+            skipped = done_before
+        else:
+            secrets = resolve_secrets(spec)
+            for value in secrets.values():
+                redactor.add_secret(value)
+            with ModelBars(console, enabled=progress) as bars:
+                skipped, summary = run_campaign_local(prepared, store, secrets, on_progress=bars.update)
     except IrbenchError as exc:
         _fail(exc)
         return
@@ -103,10 +127,11 @@ def _report_corpus(prepared) -> None:  # noqa: ANN001
 def status(
     campaign: Annotated[Path, typer.Argument(help="Campaign TOML file.", exists=True, dir_okay=False)],
     data: DataOpt = Path("data"),
+    broker: BrokerOpt = None,
 ) -> None:
-    """Show planned vs stored runs per model and outcome.
+    """Show planned vs stored runs per model and outcome (plus live Redis state with --broker).
 
-    Example: irbench status examples/demo.toml --data data/
+    Works from any machine that sees the dataset. Example: irbench status examples/demo.toml --data data/
     """
     from rich.table import Table
 
@@ -118,6 +143,11 @@ def status(
     try:
         prepared = prepare(load_campaign(campaign))
         st = campaign_status(prepared, RunStore(data))
+        live = None
+        if broker:
+            from orchestrator.celery_executor import campaign_status_celery
+
+            live = campaign_status_celery(prepared, RunStore(data), broker)
     except IrbenchError as exc:
         _fail(exc)
         return
@@ -133,6 +163,74 @@ def status(
             ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())) or "-",
         )
     console.print(table)
+    if live is not None:
+        console.print(f"outstanding (dispatched, not done): {live.outstanding}")
+        if live.cancel_reason:
+            console.print(f"cancelled: {live.cancel_reason}")
+        for model, reason in live.closed_models.items():
+            console.print(f"closed model {model}: {reason}")
+
+
+@app.command()
+def resume(
+    campaign: Annotated[Path, typer.Argument(help="Campaign TOML file.", exists=True, dir_okay=False)],
+    data: DataOpt = Path("data"),
+    executor: Annotated[Optional[str], typer.Option(help="'local' or 'celery' (default: the campaign's).")] = None,
+    broker: BrokerOpt = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar per model.")] = True,
+) -> None:
+    """Pick up exactly the runs without a stored outcome (the same as running the campaign again).
+
+    Example: irbench resume examples/demo.toml --data data/ --executor celery --broker redis://127.0.0.1:6379/0
+    """
+    run(campaign=campaign, data=data, executor=executor, broker=broker, progress=progress, log_file=None, verbose=False)
+
+
+@app.command()
+def cancel(
+    campaign: Annotated[Path, typer.Argument(help="Campaign TOML file.", exists=True, dir_okay=False)],
+    broker: BrokerOpt = None,
+    reason: Annotated[str, typer.Option(help="Recorded as each cancelled run's cancel_reason.")] = "cancelled by user",
+) -> None:
+    """Stop a distributed campaign: no further dispatch; remaining runs are recorded as cancelled.
+
+    Example: irbench cancel examples/demo.toml --broker redis://127.0.0.1:6379/0
+    """
+    from orchestrator.celery_executor import cancel_campaign
+    from orchestrator.spec import load_campaign
+
+    _setup_logging(None, False)
+    try:
+        spec = load_campaign(campaign)
+        cancel_campaign(spec.name, _broker_url(broker, spec.executor.broker), reason=reason)
+    except IrbenchError as exc:
+        _fail(exc)
+        return
+    console.print(f"campaign {spec.name}: cancelled ({reason}); workers record the remaining runs as cancelled")
+
+
+@app.command()
+def worker(
+    broker: BrokerOpt = None,
+    data: DataOpt = Path("data"),
+    concurrency: Annotated[int, typer.Option(help="Threads (concurrent calls) in this worker process.")] = 8,
+    queues: Annotated[str, typer.Option(help="Comma-separated queues to consume.")] = "irbench",
+    loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
+) -> None:
+    """Start a Celery worker that executes runs (wraps `celery worker -P threads`).
+
+    API keys are read from this machine's environment, by the variable names the campaign gives.
+    Example: irbench worker --broker redis://127.0.0.1:6379/0 --data /shared/irbench-data --concurrency 8
+    """
+    from workers.celery_app import start_worker
+
+    try:
+        url = _broker_url(broker, None)
+    except IrbenchError as exc:
+        _fail(exc)
+        return
+    start_worker(url, concurrency=concurrency, queues=tuple(q for q in queues.split(",") if q),
+                 data_dir=str(data.resolve()), loglevel=loglevel)
 
 
 @app.command()
