@@ -1,12 +1,20 @@
 """``irbench analyze``: run store → per-panel cell and model tables plus a manifest.
 
-Inputs: the data directory of a :class:`storage.runs.RunStore` and :class:`AnalysisOptions`.
+Inputs: the data directory of a :class:`storage.runs.RunStore` (and of imported cell
+measurements, :class:`storage.cells.CellStore`) and :class:`AnalysisOptions`. Raw-run cells and
+imported cells of one panel are merged under ``options.merge_rule`` (the other rule is in
+``sensitivity.parquet``); ``cells.parquet`` keeps every campaign's cell with its ``source`` and
+whether it supplies the merged cell under each rule (``chosen_highest_budget_first``,
+``chosen_earliest_then_top_up``).
 Outputs, per panel, under ``out_dir/<panel>/`` (panel name percent-quoted when it is not a
 safe file name):
 
 * ``cells.parquet``    one row per cell (:data:`analysis.cells.CELL_SCHEMA`);
 * ``models.parquet``   the model table (:mod:`analysis.tables`);
 * ``excluded.parquet`` models below the inclusion thresholds, with the reason;
+* ``pairs``, ``sensitivity``, ``drift``, ``stabilisation``, ``correctness``, ``correlations``,
+  ``normalised`` ``.parquet`` (:mod:`analysis.audit`, :mod:`analysis.sensitivity`,
+  :mod:`analysis.families`);
 * ``manifest.json``    seed, replicates, every option with its unit, the data window (first
   and last measurement date), package version, input row counts, ``generated_at`` (UTC).
 
@@ -32,13 +40,30 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from analysis.audit import RunLevel, corpus_index, correlations_table, run_level, score_matrix
+from analysis.audit import with_intervals
 from analysis.cells import build_cells
+from analysis.families import family_map, load_families, pairs_table
+from analysis.measurements import (
+    AUDIT_CELL_SCHEMA,
+    chosen_flags,
+    load_precedence,
+    measurement_cells,
+    merge_cells,
+    precedence,
+    run_cells,
+)
 from analysis.options import AnalysisOptions
+from analysis.sensitivity import sensitivity_table
 from analysis.tables import ModelTable, model_table
 from storage.errors import StorageError
 
 MANIFEST_VERSION = 1
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")
+
+
+class CorruptDataError(StorageError, ValueError):
+    """Some Parquet files of the data directory cannot be read; the message names them."""
 
 
 class NoRunsError(StorageError, ValueError):
@@ -66,6 +91,8 @@ class PanelResult:
     cells: pa.Table
     models: ModelTable
     manifest: dict[str, Any]
+    tables: dict[str, pa.Table] = field(default_factory=dict)
+    paths: dict[str, Path] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -77,6 +104,8 @@ class AnalysisResult:
     options: AnalysisOptions
     runs_read: int
     panels: dict[str, PanelResult] = field(default_factory=dict)
+    cells_imported: int = 0
+    skipped_files: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------- atomic writes
@@ -127,8 +156,45 @@ def _package_version() -> str:
         return "unknown (irbench not installed)"
 
 
-def _read_runs(data_dir: Path, options: AnalysisOptions) -> pa.Table:
-    # Imported here so the rest of the analysis package works before/without the store module.
+def _read_checked(dataset, options: AnalysisOptions, filters: dict) -> tuple[pa.Table, list[str]]:
+    """Read a dataset; unreadable files fail with their names, or are skipped (and listed)
+    with ``options.skip_corrupt``."""
+    window = {"date_from": options.date_from, "date_to": options.date_to}
+    try:
+        return dataset.read(filters=filters, **window), []
+    except StorageError as exc:
+        files = dataset.data_files(options.date_from, options.date_to)
+        bad = []
+        for f in files:
+            try:
+                pq.read_table(f)
+            except (OSError, pa.ArrowException):
+                bad.append(f)
+        if not bad:
+            raise
+        names = ", ".join(str(b) for b in bad)
+        if not options.skip_corrupt:
+            raise CorruptDataError(
+                f"{len(bad)} unreadable Parquet file(s) under {dataset.path}: {names}; move them "
+                "out of the data directory, or pass --skip-corrupt to analyse without them"
+            ) from exc
+        table = dataset.read_files([f for f in files if f not in bad])
+        expr = dataset.filter_expression(filters=filters, **window)
+        return (table.filter(expr) if expr is not None else table), [str(b) for b in bad]
+
+
+def _filters(options: AnalysisOptions) -> dict[str, list[str]]:
+    out = {}
+    if options.campaigns is not None:
+        out["campaign"] = list(options.campaigns)
+    if options.models is not None:
+        out["model"] = list(options.models)
+    return out
+
+
+def _read_inputs(data_dir: Path, options: AnalysisOptions) -> tuple[pa.Table, pa.Table, list[str]]:
+    """(runs, imported cell measurements, skipped files); NoRunsError when both are empty."""
+    from storage.cells import CellStore
     from storage.runs import RunStore
 
     if not data_dir.is_dir():
@@ -136,13 +202,10 @@ def _read_runs(data_dir: Path, options: AnalysisOptions) -> pa.Table:
             f"data directory {data_dir} does not exist; run a campaign first "
             "(`irbench run <campaign.toml>`) or pass the directory that holds its runs"
         )
-    runs = RunStore(data_dir).read_table(
-        date_from=options.date_from,
-        date_to=options.date_to,
-        campaigns=options.campaigns,
-        models=options.models,
-    )
-    if runs.num_rows == 0:
+    runs, bad_r = _read_checked(RunStore(data_dir, fsync=False).dataset, options, _filters(options))
+    cells, bad_c = _read_checked(CellStore(data_dir, fsync=False).dataset, options,
+                                 _filters(options))
+    if runs.num_rows == 0 and cells.num_rows == 0:
         filters = {
             k: v
             for k, v in options.model_dump(
@@ -153,27 +216,26 @@ def _read_runs(data_dir: Path, options: AnalysisOptions) -> pa.Table:
         where = f" matching {filters}" if filters else ""
         raise NoRunsError(
             f"no run records in {data_dir}{where}; run a campaign first "
-            "(`irbench run <campaign.toml>`) or widen the date/campaign/model filters"
+            "(`irbench run <campaign.toml>`), import one (`irbench import-artifact`), "
+            "or widen the date/campaign/model filters"
         )
-    return runs
+    return runs, cells, bad_r + bad_c
 
 
 def _date_str(value: dt.date | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def _manifest(
-    *,
-    panel: str,
-    data_dir: Path,
-    options: AnalysisOptions,
-    runs: pa.Table,
-    runs_read: int,
-    cells: pa.Table,
-    models: ModelTable,
-    generated_at: dt.datetime,
-) -> dict[str, Any]:
-    dates = runs.column("measurement_date")
+def _sum(mask: pa.ChunkedArray | pa.Array) -> int:
+    return int(pc.sum(mask.cast(pa.int64())).as_py() or 0)
+
+
+def _manifest(*, panel: str, data_dir: Path, options: AnalysisOptions, runs: pa.Table,
+              runs_read: int, cells: pa.Table, models: ModelTable, generated_at: dt.datetime,
+              imported: pa.Table) -> dict[str, Any]:
+    dates = [d for d in runs.column("measurement_date").to_pylist()]
+    dates += imported.column("measurement_date").to_pylist()
+    dates += [d for d in imported.column("window_end").to_pylist() if d is not None]
     ok_mask = pc.and_(
         pc.is_in(runs.column("parse_outcome"), value_set=pa.array(["ok", "repaired"])),
         pc.is_valid(runs.column("ir_json")),
@@ -188,24 +250,80 @@ def _manifest(
         "replicates": options.replicates,
         "options": options.described(),
         "data_window": {
-            "first_measurement_date": _date_str(pc.min(dates).as_py()),
-            "last_measurement_date": _date_str(pc.max(dates).as_py()),
+            "first_measurement_date": _date_str(min(dates) if dates else None),
+            "last_measurement_date": _date_str(max(dates) if dates else None),
             "unit": "UTC date",
+            "includes_windows": bool(
+                _sum(runs.column("date_is_window")) if runs.num_rows else 0
+            ) or imported.num_rows > 0,
         },
         "input": {
             "runs_read_all_panels": runs_read,
             "runs_in_panel": runs.num_rows,
-            "successful_runs_in_panel": int(pc.sum(ok_mask.cast(pa.int64())).as_py() or 0),
-            "campaigns": sorted(set(runs.column("campaign").to_pylist())),
-            "models": sorted(set(runs.column("model").to_pylist())),
+            "successful_runs_in_panel": _sum(ok_mask) if runs.num_rows else 0,
+            "imported_cells_in_panel": imported.num_rows,
+            "campaigns": sorted(set(runs.column("campaign").to_pylist())
+                                | set(imported.column("campaign").to_pylist())),
+            "models": sorted(set(runs.column("model").to_pylist())
+                             | set(imported.column("model").to_pylist())),
         },
         "output": {
             "cells": cells.num_rows,
-            "cells_included": int(pc.sum(cells.column("included").cast(pa.int64())).as_py() or 0),
+            "cells_included": _sum(cells.column("included")),
             "models_included": models.included.num_rows,
             "models_excluded": models.excluded.num_rows,
         },
     }
+
+
+def _panel_cells(panel_runs: pa.Table, imported: pa.Table, min_runs: int) -> pa.Table:
+    schema = AUDIT_CELL_SCHEMA.with_metadata(
+        {b"irbench.min_runs": str(min_runs).encode()})
+    parts = [measurement_cells(imported, min_runs).cast(schema)]
+    if panel_runs.num_rows:
+        parts.insert(0, run_cells(build_cells(panel_runs, min_runs=min_runs)).cast(schema))
+    return pa.concat_tables(parts)
+
+
+def _audit_panel(panel_runs: pa.Table, imported: pa.Table, options: AnalysisOptions,
+                 index: dict, families: dict[str, str], override: dict
+                 ) -> tuple[pa.Table, ModelTable, dict[str, pa.Table], dict[str, Any]]:
+    """All tables of one panel: (cells, model table, other tables by file stem, summaries)."""
+    cells = _panel_cells(panel_runs, imported, options.min_runs)
+    budget, time = precedence(cells, imported, override)
+    merged = merge_cells(cells, budget, time)
+    for rule, flags in chosen_flags(cells, merged).items():
+        cells = cells.append_column("chosen_" + rule.replace("-", "_"), pa.array(flags))
+    chosen = merged.tables[options.merge_rule]
+    models = model_table(chosen, min_prompts=options.min_prompts, min_runs=options.min_runs)
+    models, rb = with_intervals(models, chosen, options)
+    all_models = sorted(set(chosen.column("model").to_pylist()))
+    scores, _ = score_matrix(chosen, all_models)
+    pairs = pairs_table(scores, all_models, family_map(all_models, families), options.pair_scope,
+                        alpha=1 - options.level)
+    rl: RunLevel = run_level(panel_runs, options, index)
+    sens, sens_summary = sensitivity_table(
+        cells, budget, time, merge_rule=options.merge_rule, min_runs=options.min_runs,
+        min_prompts=options.min_prompts, stabilisation=rl.stabilisation)
+    tables = {"pairs": pairs, "sensitivity": sens, "drift": rl.drift,
+              "stabilisation": rl.stabilisation, "correctness": rl.correctness,
+              "correlations": correlations_table(models, rl.correctness),
+              "normalised": rl.normalised}
+    summary = {
+        "merge": {**sens_summary, "budget_rank": budget, "time_order": time},
+        "rank_bootstrap": None if rb is None else {
+            "replicates": rb.replicates, "usable": rb.usable,
+            "unusable": rb.replicates - rb.usable, "n_prompts": rb.n_prompts,
+            "tie_rule": "stable sort by mean, ties broken by the point-estimate order",
+            "rank_set": rb.simultaneous.kind, "partition_top_size": rb.n_models // 2},
+        "drift": rl.drift_summary, "stabilisation": rl.stabilisation_summary,
+        "correctness": {"runs_scored": rl.correctness.num_rows,
+                        "prompts_without_ground_truth": rl.prompts_without_truth,
+                        "runs_without_explicit_nodes": _sum(rl.correctness.column("no_explicit"))
+                        if rl.correctness.num_rows else 0},
+        "families": family_map(all_models, families),
+    }
+    return cells, models, tables, summary
 
 
 def run_analysis(
@@ -215,17 +333,19 @@ def run_analysis(
     *,
     now: Callable[[], dt.datetime] = _utc_now,
 ) -> AnalysisResult:
-    """Read the store, build cells and the model table per panel, write them with a manifest.
+    """Read the store, build and merge cells, write every per-panel table with a manifest.
 
     ``now`` is the clock stamped into ``generated_at`` (injected for reproducible tests).
-    Raises :class:`NoRunsError` when nothing matches, naming the directory and the filters.
+    Raises :class:`NoRunsError` when nothing matches (naming the directory and the filters),
+    :class:`CorruptDataError` naming unreadable files (unless ``options.skip_corrupt``).
     """
     options = options or AnalysisOptions()
     data_dir = Path(data_dir)
     out_dir = Path(out_dir)
-    runs = _read_runs(data_dir, options)
+    runs, imported, skipped = _read_inputs(data_dir, options)
     runs_read = runs.num_rows
-    panels = sorted(set(runs.column("panel").to_pylist()))
+    panels = sorted(set(runs.column("panel").to_pylist())
+                    | set(imported.column("panel").to_pylist()))
     if options.panel is not None:
         if options.panel not in panels:
             raise NoRunsError(
@@ -233,45 +353,41 @@ def run_analysis(
                 f"panels present: {panels}"
             )
         panels = [options.panel]
+    index = corpus_index(options.corpus_dirs)
+    families = load_families(options.families_path)
+    override = load_precedence(options.precedence_path) if options.precedence_path else {}
 
     generated_at = now()
     results: dict[str, PanelResult] = {}
     for panel in panels:
         panel_runs = runs.filter(pc.equal(runs.column("panel"), panel))
-        cells = build_cells(panel_runs, min_runs=options.min_runs)
-        models = model_table(cells, min_prompts=options.min_prompts, min_runs=options.min_runs)
+        panel_imp = imported.filter(pc.equal(imported.column("panel"), panel))
+        cells, models, tables, summary = _audit_panel(
+            panel_runs, panel_imp, options, index, families, override)
         pdir = out_dir / panel_dirname(panel)
         pdir.mkdir(parents=True, exist_ok=True)
-        paths = {
-            name: pdir / f"{name}.parquet" for name in ("cells", "models", "excluded")
-        }
-        write_parquet_atomic(cells, paths["cells"])
-        write_parquet_atomic(models.included, paths["models"])
-        write_parquet_atomic(models.excluded, paths["excluded"])
+        tables = {"cells": cells, "models": models.included, "excluded": models.excluded,
+                  **tables}
+        paths = {name: pdir / f"{name}.parquet" for name in tables}
+        for name, table in tables.items():
+            write_parquet_atomic(table, paths[name])
         manifest = _manifest(
-            panel=panel,
-            data_dir=data_dir,
-            options=options,
-            runs=panel_runs,
-            runs_read=runs_read,
-            cells=cells,
-            models=models,
-            generated_at=generated_at,
+            panel=panel, data_dir=data_dir, options=options, runs=panel_runs,
+            runs_read=runs_read, cells=cells, models=models, generated_at=generated_at,
+            imported=panel_imp,
         )
         manifest["files"] = {k: p.name for k, p in paths.items()}
+        manifest["summary"] = summary
+        manifest["skipped_corrupt_files"] = skipped
         manifest_path = pdir / "manifest.json"
         write_json_atomic(manifest, manifest_path)
         results[panel] = PanelResult(
-            panel=panel,
-            directory=pdir,
-            cells_path=paths["cells"],
-            models_path=paths["models"],
-            excluded_path=paths["excluded"],
-            manifest_path=manifest_path,
-            cells=cells,
-            models=models,
-            manifest=manifest,
+            panel=panel, directory=pdir, cells_path=paths["cells"],
+            models_path=paths["models"], excluded_path=paths["excluded"],
+            manifest_path=manifest_path, cells=cells, models=models, manifest=manifest,
+            tables=tables, paths=paths,
         )
     return AnalysisResult(
-        data_dir=data_dir, out_dir=out_dir, options=options, runs_read=runs_read, panels=results
+        data_dir=data_dir, out_dir=out_dir, options=options, runs_read=runs_read,
+        panels=results, cells_imported=imported.num_rows, skipped_files=tuple(skipped),
     )

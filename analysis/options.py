@@ -8,7 +8,8 @@ with a default and a unit — existing callers keep working.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -72,13 +73,68 @@ class AnalysisOptions(BaseModel):
         json_schema_extra=_unit("replicates"),
     )
 
+    merge_rule: Literal["highest-budget-first", "earliest-then-top-up"] = Field(
+        default="highest-budget-first",
+        description="which campaign supplies a cell measured in several campaigns of a panel; "
+        "the other rule is always computed in sensitivity.parquet",
+        json_schema_extra=_unit("rule name"),
+    )
+    precedence_path: Path | None = Field(
+        default=None,
+        description="TOML giving campaigns' budget_rank/time_order (the import-artifact mapping "
+        "format); None = precedence stored with imported cells, other campaigns budget 0 and "
+        "ordered by first measurement date",
+        json_schema_extra=_unit("file path"),
+    )
+    families_path: Path | None = Field(
+        default=None,
+        description="TOML [families] model = family; None = names grouped by their prefix "
+        "before ':' with version/size suffixes removed",
+        json_schema_extra=_unit("file path"),
+    )
+    pair_scope: Literal["family", "all"] = Field(
+        default="family",
+        description="pairs.parquet compares models within a family, or all pairs",
+        json_schema_extra=_unit("scope name"),
+    )
+    corpus_dirs: list[Path] | None = Field(
+        default=None,
+        description="directories searched (recursively) for prompt files by sha256, for the "
+        "correctness ground truth; runs whose prompt_source is a local file are found anyway",
+        json_schema_extra=_unit("directory paths"),
+    )
+    skip_corrupt: bool = Field(
+        default=False,
+        description="skip (and name) unreadable Parquet files instead of failing",
+        json_schema_extra=_unit("flag"),
+    )
+    level: float = Field(
+        default=0.95,
+        gt=0.0,
+        lt=1.0,
+        description="coverage of every confidence interval and rank set",
+        json_schema_extra=_unit("probability"),
+    )
+    tol_abs_nodes: float = Field(
+        default=0.05,
+        ge=0.0,
+        description="absolute stabilisation tolerance",
+        json_schema_extra=_unit("nodes"),
+    )
+    tol_rel: float = Field(
+        default=0.05,
+        ge=0.0,
+        description="relative stabilisation tolerance",
+        json_schema_extra=_unit("fraction of the long-run mean node count"),
+    )
+
     @model_validator(mode="after")
     def _window(self) -> AnalysisOptions:
         if self.date_from and self.date_to and self.date_from > self.date_to:
             raise ValueError(
                 f"date_from {self.date_from} is after date_to {self.date_to}; swap them"
             )
-        for name in ("campaigns", "models"):
+        for name in ("campaigns", "models", "corpus_dirs"):
             value = getattr(self, name)
             if value is not None and not value:
                 raise ValueError(f"{name} is an empty list; pass None to read all {name}")
