@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from storage.records import ERROR_TEXT_MAX_CHARS
+from storage.records import ERROR_TEXT_MAX_CHARS, Outcome
 from workers.errors import (
     AuthFailed,
     ClientFailed,
@@ -284,6 +284,14 @@ def protocol_error(raw: RawResponse, *, model: str, what: str, secrets: Iterable
         latency_ms=raw.latency_ms,
         bytes_received=raw.bytes_received,
     )
+
+
+def answer_outcome(finish_reason: str | None, answer: str) -> Outcome:
+    """Classify a 2xx answer (failures.md): the provider saying the budget ran out wins, even
+    over empty content; otherwise no answer text is ``empty``."""
+    if finish_reason == "length":
+        return Outcome.TRUNCATED
+    return Outcome.EMPTY if not answer.strip() else Outcome.OK
 
 
 def split_think(content: str) -> tuple[str, str]:

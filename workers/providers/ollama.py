@@ -15,7 +15,6 @@ from typing import Any
 
 import httpx
 
-from storage.records import Outcome
 from workers.providers import _http
 from workers.providers.base import ChatRequest, Reply
 from workers.runtask import TimeoutPolicy
@@ -96,12 +95,7 @@ class OllamaProvider:
         reasoning = "\n".join(part for part in (thinking, think) if part)
         done_reason = data.get("done_reason")
         done_reason = done_reason if isinstance(done_reason, str) else None
-        if done_reason == "length":
-            outcome = Outcome.TRUNCATED
-        elif not answer.strip():
-            outcome = Outcome.EMPTY
-        else:
-            outcome = Outcome.OK
+        outcome = _http.answer_outcome(done_reason, answer)
         return Reply(
             outcome=outcome,
             answer_text=answer,

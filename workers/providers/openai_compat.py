@@ -21,7 +21,6 @@ from typing import Any
 
 import httpx
 
-from storage.records import Outcome
 from workers.providers import _http
 from workers.providers.base import ChatRequest, Reply
 from workers.runtask import TimeoutPolicy
@@ -121,12 +120,7 @@ class OpenAIProvider:
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         details = usage.get("completion_tokens_details")
         details = details if isinstance(details, dict) else {}
-        if finish_reason == "length":
-            outcome = Outcome.TRUNCATED
-        elif not answer.strip():
-            outcome = Outcome.EMPTY
-        else:
-            outcome = Outcome.OK
+        outcome = _http.answer_outcome(finish_reason, answer)
         return Reply(
             outcome=outcome,
             answer_text=answer,
