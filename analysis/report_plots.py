@@ -183,8 +183,9 @@ def cell_heatmap(matrix: np.ndarray, model_names: list[str], prompt_names: list[
     _fontsize(fig, style)
     grouping = ""
     if kp > 1 or km > 1:
-        grouping = (f" Display only: each tile averages up to {kp} adjacent prompts × {km} models "
-                    "over their measured cells.")
+        parts = [f"{kp} adjacent prompts" if kp > 1 else "", f"{km} adjacent models" if km > 1 else ""]
+        grouping = (" Display only: each tile averages up to "
+                    + " × ".join(x for x in parts if x) + " over their measured cells.")
     caption = ("Per-cell mean Jaccard (rows = models in table order, columns = prompts); dark = "
                "unstable, grey = not measured — look for prompts that are unstable for every "
                "model." + grouping)

@@ -334,6 +334,9 @@ def _correctness(p: PanelData, opts: ReportOptions) -> list[Block]:
     blocks.append(table)
     if note:
         blocks.append(note)
-    if p.table("correctness") is None:
-        blocks.append(_file_missing(p, "correctness"))
+    runs = p.table("correctness")
+    if runs is not None and "model" in runs.column_names:
+        blocks.append(Paragraph(f"Correctness rests on {runs.num_rows} scored runs of "
+                                f"{len(set(runs.column('model').to_pylist()))} models "
+                                "(correctness.parquet)."))
     return blocks

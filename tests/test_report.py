@@ -1,0 +1,475 @@
+"""The dated report (analysis/report*.py): built from analysis outputs on disk, never recomputed.
+
+Synthetic analysis directories are written directly with pyarrow in the layout and column names
+of ``irbench analyze`` (issue 4), so the report is tested with every section present, with only
+the files the current analysis writes, and at 100 models × 1,000 prompts. One test runs the real
+``run_analysis`` on a real RunStore and then the ``report_command`` through typer.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import io
+import json
+import re
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from analysis.report import ReportInputError, build_report
+from analysis.report_sections import ReportOptions
+
+FIXED_NOW = dt.datetime(2026, 7, 1, 9, 30, tzinfo=dt.UTC)
+SECTION_IDS = ["partition", "leaderboard", "plots", "sensitivity", "pairs", "correctness",
+               "availability", "provenance"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------ synthetic analysis outputs
+
+def write_synthetic_analysis(root: Path, *, n_models: int = 8, n_prompts: int = 22,
+                             runs: int = 5, seed: int = 7, missing: float = 0.3,
+                             panel: str = "synth", full: bool = True,
+                             small_models: int = 0) -> Path:
+    """Write OUT/<panel>/ with cells, models, excluded, manifest and (``full``) every issue-4
+    file. ``small_models`` models keep only 5 prompts (n < 8). Returns the panel directory."""
+    rng = np.random.default_rng(seed)
+    pdir = root / panel
+    pdir.mkdir(parents=True, exist_ok=True)
+    models = [f"model-{i:03d}" for i in range(n_models)]
+    prompts = [f"p{j:04d}.prompt.rtpl" for j in range(n_prompts)]
+    present = rng.random((n_models, n_prompts)) >= missing
+    present[:, 0] = True
+    for i in range(min(small_models, n_models)):
+        present[i] = False
+        present[i, :5] = True
+    truth = np.linspace(0.95, 0.3, n_models)
+    jac = np.clip(truth[:, None] + rng.normal(0, 0.1, (n_models, n_prompts)), 0, 1)
+    jac[rng.random((n_models, n_prompts)) < 0.15] = 1.0
+    mi, pj = np.nonzero(present)
+    j = jac[mi, pj]
+    day = dt.date(2026, 5, 30)
+    n = len(mi)
+    cells = pa.table({
+        "panel": [panel] * n, "campaign": ["camp"] * n,
+        "model": [models[i] for i in mi], "prompt_sha256": [f"sha{k:04d}" for k in pj],
+        "prompt_name": [prompts[k] for k in pj], "budget_max_tokens": pa.nulls(n, pa.int64()),
+        "runs_total": np.full(n, runs), "runs_ok": np.full(n, runs), "included": np.ones(n, bool),
+        "mean_jaccard": j, "id_stability": j * 0.9, "node_set_perfect": j == 1.0,
+        "mean_nodes": rng.uniform(4, 12, n), "std_nodes": rng.uniform(0, 1, n),
+        "count_agreement": rng.uniform(0.5, 1, n), "count_equal_share": rng.uniform(0, 1, n),
+        "first_date": pa.array([day] * n, pa.date32()),
+        "last_date": pa.array([day + dt.timedelta(days=12)] * n, pa.date32()),
+    })
+    pq.write_table(cells, pdir / "cells.parquet")
+    means = np.array([jac[i, present[i]].mean() for i in range(n_models)])
+    order = np.argsort(-means, kind="stable")
+    k = present.sum(axis=1)[order]
+    m = means[order]
+    half = np.sqrt(0.05 / np.maximum(k, 1))
+    ranks = np.arange(1, n_models + 1)
+    set_low = np.maximum(1, ranks - 2)
+    set_high = np.minimum(n_models, ranks + 2)
+    tau = n_models // 2
+    part = np.where(set_high <= tau, "clearly reproducible",
+                    np.where(set_low > tau, "clearly not", "undetermined"))
+    perfect = np.array([int((jac[i, present[i]] == 1.0).sum()) for i in order])
+    model_tab = pa.table({
+        "rank": ranks, "model": [models[i] for i in order], "n_prompts": k, "n_cells": k,
+        "mean_jaccard": m, "id_stability": m * 0.9, "perfect": perfect,
+        "mean_nodes": rng.uniform(4, 12, n_models),
+        "jaccard_ci_low": m - half, "jaccard_ci_high": np.minimum(1, m + half),
+        "id_ci_low": m * 0.9 - half, "id_ci_high": np.minimum(1, m * 0.9 + half),
+        "rank_held": rng.uniform(0.2, 1.0, n_models),
+        "rank_ci_low": np.maximum(1, ranks - 1), "rank_ci_high": np.minimum(n_models, ranks + 1),
+        "rank_set_low": set_low, "rank_set_high": set_high, "partition": part,
+    })
+    pq.write_table(model_tab, pdir / "models.parquet")
+    pq.write_table(pa.table({"model": ["tiny-1"], "n_prompts": [2], "n_cells": [2],
+                             "runs_ok": [5], "reason": ["2 prompts with ≥2 successful runs; needs ≥3"]}),
+                   pdir / "excluded.parquet")
+    manifest = {
+        "panel": panel, "generated_at": "2026-06-12T08:00:00+00:00", "irbench_version": "0.1.0",
+        "seed": 20260601, "replicates": 10000,
+        "options": {"min_runs": {"value": 2, "unit": "successful runs per cell", "description": "x"},
+                    "replicates": {"value": 10000, "unit": "replicates", "description": "y"}},
+        "data_window": {"first_measurement_date": "2026-05-30",
+                        "last_measurement_date": "2026-06-11", "unit": "UTC date"},
+        "input": {"runs_in_panel": n * runs, "models": models},
+        "output": {"cells": n, "models_included": n_models, "models_excluded": 1},
+    }
+    (pdir / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    if not full:
+        return pdir
+    a_idx = np.arange(0, n_models - 1, 2)
+    pq.write_table(pa.table({
+        "model_a": [models[i] for i in a_idx], "model_b": [models[i + 1] for i in a_idx],
+        "n_common": np.full(len(a_idx), 15), "n_nonzero": np.full(len(a_idx), 12),
+        "mean_diff": rng.normal(0, 0.05, len(a_idx)), "p_zsplit": rng.uniform(0, 1, len(a_idx)),
+        "p_drop": rng.uniform(0, 1, len(a_idx)), "rank_biserial": rng.uniform(-1, 1, len(a_idx)),
+        "mdd": rng.uniform(0.05, 0.2, len(a_idx))}), pdir / "pairs.parquet")
+    variants = ["highest-budget-first", "earliest-then-top-up"]
+    changed = np.zeros(2 * n_models, bool)
+    changed[n_models + 1] = True
+    pq.write_table(pa.table({
+        "variant": np.repeat(variants, n_models), "model": [models[i] for i in order] * 2,
+        "mean_jaccard": np.concatenate([m, m - 0.01]), "rank": np.concatenate([ranks, ranks]),
+        "changed": changed, "headline_shift": np.repeat([0.0, 0.045], n_models)}),
+        pdir / "sensitivity.parquet")
+    pairs_tot = runs * (runs - 1) // 2
+    agree = rng.integers(0, pairs_tot + 1, n)
+    count_d = rng.integers(0, pairs_tot - agree + 1)
+    id_d = pairs_tot - agree - count_d
+    pq.write_table(pa.table({
+        "model": cells.column("model"), "prompt": cells.column("prompt_name"),
+        "runs": np.full(n, runs), "pairs": np.full(n, pairs_tot), "count_drift": count_d,
+        "id_drift": id_d, "metadata_drift": np.zeros(n, np.int64), "agree": agree}),
+        pdir / "drift.parquet")
+    r_abs = rng.integers(1, runs + 1, n).astype(float)
+    r_abs[r_abs == runs] = np.nan  # censored
+    pq.write_table(pa.table({
+        "model": cells.column("model"), "prompt": cells.column("prompt_name"),
+        "runs": np.full(n, runs), "long_run_mean": rng.uniform(4, 12, n),
+        "r_star_absolute": r_abs, "r_star_relative": np.where(np.isnan(r_abs), 2.0, r_abs),
+        "tol_absolute_nodes": np.full(n, 0.05), "tol_relative": np.full(n, 0.05)}),
+        pdir / "stabilisation.parquet")
+    pq.write_table(pa.table({
+        "metric": ["recall", "f1", "recall", "recall"],
+        "dropped": [None, None, models[0], models[1]], "n": [n_models, n_models, n_models - 1,
+                                                            n_models - 1],
+        "pearson_r": [0.5, 0.4, 0.45, 0.55], "pearson_p": [0.02, 0.08, 0.05, 0.01],
+        "spearman_rho": [0.4, 0.3, 0.35, 0.5], "spearman_p": [0.04, 0.1, 0.09, 0.03]}),
+        pdir / "correlations.parquet")
+    return pdir
+
+
+def write_availability(data: Path, checks: list[tuple[str, dt.date, str]]) -> None:
+    """Hive-partitioned availability dataset: DATA/availability/check_date=YYYY-MM-DD/*.parquet."""
+    by_day: dict[dt.date, list] = {}
+    for model, day, status in checks:
+        by_day.setdefault(day, []).append((model, status))
+    for day, rows in by_day.items():
+        d = data / "availability" / f"check_date={day.isoformat()}"
+        d.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"model": [r[0] for r in rows], "status": [r[1] for r in rows]}),
+                       d / "part-0.parquet")
+
+
+# ------------------------------------------------------------------ HTML parsing helpers
+
+class TableParser(HTMLParser):
+    """Collects every table by id: header texts and rows of (text, data-sort, tr class)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: dict[str, dict] = {}
+        self.images: list[str] = []
+        self.h2: list[str] = []
+        self._cur: dict | None = None
+        self._cell: list | None = None
+        self._row: list | None = None
+        self._in_h2 = False
+
+    def handle_starttag(self, tag, attrs):  # noqa: ANN001
+        a = dict(attrs)
+        if tag == "table":
+            self._cur = {"head": [], "rows": [], "classes": []}
+            self.tables[a.get("id", f"anon{len(self.tables)}")] = self._cur
+        elif tag == "tr" and self._cur is not None:
+            self._row = []
+            self._cur["classes"].append(a.get("class", ""))
+        elif tag in ("td", "th") and self._cur is not None:
+            self._cell = [tag, "", a.get("data-sort")]
+        elif tag == "img":
+            self.images.append(a.get("src", ""))
+        elif tag == "h2":
+            self._in_h2 = True
+            self.h2.append("")
+
+    def handle_data(self, data):  # noqa: ANN001
+        if self._cell is not None:
+            self._cell[1] += data
+        if self._in_h2:
+            self.h2[-1] += data
+
+    def handle_endtag(self, tag):  # noqa: ANN001
+        if tag in ("td", "th") and self._cell is not None:
+            self._row.append(self._cell)
+            self._cell = None
+        elif tag == "tr" and self._cur is not None and self._row is not None:
+            if self._row and self._row[0][0] == "th":
+                self._cur["head"] = [c[1] for c in self._row]
+                self._cur["classes"].pop()
+            else:
+                self._cur["rows"].append([(c[1], c[2]) for c in self._row])
+            self._row = None
+        elif tag == "table":
+            self._cur = None
+        elif tag == "h2":
+            self._in_h2 = False
+
+
+def parse(html: str) -> TableParser:
+    p = TableParser()
+    p.feed(html)
+    return p
+
+
+@pytest.fixture(scope="module")
+def full_report(tmp_path_factory) -> tuple[Path, Path, str]:
+    root = tmp_path_factory.mktemp("full")
+    out, data = root / "out", root / "data"
+    write_synthetic_analysis(out, small_models=2)
+    write_availability(data, [("model-000", dt.date(2026, 6, 1), "available"),
+                              ("model-000", dt.date(2026, 6, 20), "retired"),
+                              ("model-000", dt.date(2026, 6, 21), "retired"),
+                              ("model-001", dt.date(2026, 6, 1), "available"),
+                              ("model-001", dt.date(2026, 6, 21), "available")])
+    paths = build_report(out, root / "report", data_dir=data, now=lambda: FIXED_NOW)
+    return out / "synth", root / "report", paths.html.read_text(encoding="utf-8")
+
+
+# ------------------------------------------------------------------ tests
+
+def test_sections_in_issue_order_with_dated_title(full_report) -> None:
+    _, _, html = full_report
+    ids = re.findall(r'<section id="([a-z]+)">', html)
+    assert ids == SECTION_IDS
+    p = parse(html)
+    assert [h.split(". ", 1)[1] for h in p.h2] == [
+        "Headline partition", "Leaderboard", "Plots", "Sensitivity", "Pairs",
+        "Correctness versus stability", "Availability", "Provenance"]
+    title = re.search(r"<h1>(.*?)</h1>", html).group(1)
+    assert "2026-05-30 to 2026-06-11" in title and "reported 2026-07-01" in title
+    # the partition comes before any sorted table
+    assert html.index('id="partition-synth"') < html.index('id="leaderboard-synth"')
+    assert "not available" not in html.split('<section id="availability">')[0]
+
+
+def test_leaderboard_cells_match_models_parquet(full_report) -> None:
+    pdir, _, html = full_report
+    models = pq.read_table(pdir / "models.parquet").to_pylist()
+    table = parse(html).tables["leaderboard-synth"]
+    head = table["head"]
+    assert head[:4] == ["rank", "model", "n", "mean Jaccard"]
+    assert len(table["rows"]) == len(models)
+    col = {name: i for i, name in enumerate(head)}
+    for row, ref in zip(table["rows"], models, strict=True):
+        assert row[col["model"]][0] == ref["model"]
+        assert int(row[col["rank"]][0]) == ref["rank"]
+        assert int(row[col["n"]][0]) == ref["n_prompts"]
+        text, sort = row[col["mean Jaccard"]]
+        assert text == f"{ref['mean_jaccard']:.3f}" and float(sort) == ref["mean_jaccard"]
+        assert row[col["ID-stability"]][0] == f"{ref['id_stability']:.3f}"
+        assert row[col["Jaccard 95% CI"]][0] == (
+            f"[{ref['jaccard_ci_low']:.3f}, {ref['jaccard_ci_high']:.3f}]")
+        assert row[col["ID 95% CI"]][0] == f"[{ref['id_ci_low']:.3f}, {ref['id_ci_high']:.3f}]"
+        assert row[col["node-set-perfect"]][0] == f"{ref['perfect']}/{ref['n_cells']}"
+        assert float(row[col["rank held"]][1]) == ref["rank_held"]
+        lo, hi = ref["rank_set_low"], ref["rank_set_high"]
+        assert row[col["rank set"]][0] == (str(lo) if lo == hi else f"{lo}–{hi}")
+
+
+def test_small_n_models_are_flagged(full_report) -> None:
+    pdir, _, html = full_report
+    models = pq.read_table(pdir / "models.parquet").to_pylist()
+    small = {r["model"] for r in models if r["n_prompts"] < 8}
+    assert len(small) == 2
+    table = parse(html).tables["leaderboard-synth"]
+    col = table["head"].index("warning")
+    flagged = {row[1][0] for row, cls in zip(table["rows"], table["classes"], strict=True)
+               if row[col][0] == "n < 8" and cls == "hl"}
+    assert flagged == small
+    assert "small n: 2 model(s) rest on fewer than 8 prompts" in html
+
+
+def test_every_image_is_an_embedded_png_and_no_external_assets(full_report) -> None:
+    _, _, html = full_report
+    p = parse(html)
+    assert len(p.images) == 6  # forest, ranks, heatmap, drift, stabilisation, availability
+    for src in p.images:
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1]).startswith(PNG_MAGIC)
+    assert not re.search(r'(src|href)="(https?:)?//', html)
+    assert "<link" not in html and html.count("<script>") == 1
+
+
+def test_partition_lists_every_model_once_by_label(full_report) -> None:
+    pdir, _, html = full_report
+    models = pq.read_table(pdir / "models.parquet").to_pylist()
+    rows = parse(html).tables["partition-synth"]["rows"]
+    assert sorted((r[1][0], r[0][0]) for r in rows) == sorted(
+        (m["model"], m["partition"]) for m in models)
+
+
+def test_sensitivity_highlights_changed_rows_and_headline_pp(full_report) -> None:
+    _, _, html = full_report
+    p = parse(html)
+    second = p.tables["sensitivity-synth-1"]
+    assert [c for c in second["classes"]].count("hl") == 1
+    assert second["classes"][1] == "hl"
+    assert p.tables["sensitivity-synth-0"]["classes"].count("hl") == 0
+    assert "headline shift: +4.5 percentage points" in html
+
+
+def test_availability_status_since_and_share(full_report) -> None:
+    _, _, html = full_report
+    p = parse(html)
+    rows = {r[0][0]: r for r in p.tables["availability"]["rows"]}
+    assert rows["model-000"][1][0] == "retired" and rows["model-000"][2][0] == "2026-06-20"
+    assert rows["model-001"][1][0] == "available" and rows["model-001"][2][0] == "2026-06-01"
+    share = {r[0][0]: r[1][0] for r in p.tables["availability-share-synth"]["rows"]}
+    assert share["models"] == "1/8 rows (12%)"
+    assert "6 measured model(s) have no availability check" in html
+
+
+def test_pairs_and_correlations_rendered_from_files(full_report) -> None:
+    pdir, _, html = full_report
+    p = parse(html)
+    pairs = pq.read_table(pdir / "pairs.parquet").to_pylist()
+    t = p.tables["pairs-synth"]
+    assert t["head"][:9] == ["model_a", "model_b", "n_common", "n_nonzero", "mean_diff",
+                             "p_zsplit", "p_drop", "rank_biserial", "mdd"]
+    assert [float(r[5][1]) for r in t["rows"]] == [r["p_zsplit"] for r in pairs]
+    assert len(p.tables["correlations-synth"]["rows"]) == 2
+    assert [r[0][0] for r in p.tables["correlations-loo-synth"]["rows"]] == ["model-000", "model-001"]
+
+
+def test_markdown_has_the_same_sections_and_linked_figures(full_report) -> None:
+    _, report_dir, _ = full_report
+    md = (report_dir / "report.md").read_text(encoding="utf-8")
+    heads = re.findall(r"^## \d\. (.+)$", md, flags=re.M)
+    assert heads == ["Headline partition", "Leaderboard", "Plots", "Sensitivity", "Pairs",
+                     "Correctness versus stability", "Availability", "Provenance"]
+    links = re.findall(r"!\[[^\]]*\]\((figures/[^)]+)\)", md)
+    assert len(links) == 6
+    for link in links:
+        assert (report_dir / link).read_bytes().startswith(PNG_MAGIC)
+
+
+def test_missing_issue4_files_degrade_to_one_line_notices(tmp_path) -> None:
+    write_synthetic_analysis(tmp_path / "out", full=False)
+    # strip the interval/rank columns: the model table as the current analyze writes it
+    mpath = tmp_path / "out" / "synth" / "models.parquet"
+    t = pq.read_table(mpath)
+    pq.write_table(t.select(["rank", "model", "n_prompts", "n_cells", "mean_jaccard",
+                             "id_stability", "perfect", "mean_nodes"]), mpath)
+    paths = build_report(tmp_path / "out", tmp_path / "rep", now=lambda: FIXED_NOW)
+    html = paths.html.read_text(encoding="utf-8")
+    assert re.findall(r'<section id="([a-z]+)">', html) == SECTION_IDS
+    for f in ("pairs", "sensitivity", "drift", "stabilisation", "correlations"):
+        assert f"not available: {f}.parquet missing (run irbench analyze)" in html
+    assert "not available: models.parquet lacks column(s) partition" in html
+    assert len(parse(html).images) == 1  # only the heatmap can be drawn
+    lb = parse(html).tables["leaderboard-synth"]
+    assert lb["head"] == ["rank", "model", "n", "mean Jaccard", "ID-stability",
+                          "node-set-perfect", "warning"]
+
+
+def test_corrupt_output_file_is_named_not_fatal(tmp_path) -> None:
+    pdir = write_synthetic_analysis(tmp_path / "out")
+    (pdir / "pairs.parquet").write_bytes(b"PAR1 this is not parquet")
+    html = build_report(tmp_path / "out", tmp_path / "rep").html.read_text(encoding="utf-8")
+    assert "not available: pairs.parquet unreadable" in html
+
+
+def test_empty_or_absent_analysis_dir_is_a_clear_error(tmp_path) -> None:
+    with pytest.raises(ReportInputError, match="does not exist"):
+        build_report(tmp_path / "nope", tmp_path / "rep")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ReportInputError, match="no panel outputs"):
+        build_report(tmp_path / "empty", tmp_path / "rep")
+
+
+def test_heatmap_shows_missing_cells_in_grey(tmp_path) -> None:
+    from matplotlib.image import imread
+
+    from analysis.report_plots import MISSING_GREY
+    from analysis.report_sections import heatmap_matrix
+
+    pdir = write_synthetic_analysis(tmp_path / "out", n_models=4, n_prompts=6, missing=0.4)
+    cells = pq.read_table(pdir / "cells.parquet")
+    order = pq.read_table(pdir / "models.parquet").column("model").to_pylist()
+    matrix, names, prompts, dup = heatmap_matrix(cells, order)
+    assert names == order and len(prompts) == 6 and not dup
+    ref = {(r["model"], r["prompt_name"]): r["mean_jaccard"] for r in cells.to_pylist()}
+    for i, mname in enumerate(names):
+        for j, pname in enumerate(prompts):
+            want = ref.get((mname, pname), np.nan)
+            assert (np.isnan(want) and np.isnan(matrix[i, j])) or matrix[i, j] == want
+    assert np.isnan(matrix).any()
+    html = build_report(tmp_path / "out", tmp_path / "rep").html.read_text(encoding="utf-8")
+    src = [s for s in parse(html).images][2]
+    img = imread(io.BytesIO(base64.b64decode(src.split(",", 1)[1])), format="png")
+    grey = np.array([int(MISSING_GREY[k:k + 2], 16) / 255 for k in (1, 3, 5)])
+    assert (np.abs(img[..., :3] - grey).max(axis=-1) < 0.01).sum() > 100
+
+
+def test_large_panel_stays_small_and_caps_provenance(tmp_path) -> None:
+    write_synthetic_analysis(tmp_path / "out", n_models=100, n_prompts=1000, runs=10)
+    started = time.monotonic()
+    paths = build_report(tmp_path / "out", tmp_path / "rep", now=lambda: FIXED_NOW,
+                         options=ReportOptions(max_table_rows=1000))
+    elapsed = time.monotonic() - started
+    assert paths.html_bytes < 20_000_000, paths.html_bytes
+    assert elapsed < 90, elapsed
+    html = paths.html.read_text(encoding="utf-8")
+    p = parse(html)
+    assert len(p.tables["provenance-synth"]["rows"]) == 1000
+    assert 'data-page-rows="50"' in html
+    assert "showing the first 1000 of" in html
+    assert len(p.tables["leaderboard-synth"]["rows"]) == 100
+    assert "each tile averages up to 7 adjacent prompts over their measured cells" in html
+    print(f"large report: {paths.html_bytes / 1e6:.2f} MB html, {paths.md_bytes / 1e6:.2f} MB md, "
+          f"{elapsed:.1f} s")
+
+
+def test_report_command_runs_analysis_then_report(tmp_path) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from orchestrator.report_cli import report_command
+    from storage.records import Outcome, ParseOutcome, RunRecord
+    from storage.runs import RunStore
+
+    recs = []
+    day = dt.date(2026, 4, 2)
+    for mi, model in enumerate(("steady", "shaky")):
+        for p in range(4):
+            for r in range(3):
+                ids = ["A", "B"] + ([f"X{r}"] if mi and r else [])
+                recs.append(RunRecord(
+                    run_id=f"{model}|{p}|{r}", campaign="c1", panel="main",
+                    prompt_sha256=f"sha{p}", prompt_name=f"p{p}.prompt.rtpl", model=model,
+                    endpoint="http://127.0.0.1:1/v1", wire_format="openai", run_index=r,
+                    instruction_version="v1", instruction_sha256="ab" * 32,
+                    measured_at=dt.datetime.combine(day, dt.time(9, r), tzinfo=dt.UTC),
+                    measurement_date=day, outcome=Outcome.OK, parse_outcome=ParseOutcome.OK,
+                    ir_json=json.dumps({"nodes": [{"id": i} for i in ids]}),
+                    node_ids=sorted(ids), node_count=len(ids), temperature=0.0))
+    RunStore(tmp_path / "data").write(recs)
+    app = typer.Typer()
+    app.command("report")(report_command)
+    app.command("noop")(lambda: None)  # two commands: typer keeps "report" as a subcommand
+    res = CliRunner().invoke(app, ["report", "--data", str(tmp_path / "data"), "--out",
+                                   str(tmp_path / "rep"), "--replicates", "200"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "rep" / "analysis" / "main" / "models.parquet").is_file()
+    html = (tmp_path / "rep" / "report.html").read_text(encoding="utf-8")
+    assert "measured 2026-04-02 to 2026-04-02" in html
+    prov = parse(html).tables["provenance-main"]
+    col = prov["head"].index("outcomes")
+    assert {r[col][0] for r in prov["rows"]} == {"ok 3"}
+    assert prov["rows"][0][prov["head"].index("instruction_sha256")][0] == "ab" * 6
+    models = pq.read_table(tmp_path / "rep" / "analysis" / "main" / "models.parquet").to_pylist()
+    lb = parse(html).tables["leaderboard-main"]
+    assert [r[1][0] for r in lb["rows"]] == [m["model"] for m in models]
+    bad = CliRunner().invoke(app, ["report", "--data", str(tmp_path / "nothing"), "--out",
+                                   str(tmp_path / "rep2")])
+    assert bad.exit_code == 2 and "error" in bad.output
