@@ -47,6 +47,7 @@ from analysis.families import family_map, load_families, pairs_table
 from analysis.measurements import (
     AUDIT_CELL_SCHEMA,
     chosen_flags,
+    complete_excluded,
     load_precedence,
     measurement_cells,
     merge_cells,
@@ -295,7 +296,8 @@ def _audit_panel(panel_runs: pa.Table, imported: pa.Table, options: AnalysisOpti
     for rule, flags in chosen_flags(cells, merged).items():
         cells = cells.append_column("chosen_" + rule.replace("-", "_"), pa.array(flags))
     chosen = merged.tables[options.merge_rule]
-    models = model_table(chosen, min_prompts=options.min_prompts, min_runs=options.min_runs)
+    models = complete_excluded(
+        model_table(chosen, min_prompts=options.min_prompts, min_runs=options.min_runs), cells)
     models, rb = with_intervals(models, chosen, options)
     all_models = sorted(set(chosen.column("model").to_pylist()))
     scores, _ = score_matrix(chosen, all_models)

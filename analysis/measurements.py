@@ -173,3 +173,23 @@ def chosen_flags(cells: pa.Table, merged: MergedCells) -> dict[str, np.ndarray]:
                          t.column("source").to_pylist()))
         out[rule] = np.array([k in chosen for k in keys], dtype=bool)
     return out
+
+
+def complete_excluded(table, cells: pa.Table):  # noqa: ANN001, ANN201 - ModelTable in and out
+    """Add to ``table.excluded`` every model of ``cells`` with no included cell at all (merging
+    keeps included cells only, so such models would otherwise vanish instead of being listed)."""
+    from analysis.tables import ModelTable
+
+    listed = set(table.models) | set(table.excluded.column("model").to_pylist())
+    runs_ok: dict[str, int] = {}
+    for m, r in zip(cells.column("model").to_pylist(), cells.column("runs_ok").to_pylist()):
+        runs_ok[m] = runs_ok.get(m, 0) + int(r)
+    extra = [{"model": m, "n_prompts": 0, "n_cells": 0, "runs_ok": runs_ok[m],
+              "reason": f"0 prompts with ≥{table.min_runs} successful runs; "
+                        f"needs ≥{table.min_prompts}"}
+             for m in sorted(runs_ok) if m not in listed]
+    if not extra:
+        return table
+    excluded = pa.concat_tables([table.excluded,
+                                 pa.Table.from_pylist(extra, schema=table.excluded.schema)])
+    return ModelTable(table.included, excluded, table.min_runs, table.min_prompts)

@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from storage.errors import IrbenchError
@@ -26,7 +27,7 @@ def _console() -> Console:
 
 
 def _fail(exc: Exception) -> None:
-    Console(stderr=True).print(f"[bold red]error:[/] {exc}")
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(str(exc))}")
     raise typer.Exit(code=2)
 
 
