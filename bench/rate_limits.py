@@ -1,0 +1,136 @@
+"""Global per-model limits under the distributed executor: are they held, and are they used?
+
+Four simulated models with different request limits, concurrency caps and lognormal latencies
+(medians 50-300 ms) run a few hundred runs on 3 ``celery worker`` processes sharing one private
+redis-server. SHORT WINDOWS: the workers count ``requests_per_minute`` per 10 s
+(``IRBENCH_LIMIT_PERIOD_S=10``) so the whole campaign takes about a minute; "limit" below means
+requests per 10 s. Printed per model:
+
+* ``window/limit``: the most requests the simulator saw in any sliding window of one period
+  (half-open, on the simulator's clock) divided by the limit — must be <= 1.00;
+* ``span/bound``: the model's first-to-last request span over ``(runs - 1) / rate``, the
+  shortest span GCRA without burst allows — 1.00 means the model ran at its full rate;
+
+and for the campaign: end-to-end makespan (dispatch to every outcome stored) divided by its
+lower bound ``max over models of runs / rate`` — the aim is <= 1.10.
+
+    python bench/rate_limits.py [--workers 3] [--threads 4] [--period-s 10] [--scale 1.0]
+                                [--worker-env IRBENCH_MAX_WAIT_S=1.5 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from _cluster import BenchCluster, interrupt_as_keyboard, sliding_window_max, write_campaign
+
+from orchestrator.campaign import prepare
+from orchestrator.celery_executor import CeleryOptions, run_campaign_celery
+from orchestrator.spec import load_campaign
+from storage.runs import RunStore
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    """One simulated model: ``limit`` requests per period, ``max_concurrency`` calls at once,
+    lognormal latency (``latency_ms_median``, ``latency_sigma``), ``runs`` runs in the campaign."""
+
+    name: str
+    limit: int
+    max_concurrency: int
+    latency_ms_median: float
+    latency_sigma: float
+    runs: int
+
+
+# Two models (b, c) set the lower bound (40 s at scale 1); a and d have some slack, so the
+# bound is tight only if a saturated model never slows the others down.
+MODELS = (
+    BenchModel("rl-a", limit=60, max_concurrency=3, latency_ms_median=80, latency_sigma=0.4, runs=200),
+    BenchModel("rl-b", limit=30, max_concurrency=2, latency_ms_median=300, latency_sigma=0.4, runs=120),
+    BenchModel("rl-c", limit=24, max_concurrency=2, latency_ms_median=150, latency_sigma=0.4, runs=96),
+    BenchModel("rl-d", limit=10, max_concurrency=1, latency_ms_median=50, latency_sigma=0.4, runs=30),
+)
+
+
+def sim_toml(models: tuple[BenchModel, ...]) -> str:
+    lines = ["seed = 3"]
+    for m in models:
+        lines += [f"[models.{m.name}]", f"latency_ms_median = {m.latency_ms_median}", f"latency_sigma = {m.latency_sigma}"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=3, help="celery worker processes")
+    parser.add_argument("--threads", type=int, default=4, help="threads per worker (-c)")
+    parser.add_argument("--period-s", type=float, default=10.0, help="IRBENCH_LIMIT_PERIOD_S on the workers")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every model's run count")
+    parser.add_argument("--worker-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra worker environment (e.g. IRBENCH_MAX_WAIT_S=3)")
+    args = parser.parse_args()
+    models = tuple(replace(m, runs=max(2, round(m.runs * args.scale))) for m in MODELS)
+    env = {"IRBENCH_LIMIT_PERIOD_S": str(args.period_s), "IRBENCH_LOG_LEVEL": "INFO"}  # INFO: deferrals are counted from the logs
+    env.update(kv.split("=", 1) for kv in args.worker_env)
+
+    with tempfile.TemporaryDirectory(prefix="irbench-bench-") as tmp, interrupt_as_keyboard():
+        tmp_path = Path(tmp)
+        (tmp_path / "sim.toml").write_text(sim_toml(models))
+        with BenchCluster(tmp_path / "sim.toml", workers=args.workers, concurrency=args.threads, worker_env=env) as c:
+            prompts = 20
+            fields = {m.name: {"requests_per_minute": m.limit, "max_concurrency": m.max_concurrency} for m in models}
+            toml = write_campaign(tmp_path, "bench-rl", c.sim.base_url, fields, prompts=prompts,
+                                  runs=math.ceil(max(m.runs for m in models) / prompts))
+            full = prepare(load_campaign(toml))
+            wanted = {m.name: m.runs for m in models}
+            taken: Counter[str] = Counter()
+            tasks = []
+            for t in full.tasks:  # planned (interleaved) order, trimmed to each model's run count
+                if taken[t.model] < wanted[t.model]:
+                    taken[t.model] += 1
+                    tasks.append(t)
+            prepared = replace(full, tasks=tasks)
+            store = RunStore(tmp_path / "data")
+            print(f"limits are per {args.period_s:g} s (IRBENCH_LIMIT_PERIOD_S={args.period_s:g}), not per minute; "
+                  f"{len(tasks)} runs on {args.workers} workers x {args.threads} threads", flush=True)
+            t0 = time.monotonic()
+            summary = run_campaign_celery(prepared, store, c.url, poll_interval_s=0.1,
+                                          options=CeleryOptions(store_scan_s=1.0))
+            makespan_s = time.monotonic() - t0
+            stats = c.sim_stats()
+            logs = c.workers.logs() if c.workers else ""
+
+    print(f"{'model':>6} {'limit':>5} {'conc':>4} {'lat_ms':>6} {'runs':>4} {'reqs':>4} {'max_win':>7} "
+          f"{'win/limit':>9} {'min_span_s':>10} {'span_s':>6} {'span/bound':>10}")
+    bounds = []
+    for m in models:
+        st = stats.get(m.name, {"requests": 0, "arrivals_s": []})
+        arr = sorted(st["arrivals_s"])
+        rate_per_s = m.limit / args.period_s
+        bounds.append(m.runs / rate_per_s)
+        worst = sliding_window_max(arr, args.period_s)
+        # shortest time the simulator saw limit+1 requests in: < period means a window held too many
+        tight = min((arr[i + m.limit] - arr[i] for i in range(len(arr) - m.limit)), default=float("nan"))
+        span = arr[-1] - arr[0] if len(arr) > 1 else 0.0
+        ideal = (len(arr) - 1) / rate_per_s if len(arr) > 1 else float("nan")
+        print(f"{m.name:>6} {m.limit:>5} {m.max_concurrency:>4} {m.latency_ms_median:>6.0f} {m.runs:>4} "
+              f"{st['requests']:>4} {worst:>7} {worst / m.limit:>9.2f} {tight:>10.3f} {span:>6.1f} {span / ideal:>10.2f}")
+    bound = max(bounds)
+    outcomes: Counter[str] = Counter()
+    for per in summary.by_model.values():
+        outcomes.update(per)
+    print(f"makespan {makespan_s:.1f} s, lower bound {bound:.1f} s (max over models of runs / rate), "
+          f"ratio {makespan_s / bound:.2f}; outcomes {dict(outcomes)}; "
+          f"deferrals (re-published runs) {logs.count('run_deferred')}")
+    if summary.executed != len(tasks) or summary.interrupted:
+        raise SystemExit(f"campaign incomplete: {summary.executed}/{len(tasks)} stored, interrupted={summary.interrupted}")
+
+
+if __name__ == "__main__":
+    main()
