@@ -20,7 +20,8 @@ h1{font-size:1.6rem;margin-bottom:.2rem}h2{font-size:1.3rem;border-bottom:2px so
 padding-bottom:.2rem;margin-top:2.2rem}h3{font-size:1.05rem;margin-top:1.4rem}
 .subtitle{color:#444;margin-top:0}nav ul{columns:2;font-size:.95rem;list-style:none;padding-left:0}
 table{border-collapse:collapse;margin:.6rem 0;font-size:.88rem;font-variant-numeric:tabular-nums}
-th,td{border:1px solid #c8c8c8;padding:.25rem .5rem;text-align:left;vertical-align:top}
+th,td{border:1px solid #c8c8c8;padding:.25rem .5rem;text-align:left;vertical-align:top;
+white-space:nowrap}
 th{background:#eef3f8;cursor:pointer;user-select:none}th[aria-sort=ascending]::after{content:" ▲"}
 th[aria-sort=descending]::after{content:" ▼"}td.num{text-align:right}
 tbody tr:nth-child(even){background:#fafafa}tr.hl,tr.hl:nth-child(even){background:#fff1b8}

@@ -21,6 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib import colormaps
 from matplotlib.figure import Figure as MplFigure
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from analysis.report_doc import Figure
 
@@ -122,7 +123,8 @@ def rank_interval_plot(models: pa.Table | None, style: PlotStyle = PlotStyle()) 
     ax.set_xlim(0.4, n + 0.6)
     ax.set_xlabel("rank (1 = most stable)")
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(handles=handles, loc="lower right", fontsize=style.font_size_pt - 2)
+    ax.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncols=3,
+              frameon=False, fontsize=style.font_size_pt - 2)
     _fontsize(fig, style)
     caption = ("Rank intervals: a long bar means the data cannot place that model; only models whose "
                "bars do not overlap are ordered with confidence.")
@@ -160,7 +162,9 @@ def cell_heatmap(matrix: np.ndarray, model_names: list[str], prompt_names: list[
     shown, kp = _bin_axis(matrix, 1, style.heatmap_max_prompts)
     shown, km = _bin_axis(shown, 0, style.heatmap_max_models)
     n_rows, n_cols = shown.shape
-    fig = _new_figure(style, max(2.8, 0.18 * n_rows + 1.8))
+    labelled_prompts = kp == 1 and n_cols <= 40
+    label_space_in = 0.09 * max((len(q) for q in prompt_names), default=0) if labelled_prompts else 0.6
+    fig = _new_figure(style, max(2.8, 0.22 * n_rows + 1.2 + min(label_space_in, 3.0)))
     ax = fig.subplots()
     cmap = colormaps["cividis"].with_extremes(bad=MISSING_GREY)
     im = ax.imshow(np.ma.masked_invalid(shown), aspect="auto", cmap=cmap, vmin=0.0, vmax=1.0,
@@ -170,7 +174,7 @@ def cell_heatmap(matrix: np.ndarray, model_names: list[str], prompt_names: list[
     else:
         ax.set_ylabel(f"models (rows of {km})" if km > 1 else "models")
         ax.set_yticks([])
-    if kp == 1 and n_cols <= 40:
+    if labelled_prompts:
         ax.set_xticks(np.arange(n_cols), prompt_names, rotation=60, ha="right")
     else:
         ax.set_xlabel(f"prompts ({len(prompt_names)}" + (f", columns average {kp} prompts)"
@@ -178,8 +182,7 @@ def cell_heatmap(matrix: np.ndarray, model_names: list[str], prompt_names: list[
         ax.set_xticks([])
     bar = fig.colorbar(im, ax=ax, fraction=0.04)
     bar.set_label("mean Jaccard of the cell", fontsize=style.font_size_pt - 1)
-    ax.legend(handles=[Patch(color=MISSING_GREY, label="no included cell")], loc="upper left",
-              bbox_to_anchor=(1.12, 1.0), fontsize=style.font_size_pt - 2, frameon=False)
+    ax.set_title("mean Jaccard per cell; light grey = no included cell", loc="left")
     _fontsize(fig, style)
     grouping = ""
     if kp > 1 or km > 1:
@@ -230,7 +233,8 @@ def drift_bars(drift: pa.Table | None, order: list[str] | None = None,
               fontsize=style.font_size_pt - 2)
     _fontsize(fig, style)
     caption = ("Drift classes per model: the longer the green 'agree' bar, the more run pairs "
-               "returned the same structure; orange/blue show whether ids or only metadata moved.")
+               "returned the same structure; vermillion = node count moved, orange = ids moved, "
+               "blue = only metadata moved.")
     return Figure("drift", _png(fig, style), caption, "stacked bars of drift class shares")
 
 
@@ -255,6 +259,7 @@ def stabilisation_curve(stab: pa.Table | None, style: PlotStyle = PlotStyle()) -
                 label=f"{label}; censored {censored:.0%}")
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("rerun r")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("share of cells stabilised by r")
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=style.font_size_pt - 2)
@@ -285,7 +290,7 @@ def availability_timeline(models: list[str], dates: list, statuses: list[str],
                    color=STATUS_COLOURS.get(status, "#999999"), label=status)
         seen.append(status)
     ax.set_yticks(range(len(names)), names if len(names) <= 60 else [""] * len(names))
-    ax.invert_yaxis()
+    ax.set_ylim(len(names) - 0.5, -0.5)
     ax.set_xlabel("check date")
     ax.legend(ncols=min(4, len(seen)), loc="lower center", bbox_to_anchor=(0.5, 1.0),
               frameon=False, fontsize=style.font_size_pt - 2)
