@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from analysis.report_doc import Document, Section
@@ -98,28 +97,24 @@ def load_panel(directory: Path) -> PanelData:
 
 
 def load_availability(data_dir: Path | None) -> Availability:
-    """``DATA/availability/`` (hive-partitioned Parquet) normalised to model/status/check_date."""
+    """Every check in ``DATA/availability/`` (:class:`storage.availability.AvailabilityStore`),
+    as ``model, status, check_date, checked_at, retired_on`` sorted by (model, checked_at)."""
     if data_dir is None:
         return Availability(None, "no --data given, so the availability dataset was not read")
     root = Path(data_dir) / "availability"
     if not root.is_dir():
-        return Availability(None, f"{root} missing (run irbench availability checks)")
+        return Availability(None, f"{root} missing (run `irbench availability`)")
+    from storage.availability import AvailabilityStore
+    from storage.errors import StorageError
+
     try:
-        table = pads.dataset(root, format="parquet", partitioning="hive",
-                             exclude_invalid_files=True).to_table()
-    except (OSError, pa.ArrowException) as exc:
+        table = AvailabilityStore(Path(data_dir), fsync=False).read()
+    except (OSError, pa.ArrowException, StorageError, ValueError) as exc:
         return Availability(None, f"{root} unreadable: {exc}")
-    date_col = next((c for c in ("check_date", "checked_on", "checked_at", "date",
-                                 "measurement_date") if c in table.column_names), None)
-    if table.num_rows == 0 or date_col is None or not {"model", "status"} <= set(table.column_names):
-        return Availability(None, f"{root} has no rows with model, status and a check date")
-    dates = table.column(date_col)
-    if pa.types.is_timestamp(dates.type):
-        dates = pc.cast(dates, pa.date32())
-    elif pa.types.is_string(dates.type) or pa.types.is_large_string(dates.type):
-        dates = pc.cast(pc.strptime(dates, format="%Y-%m-%d", unit="s"), pa.date32())
-    return Availability(pa.table({"model": table.column("model"), "status": table.column("status"),
-                                  "check_date": dates}))
+    if table.num_rows == 0:
+        return Availability(None, f"{root} holds no checks (run `irbench availability`)")
+    return Availability(table.select(["model", "status", "check_date", "checked_at",
+                                      "retired_on"]))
 
 
 def load_run_provenance(data_dir: Path | None, panel: str) -> pa.Table | None:
@@ -178,6 +173,8 @@ def build_document(panels: list[PanelData], avail: Availability, opts: ReportOpt
     """All eight sections, in the issue's order, from loaded outputs."""
     first, last = measurement_window(panels)
     window = f"{first} to {last}" if first else "unknown measurement window"
+    if any((pd.manifest.get("data_window") or {}).get("includes_windows") for pd in panels):
+        window += " (some dates are study windows, not stamps)"
     title = f"irbench report — measured {window} — reported {made_on.date().isoformat()}"
     subtitle = (f"Panels: {', '.join(p.name for p in panels)}. Report made "
                 f"{made_on.astimezone(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')} from the analysis "

@@ -20,19 +20,20 @@ from analysis.report_tables import fmt_num, generic_table, missing_note
 CELL_KEY = ("panel", "campaign", "model", "prompt_sha256", "budget_max_tokens")
 
 
-def current_status(avail: pa.Table) -> dict[str, tuple[str, Any, Any]]:
-    """``{model: (status now, since date, last check date)}``; "since" is the first check of the
-    current unbroken run of that status."""
-    rows = sorted(zip(avail.column("model").to_pylist(), avail.column("check_date").to_pylist(),
-                      avail.column("status").to_pylist(), strict=True),
-                  key=lambda r: (r[0], r[1]))
-    out: dict[str, tuple[str, Any, Any]] = {}
-    for model, date, status in rows:
+def current_status(avail: pa.Table) -> dict[str, tuple[str, Any, Any, Any]]:
+    """``{model: (status now, since date, last check date, retired_on)}``; "since" is the first
+    check of the current unbroken run of that status. Input sorted by (model, checked_at)."""
+    out: dict[str, tuple[str, Any, Any, Any]] = {}
+    retired = (avail.column("retired_on").to_pylist() if "retired_on" in avail.column_names
+               else [None] * avail.num_rows)
+    for model, date, status, ret in zip(avail.column("model").to_pylist(),
+                                        avail.column("check_date").to_pylist(),
+                                        avail.column("status").to_pylist(), retired, strict=True):
         prev = out.get(model)
         if prev is None or prev[0] != status:
-            out[model] = (status, date, date)
+            out[model] = (status, date, date, ret)
         else:
-            out[model] = (status, prev[1], date)
+            out[model] = (status, prev[1], date, ret or prev[3])
     return out
 
 
@@ -53,11 +54,12 @@ def availability_blocks(panels: list[PanelData], avail: Availability,
     if avail.table is None:
         return (Note(f"not available: {avail.reason}", "missing"),)
     status = current_status(avail.table)
-    rows = tuple((Cell(m, m), Cell(s, s), Cell(str(since), str(since)), Cell(str(last), str(last)))
-                 for m, (s, since, last) in sorted(status.items()))
-    blocks: list[Block] = [Table(("model", "status now", "since", "last check"), rows,
-                                 table_id="availability", page_rows=opts.page_rows)]
-    gone = {m for m, (s, _, _) in status.items() if s in opts.gone_statuses}
+    rows = tuple((Cell(m, m), Cell(s, s), Cell(str(since), str(since)), Cell(str(last), str(last)),
+                  Cell(ret or "", ret or ""))
+                 for m, (s, since, last, ret) in sorted(status.items()))
+    blocks: list[Block] = [Table(("model", "status now", "since", "last check", "retired on"),
+                                 rows, table_id="availability", page_rows=opts.page_rows)]
+    gone = {m for m, (s, _, _, _) in status.items() if s in opts.gone_statuses}
     blocks.append(Paragraph(f"{len(gone)} model(s) can no longer be re-measured (status "
                             f"{' / '.join(opts.gone_statuses)}): {', '.join(sorted(gone)) or 'none'}."))
     for p in panels:
@@ -81,7 +83,8 @@ def availability_blocks(panels: list[PanelData], avail: Availability,
     return tuple(blocks)
 
 
-PROV_COLS = ("model", "prompt_name", "campaign", "budget_max_tokens", "first_date", "last_date",
+PROV_COLS = ("model", "prompt_name", "campaign", "source", "chosen_highest_budget_first",
+             "chosen_earliest_then_top_up", "budget_max_tokens", "first_date", "last_date",
              "runs_total", "runs_ok", "included", "outcomes", "instruction_sha256", "parameters")
 
 

@@ -170,6 +170,13 @@ def _leaderboard(p: PanelData, opts: ReportOptions) -> list[Block]:
     blocks.append(Paragraph("n = prompts with an included cell; intervals are 95% percentile "
                             "bootstrap over prompts; rank held = share of bootstrap replicates "
                             "in which the model keeps its position."))
+    rb = (p.manifest.get("summary") or {}).get("rank_bootstrap")
+    if rb:
+        blocks.append(Paragraph(
+            f"Rank bootstrap: {rb.get('usable')} of {rb.get('replicates')} replicates usable "
+            f"({rb.get('unusable')} drew none of some model's prompts) over "
+            f"{rb.get('n_prompts')} prompts; ties: {rb.get('tie_rule')}; rank set: "
+            f"{rb.get('rank_set')}; top group = ranks 1..{rb.get('partition_top_size')}."))
     excluded = p.table("excluded")
     if excluded is None:
         blocks.append(_file_missing(p, "excluded"))
@@ -184,11 +191,24 @@ def _leaderboard(p: PanelData, opts: ReportOptions) -> list[Block]:
 
 # ------------------------------------------------------------------ 3. plots
 
-def heatmap_matrix(cells: pa.Table, order: Sequence[str]) -> tuple[np.ndarray, list[str], list[str], bool]:
+def chosen_column(cells: pa.Table, manifest: dict) -> str | None:
+    """The cells column marking the measurement the analysis' merge rule kept, if any."""
+    rule = ((manifest.get("options") or {}).get("merge_rule") or {}).get("value") or \
+        ((manifest.get("summary") or {}).get("merge") or {}).get("rule")
+    name = f"chosen_{str(rule).replace('-', '_')}" if rule else None
+    return name if name in cells.column_names else None
+
+
+def heatmap_matrix(cells: pa.Table, order: Sequence[str], chosen: str | None = None
+                   ) -> tuple[np.ndarray, list[str], list[str], bool]:
     """models × prompts matrix of included cells' mean Jaccard (NaN = none), models in ``order``
-    then the rest by name; a cell measured by several campaigns shows its latest measurement
-    (the flag in the result says whether that happened)."""
-    inc = cells.filter(pc.and_kleene(cells.column("included"), pc.is_valid(cells.column("mean_jaccard"))))
+    then the rest by name. With ``chosen`` (a boolean cells column) only the measurement the
+    merge rule kept is shown; otherwise a cell measured by several campaigns shows its latest
+    measurement (the flag in the result says whether that happened)."""
+    mask = pc.and_kleene(cells.column("included"), pc.is_valid(cells.column("mean_jaccard")))
+    if chosen is not None:
+        mask = pc.and_kleene(mask, pc.fill_null(cells.column(chosen), False))
+    inc = cells.filter(mask)
     if "last_date" in inc.column_names:
         inc = inc.sort_by([("last_date", "ascending")])
     model = np.asarray(inc.column("model").to_pylist(), dtype=object)
@@ -220,17 +240,23 @@ def _plots(p: PanelData, opts: ReportOptions, avail: Availability) -> list[Block
     if cells is None or cells.num_rows == 0:
         blocks.append(_file_missing(p, "cells"))
     else:
-        matrix, names, prompts, dup = heatmap_matrix(cells, order)
+        matrix, names, prompts, dup = heatmap_matrix(cells, order,
+                                                     chosen_column(cells, p.manifest))
         fig = plots.cell_heatmap(matrix, names, prompts, style)
         if fig is not None:
             blocks.append(fig)
             if dup:
                 blocks.append(Note("some cells were measured by several campaigns; the heatmap "
                                    "shows each cell's latest measurement.", "info"))
+    summary = p.manifest.get("summary") or {}
     fig = plots.drift_bars(p.table("drift"), order, style)
     blocks.append(fig or _file_missing(p, "drift"))
+    if fig is not None:
+        blocks.extend(_drift_views(summary.get("drift") or {}))
     fig = plots.stabilisation_curve(p.table("stabilisation"), style)
     blocks.append(fig or _file_missing(p, "stabilisation"))
+    if fig is not None:
+        blocks.extend(_stabilisation_summary(summary.get("stabilisation") or {}))
     if avail.table is None:
         blocks.append(Note(f"not available: availability timeline ({avail.reason})", "missing"))
     else:
@@ -243,49 +269,101 @@ def _plots(p: PanelData, opts: ReportOptions, avail: Availability) -> list[Block
     return blocks
 
 
+def _drift_views(d: dict) -> list[Block]:
+    """The three drift aggregates of the manifest (they differ, so all three are shown)."""
+    views = ("macro_all_cells", "pooled_pairs", "macro_disagreeing_cells")
+    if not d.get("classes") or not all(v in d for v in views):
+        return []
+    rows = tuple((Cell(c, c), *(Cell(fmt_num(d[v][i]), d[v][i]) for v in views))
+                 for i, c in enumerate(d["classes"]))
+    return [Table(("drift class", "macro mean, all cells", "pooled over disagreeing pairs",
+                   "macro mean, disagreeing cells"), rows, table_id="drift-views"),
+            Paragraph(f"{d.get('cells_disagreeing')} of {d.get('cells')} cells have a disagreeing "
+                      f"pair; {d.get('disagreeing_pairs')} of {d.get('pairs')} pairs disagree; "
+                      f"{d.get('label_only_pairs', 0)} agreeing pairs differ in label text only.")]
+
+
+def _stabilisation_summary(st: dict) -> list[Block]:
+    parts = []
+    for key, label in (("abs", "absolute tolerance"), ("rel", "relative tolerance")):
+        v = st.get(key)
+        if v:
+            parts.append(f"{label}: {v.get('stabilising')} of {v.get('cells')} cells stabilise "
+                         f"before the endpoint (median r* {fmt_num(v.get('median_r_star'), 1)} "
+                         f"runs), {v.get('censored')} censored")
+    return [Paragraph("; ".join(parts) + ".")] if parts else []
+
+
 # ------------------------------------------------------------------ 4–6. tables
 
-VARIANT_COLS = ("variant", "scenario", "setting", "merge_rule", "rule", "tolerance",
-                "tolerance_reading", "min_runs", "min_prompts", "threshold")
+#: Columns that define a variant (constant within it), shown in the summary, not per row.
+VARIANT_KEYS = ("variant", "axis", "merge_rule", "min_runs", "min_prompts", "tolerance")
+
+
+def _non_null_columns(table: pa.Table, skip: Sequence[str]) -> list[str]:
+    return [c for c in table.column_names
+            if c not in skip and table.column(c).null_count < table.num_rows]
+
+
+def _pp(value: object) -> str:
+    """A shift in fraction points as signed percentage points."""
+    return "–" if is_missing(value) else f"{100.0 * float(value):+.1f} pp"
 
 
 def _sensitivity(p: PanelData, opts: ReportOptions) -> list[Block]:
+    """One summary row per variant (rows changed, headline and its shift in percentage points),
+    then each variant's table with changed rows highlighted. ``headline_share_perfect`` is a
+    fraction and ``headline_shift`` is in fraction points (analysis.sensitivity)."""
     sens = p.table("sensitivity")
     if sens is None:
         return [_file_missing(p, "sensitivity")]
-    keys = [c for c in VARIANT_COLS if c in sens.column_names]
-    changed = [c for c in sens.column_names
-               if "chang" in c.lower() and pa.types.is_boolean(sens.schema.field(c).type)]
-    headline = [c for c in sens.column_names if "headline" in c.lower()]
-    groups: dict[tuple, list[int]] = {}
-    key_values = [sens.column(k).to_pylist() for k in keys]
-    for i in range(sens.num_rows):
-        groups.setdefault(tuple(v[i] for v in key_values), []).append(i)
-    flags = [any(sens.column(c)[i].as_py() for c in changed) for i in range(sens.num_rows)]
+    if "variant" not in sens.column_names:
+        table, note = generic_table(sens, table_id=f"sensitivity-{p.name}-0",
+                                    max_rows=opts.max_table_rows)
+        return [missing_note("sensitivity.parquet", ["variant"]), table] + ([note] if note else [])
     blocks: list[Block] = []
-    for n, (key, idx) in enumerate(groups.items()):
-        label = ", ".join(f"{k} = {v}" for k, v in zip(keys, key, strict=True)) or "all rows"
+    merge = (p.manifest.get("summary") or {}).get("merge") or {}
+    if merge.get("share_perfect"):
+        shares = ", ".join(f"{k} {100 * v:.1f}%" for k, v in merge["share_perfect"].items())
+        blocks.append(Paragraph(
+            f"Share of node-set-perfect cells by merge rule: {shares}; shift "
+            f"{_pp(merge.get('shift_b_minus_a'))}; {merge.get('cells_changing_source', 0)} cell(s) "
+            "change source between the rules."))
+    variants = sens.column("variant").to_pylist()
+    changed = (sens.column("changed").to_pylist() if "changed" in sens.column_names
+               else [False] * sens.num_rows)
+    groups: dict[str, list[int]] = {}
+    for i, v in enumerate(variants):
+        groups.setdefault(v, []).append(i)
+    first = {v: sens.slice(idx[0], 1).to_pylist()[0] for v, idx in groups.items()}
+    summary_rows, summary_hl = [], []
+    for v, idx in groups.items():
+        row, k = first[v], sum(bool(changed[i]) for i in idx)
+        summary_rows.append((Cell(v, v), Cell(str(row.get("axis") or ""), row.get("axis") or ""),
+                             Cell(f"{k}/{len(idx)}", k),
+                             Cell(fmt_num(row.get("headline_share_perfect")),
+                                  row.get("headline_share_perfect")),
+                             Cell(_pp(row.get("headline_shift")), row.get("headline_shift"))))
+        summary_hl.append(k > 0 or (not is_missing(row.get("headline_shift"))
+                                    and abs(row["headline_shift"]) > 0))
+    blocks.append(Table(("variant", "axis", "rows changed", "node-set-perfect share",
+                         "headline shift"), tuple(summary_rows),
+                        table_id=f"sensitivity-summary-{p.name}", highlight=tuple(summary_hl)))
+    for n, (v, idx) in enumerate(groups.items()):
         sub = sens.take(pa.array(idx))
-        n_changed = sum(flags[i] for i in idx)
-        blocks.append(Heading(f"{label} — {n_changed} row(s) change"))
-        for h in headline:
-            value = sub.column(h)[0].as_py()
-            if isinstance(value, float) and not is_missing(value):
-                pp = value if h.lower().endswith("pp") else 100.0 * value
-                blocks.append(Paragraph(f"headline shift: {pp:+.1f} percentage points ({h} = {value:.4g})"))
-        table, note = generic_table(sub, table_id=f"sensitivity-{p.name}-{n}",
-                                    columns=[c for c in sub.column_names if c not in keys + headline],
-                                    highlight=[flags[i] for i in idx], max_rows=opts.max_table_rows)
+        k = sum(bool(changed[i]) for i in idx)
+        blocks.append(Heading(f"{v} — {k} row(s) change"))
+        cols = _non_null_columns(sub, VARIANT_KEYS + ("headline_share_perfect", "headline_shift"))
+        table, note = generic_table(sub, table_id=f"sensitivity-{p.name}-{n}", columns=cols,
+                                    highlight=[bool(changed[i]) for i in idx],
+                                    max_rows=opts.max_table_rows)
         blocks.append(table)
         if note:
             blocks.append(note)
-    if not changed:
-        blocks.append(Note("sensitivity.parquet has no boolean 'changed' column; rows are not "
-                           "highlighted.", "info"))
     return blocks
 
 
-PAIR_COLS = ("model_a", "model_b", "n_common", "n_nonzero", "mean_diff", "p_zsplit", "p_drop",
+PAIR_COLS = ("family", "model_a", "model_b", "n_common", "n_nonzero", "mean_diff", "p_zsplit", "p_drop",
              "rank_biserial", "mdd")
 
 
@@ -293,7 +371,12 @@ def _pairs(p: PanelData, opts: ReportOptions) -> list[Block]:
     pairs = p.table("pairs")
     if pairs is None:
         return [_file_missing(p, "pairs")]
-    lacking = absent_columns(pairs, PAIR_COLS)
+    if pairs.num_rows == 0:
+        fams = (p.manifest.get("summary") or {}).get("families") or {}
+        return [Paragraph("No pairs to compare: no family holds two or more included models"
+                          + (f" (families: {len(set(fams.values()))} for {len(fams)} models)."
+                             if fams else "."))]
+    lacking = absent_columns(pairs, [c for c in PAIR_COLS if c != "family"])
     order = [c for c in PAIR_COLS if c in pairs.column_names] + \
         [c for c in pairs.column_names if c not in PAIR_COLS]
     table, note = generic_table(pairs, table_id=f"pairs-{p.name}", columns=order,
@@ -316,6 +399,12 @@ def _correctness(p: PanelData, opts: ReportOptions) -> list[Block]:
     corr = p.table("correlations")
     if corr is None:
         return [_file_missing(p, "correlations")]
+    if corr.num_rows == 0:
+        c = (p.manifest.get("summary") or {}).get("correctness") or {}
+        detail = (f" ({c.get('runs_scored', 0)} runs scored; {c.get('prompts_without_ground_truth')}"
+                  " prompts carry no ground-truth annotations)") if c else ""
+        return [Paragraph("No correlations: no models were measured both for stability and "
+                          f"against annotations{detail}.")]
     loo = next((c for c in LOO_COLS if c in corr.column_names), None)
     blocks: list[Block] = []
     if loo is None:

@@ -114,13 +114,21 @@ def write_synthetic_analysis(root: Path, *, n_models: int = 8, n_prompts: int = 
         "mean_diff": rng.normal(0, 0.05, len(a_idx)), "p_zsplit": rng.uniform(0, 1, len(a_idx)),
         "p_drop": rng.uniform(0, 1, len(a_idx)), "rank_biserial": rng.uniform(-1, 1, len(a_idx)),
         "mdd": rng.uniform(0.05, 0.2, len(a_idx))}), pdir / "pairs.parquet")
-    variants = ["highest-budget-first", "earliest-then-top-up"]
+    variants = ["highest-budget-first|min_runs=2|min_prompts=3",
+                "earliest-then-top-up|min_runs=2|min_prompts=3"]
     changed = np.zeros(2 * n_models, bool)
     changed[n_models + 1] = True
     pq.write_table(pa.table({
-        "variant": np.repeat(variants, n_models), "model": [models[i] for i in order] * 2,
+        "variant": np.repeat(variants, n_models), "axis": ["grid"] * (2 * n_models),
+        "merge_rule": np.repeat(["highest-budget-first", "earliest-then-top-up"], n_models),
+        "min_runs": np.full(2 * n_models, 2), "min_prompts": np.full(2 * n_models, 3),
+        "tolerance": pa.nulls(2 * n_models, pa.string()),
+        "model": [models[i] for i in order] * 2, "included": np.ones(2 * n_models, bool),
         "mean_jaccard": np.concatenate([m, m - 0.01]), "rank": np.concatenate([ranks, ranks]),
-        "changed": changed, "headline_shift": np.repeat([0.0, 0.045], n_models)}),
+        "baseline_rank": np.concatenate([ranks, ranks]), "changed": changed,
+        "headline_share_perfect": np.repeat([0.25, 0.295], n_models),
+        "headline_shift": np.repeat([0.0, 0.045], n_models),
+        "median_r_star": pa.nulls(2 * n_models, pa.float64())}),
         pdir / "sensitivity.parquet")
     pairs_tot = runs * (runs - 1) // 2
     agree = rng.integers(0, pairs_tot + 1, n)
@@ -150,15 +158,14 @@ def write_synthetic_analysis(root: Path, *, n_models: int = 8, n_prompts: int = 
 
 
 def write_availability(data: Path, checks: list[tuple[str, dt.date, str]]) -> None:
-    """Hive-partitioned availability dataset: DATA/availability/check_date=YYYY-MM-DD/*.parquet."""
-    by_day: dict[dt.date, list] = {}
-    for model, day, status in checks:
-        by_day.setdefault(day, []).append((model, status))
-    for day, rows in by_day.items():
-        d = data / "availability" / f"check_date={day.isoformat()}"
-        d.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.table({"model": [r[0] for r in rows], "status": [r[1] for r in rows]}),
-                       d / "part-0.parquet")
+    """Availability checks written through the real store (DATA/availability/check_date=…)."""
+    from storage.availability import AvailabilityRecord, AvailabilityStore
+
+    AvailabilityStore(data, fsync=False).write([
+        AvailabilityRecord(checked_at=dt.datetime.combine(day, dt.time(6), tzinfo=dt.UTC),
+                           endpoint="sim", model=model, status=status,
+                           retired_on="2026-06-15" if status == "retired" else None)
+        for model, day, status in checks])
 
 
 # ------------------------------------------------------------------ HTML parsing helpers
@@ -315,7 +322,14 @@ def test_sensitivity_highlights_changed_rows_and_headline_pp(full_report) -> Non
     assert [c for c in second["classes"]].count("hl") == 1
     assert second["classes"][1] == "hl"
     assert p.tables["sensitivity-synth-0"]["classes"].count("hl") == 0
-    assert "headline shift: +4.5 percentage points" in html
+    summary = p.tables["sensitivity-summary-synth"]
+    assert summary["head"] == ["variant", "axis", "rows changed", "node-set-perfect share",
+                               "headline shift"]
+    assert [r[2][0] for r in summary["rows"]] == ["0/8", "1/8"]
+    assert [r[4][0] for r in summary["rows"]] == ["+0.0 pp", "+4.5 pp"]
+    assert summary["classes"] == ["", "hl"]
+    # variant-defining and all-null columns are not repeated per row
+    assert "merge_rule" not in second["head"] and "median_r_star" not in second["head"]
 
 
 def test_availability_status_since_and_share(full_report) -> None:
@@ -470,6 +484,27 @@ def test_report_command_runs_analysis_then_report(tmp_path) -> None:
     models = pq.read_table(tmp_path / "rep" / "analysis" / "main" / "models.parquet").to_pylist()
     lb = parse(html).tables["leaderboard-main"]
     assert [r[1][0] for r in lb["rows"]] == [m["model"] for m in models]
+    for anchor in ("partition", "leaderboard", "sensitivity", "pairs", "correctness",
+                   "provenance"):
+        body = html.split(f'<section id="{anchor}">')[1].split("</section>")[0]
+        assert "not available" not in body, anchor
+    assert len(parse(html).images) == 5  # everything but the availability timeline
+    for row, ref in zip(lb["rows"], models, strict=True):
+        assert row[4][0] == f"[{ref['jaccard_ci_low']:.3f}, {ref['jaccard_ci_high']:.3f}]"
     bad = CliRunner().invoke(app, ["report", "--data", str(tmp_path / "nothing"), "--out",
                                    str(tmp_path / "rep2")])
     assert bad.exit_code == 2 and "error" in bad.output
+
+
+def test_several_panels_get_one_subsection_each_in_every_section(tmp_path) -> None:
+    for name, n_models in (("annotated", 6), ("real", 4)):
+        write_synthetic_analysis(tmp_path / "out", panel=name, n_models=n_models, n_prompts=10)
+    html = build_report(tmp_path / "out", tmp_path / "rep", now=lambda: FIXED_NOW
+                        ).html.read_text(encoding="utf-8")
+    assert re.findall(r'<section id="([a-z]+)">', html) == SECTION_IDS
+    for anchor in ("partition", "leaderboard", "plots", "provenance"):
+        body = html.split(f'<section id="{anchor}">')[1].split("</section>")[0]
+        assert body.index("<h3>panel annotated</h3>") < body.index("<h3>panel real</h3>")
+    p = parse(html)
+    assert len(p.tables["leaderboard-annotated"]["rows"]) == 6
+    assert len(p.tables["leaderboard-real"]["rows"]) == 4
