@@ -508,3 +508,27 @@ def test_several_panels_get_one_subsection_each_in_every_section(tmp_path) -> No
     p = parse(html)
     assert len(p.tables["leaderboard-annotated"]["rows"]) == 6
     assert len(p.tables["leaderboard-real"]["rows"]) == 4
+
+
+def test_report_on_the_imported_artifact(tmp_path, artifact_dir) -> None:
+    """The published study: import, analyse (few replicates, for speed), report every panel."""
+    from analysis.analyze import run_analysis
+    from analysis.options import AnalysisOptions
+    from orchestrator.artifact_import import import_artifact
+
+    mapping = Path(__file__).resolve().parent.parent / "examples" / "artifact_campaigns.toml"
+    data, out = tmp_path / "data", tmp_path / "out"
+    import_artifact(artifact_dir, data, mapping, fsync=False)
+    run_analysis(data, out, AnalysisOptions(replicates=300))
+    paths = build_report(out, tmp_path / "rep", data_dir=data, now=lambda: FIXED_NOW)
+    html = paths.html.read_text(encoding="utf-8")
+    assert "measured 2026-05-30 to 2026-06-11 (some dates are study windows, not stamps)" in html
+    p = parse(html)
+    for panel in ("annotated", "real", "recovery"):
+        models = pq.read_table(out / panel / "models.parquet").to_pylist()
+        rows = p.tables[f"leaderboard-{panel}"]["rows"]
+        assert [r[1][0] for r in rows] == [m["model"] for m in models]
+        assert [float(r[3][1]) for r in rows] == [m["mean_jaccard"] for m in models]
+    partition = html.split('<section id="partition">')[1].split("</section>")[0]
+    assert "not available" not in partition
+    assert paths.html_bytes < 20_000_000

@@ -148,3 +148,20 @@ def test_probes_detect_errors_and_broken_images(chromium, tmp_path) -> None:
                       "--dump-dom").stdout
     assert body_attr(dom, "data-imgs") == [0]
     assert any("undefinedFunction" in e for e in body_attr(dom, "data-errs"))
+
+
+def test_large_panel_report_opens(chromium, tmp_path) -> None:
+    """100 models × 1,000 prompts: under 20 MB, and the browser renders it without errors."""
+    write_synthetic_analysis(tmp_path / "out", n_models=100, n_prompts=1000, runs=10)
+    paths = build_report(tmp_path / "out", tmp_path / "rep", now=lambda: FIXED_NOW)
+    assert paths.html_bytes < 20_000_000
+    plain = run_browser(chromium, paths.html, tmp_path / "pa")
+    assert console_errors(plain.stderr) == []
+    dom = run_browser(chromium, probed(paths.html, tmp_path / "probed.html"), tmp_path / "pb",
+                      "--dump-dom").stdout
+    assert re.findall(r'<section id="([a-z]+)">', dom) == SECTION_IDS
+    imgs = body_attr(dom, "data-imgs")
+    assert len(imgs) == 5 and all(w > 0 for w in imgs), imgs
+    assert body_attr(dom, "data-errs") == []
+    assert body_attr(dom, "data-visible") == 50
+    assert len(body_attr(dom, "data-sorted")) == 100
