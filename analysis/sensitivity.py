@@ -57,8 +57,9 @@ def sensitivity_table(cells: pa.Table, budget: dict[str, int], time: dict[str, i
     grid = [(rule, mr, mp) for rule in RULES for mr in sorted({2, 3, min_runs})
             for mp in sorted({1, 3, 5, min_prompts})]
     results = {}
+    merges = {}
     for mr in sorted({2, 3, min_runs}):
-        merged = merge_cells(_reinclude(cells, mr), budget, time)
+        merged = merges[mr] = merge_cells(_reinclude(cells, mr), budget, time)
         for rule in RULES:
             results[(rule, mr)] = merged.tables[rule]
     base_key = (merge_rule, min_runs, min_prompts)
@@ -99,7 +100,7 @@ def sensitivity_table(cells: pa.Table, budget: dict[str, int], time: dict[str, i
                              "censored_cells": len(rs) - len(ok),
                              "median_r_star": float(np.median(ok)) if ok else None})
     other = RULES[1] if merge_rule == RULES[0] else RULES[0]
-    cmp = merge_cells(_reinclude(cells, min_runs), budget, time).comparison
+    cmp = merges[min_runs].comparison
     summary = {
         "rule": merge_rule, "other_rule": other,
         "share_perfect": {cmp.rule_a: cmp.share_perfect_a, cmp.rule_b: cmp.share_perfect_b},

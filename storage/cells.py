@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import pyarrow as pa
@@ -120,7 +120,10 @@ class CellStore:
         (a repeated import of the same source is a no-op on disk)."""
         if not rows:
             return WriteResult(0)
-        table = pa.Table.from_pylist([asdict(r) for r in rows], schema=CELL_MEASUREMENT_SCHEMA)
+        # column-wise: dataclasses.asdict per row is ~10x slower at 10^5 rows
+        names = [f.name for f in fields(CellMeasurement)]
+        table = pa.table({n: [getattr(r, n) for r in rows] for n in names}).select(
+            CELL_MEASUREMENT_SCHEMA.names).cast(CELL_MEASUREMENT_SCHEMA)
         return self.dataset.write(table, stem=stem)
 
     def read_table(
