@@ -234,55 +234,6 @@ def worker(
 
 
 @app.command()
-def analyze(
-    data: DataOpt = Path("data"),
-    out: Annotated[Path, typer.Option("--out", help="Output directory (one subdirectory per panel).")] = Path("out"),
-    min_runs: Annotated[int, typer.Option(help="Successful runs a cell needs to enter the table.")] = 2,
-    min_prompts: Annotated[int, typer.Option(help="Distinct prompts with an included cell a model needs to enter the table.")] = 3,
-    seed: Annotated[int, typer.Option(help="Seed of every resampling.")] = 20260601,
-    replicates: Annotated[int, typer.Option(help="Bootstrap replicates.")] = 10_000,
-    panel: Annotated[Optional[str], typer.Option(help="Only this panel (default: every panel).")] = None,
-    campaign: Annotated[Optional[list[str]], typer.Option("--campaign", help="Only these campaigns.")] = None,
-    model: Annotated[Optional[list[str]], typer.Option("--model", help="Only these models.")] = None,
-    date_from: Annotated[Optional[str], typer.Option("--from", help="First measurement date (YYYY-MM-DD).")] = None,
-    date_to: Annotated[Optional[str], typer.Option("--to", help="Last measurement date (YYYY-MM-DD).")] = None,
-) -> None:
-    """Reduce stored runs into cell and model tables and print the per-model table.
-
-    Example: irbench analyze --data data/ --out out/
-    """
-    import datetime as dt
-
-    from analysis.analyze import run_analysis
-    from analysis.options import AnalysisOptions
-
-    _setup_logging(None, False)
-    try:
-        options = AnalysisOptions(
-            min_runs=min_runs,
-            min_prompts=min_prompts,
-            seed=seed,
-            replicates=replicates,
-            panel=panel,
-            campaigns=campaign or None,
-            models=model or None,
-            date_from=dt.date.fromisoformat(date_from) if date_from else None,
-            date_to=dt.date.fromisoformat(date_to) if date_to else None,
-        )
-        result = run_analysis(data, out, options)
-    except (IrbenchError, ValueError) as exc:
-        _fail(exc)
-        return
-    _print_analysis(result)
-
-
-def _print_analysis(result) -> None:  # noqa: ANN001
-    from orchestrator.printing import print_result
-
-    print_result(result, console)
-
-
-@app.command()
 def compact(data: DataOpt = Path("data")) -> None:
     """Merge the small Parquet files of every date partition into one, deduplicated by run_id.
 
@@ -338,8 +289,13 @@ def demo(
 
 def _register_more_commands() -> None:
     """Verbs whose bodies live in their own modules (one module per area)."""
+    from orchestrator.audit_cli import analyze_command, import_artifact_command
     from orchestrator.ops_cli import availability_app, probe_command
+    from orchestrator.report_cli import report_command
 
+    app.command("analyze")(analyze_command)
+    app.command("import-artifact")(import_artifact_command)
+    app.command("report")(report_command)
     app.command("probe")(probe_command)
     app.add_typer(availability_app, name="availability")
 

@@ -9,6 +9,8 @@ from rich.console import Console
 
 from analysis.analyze import run_analysis
 from analysis.options import AnalysisOptions
+from analysis.report import build_report
+from orchestrator.audit_cli import print_panel
 from orchestrator.campaign import prepare, run_campaign_local
 from orchestrator.progress import ModelBars
 from orchestrator.spec import load_campaign
@@ -42,10 +44,11 @@ def run_demo(workdir: Path, examples: Path, console: Console, *, progress: bool 
         f"{summary.executed} runs executed, {skipped} already stored (resume), in {elapsed:.1f} s"
     )
     result = run_analysis(data, out, AnalysisOptions())
-    from orchestrator.printing import print_result
-
-    print_result(result, console)
+    for name, panel in result.panels.items():
+        print_panel(console, name, panel)
+    report = build_report(out, workdir / "report", data_dir=data)
     console.print(f"\nraw runs (Parquet): {data / 'runs'}")
     console.print(f"analysis outputs:   {out}")
+    console.print(f"report:             {report.html}  and  {report.md}")
     console.print(f"logs (JSON lines):  {workdir / 'irbench.log'}")
     return out
