@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from _cluster import BenchCluster, interrupt_as_keyboard, write_campaign
