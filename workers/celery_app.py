@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from celery import Celery
 from celery.signals import worker_init, worker_process_init, worker_shutdown
 
+from workers.availability_tasks import beat_settings_from_env, configure_availability_beat, register_availability_tasks
 from workers.logs import configure_logging
 from workers.tasks import register_tasks
 from workers.worker_runtime import RuntimeHolder, WorkerSettings
@@ -42,11 +44,16 @@ def make_celery_app(
     main: str = "irbench",
     publish_max_retries: int = 5,
     worker_settings: WorkerSettings | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> Celery:
-    """A configured app with the ``irbench.run`` task registered. Connects lazily.
+    """A configured app with the ``irbench.run`` and ``irbench.availability_check`` tasks registered. Connects lazily.
 
     ``worker_settings``: what a worker process started from this app uses (default: read from
     the ``IRBENCH_*`` environment on first task, see ``WorkerSettings``).
+    ``environ`` (default ``os.environ``): when it sets ``IRBENCH_AVAILABILITY_TARGETS`` (a JSON
+    file of check targets), the availability check joins ``beat_schedule`` every
+    ``IRBENCH_AVAILABILITY_INTERVAL_S`` (default 86400 s) writing under ``IRBENCH_DATA_DIR``
+    (``workers.availability_tasks.beat_settings_from_env``; a bad file is a ConfigError).
     """
     app = Celery(main, broker=broker_url, backend=None, set_as_current=False)
     app.conf.update(
@@ -83,6 +90,11 @@ def make_celery_app(
     holder = RuntimeHolder(broker_url, worker_settings)
     app.irbench_runtime = holder  # type: ignore[attr-defined]  # per-process resources, created lazily
     register_tasks(app, holder)
+    register_availability_tasks(app)
+    beat = beat_settings_from_env(os.environ if environ is None else environ)
+    if beat is not None:
+        targets, data_dir, interval_s = beat
+        configure_availability_beat(app, targets, data_dir, interval_s=interval_s)
     return app
 
 
