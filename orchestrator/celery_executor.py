@@ -9,17 +9,26 @@ that covers a worker killed mid-run, a Redis restart that lost queued messages a
 orchestrator killed mid-dispatch. Restarting = calling it again. Redis errors are retried with
 backoff, never fatal. Duplicated messages are harmless: workers claim runs and the store keeps
 the first record of a run_id.
+
+Availability (issue 5), as in the local executor: a model whose latest availability check found
+it gone (``AvailabilityStore.unavailable_models``) is closed in the campaign's Redis gate, so a
+worker holding one of its queued runs records it ``cancelled`` with the reason and makes no
+call, and its never-dispatched runs are recorded ``cancelled`` here. A 410 a worker meets
+during the campaign becomes an availability event (``source="campaign"``). When every run is
+stored, the campaign's analysis is enqueued on the workers (``orchestrator.analysis_jobs``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
+import pyarrow.compute as pc
 import redis
 import structlog
 from celery import Celery
@@ -28,6 +37,8 @@ from redis.exceptions import RedisError
 
 from orchestrator.campaign import CampaignStatus, PreparedCampaign, campaign_status
 from orchestrator.local import ExecutionSummary, ModelProgress
+from storage.availability import Availability, AvailabilityRecord, AvailabilityStore
+from storage.records import Outcome
 from storage.runs import RunStore
 from workers.campaign_state import FAILED_FIELD, CampaignState
 from workers.celery_app import DEFAULT_QUEUE, make_celery_app
@@ -70,6 +81,8 @@ class CeleryOptions:
     store_scan_s: float = 5.0
     queue: str = DEFAULT_QUEUE
     redis_backoff_max_s: float = 5.0
+    honour_availability: bool = True  # skip models the availability dataset says are gone
+    analyze_on_complete: bool = True  # enqueue the campaign's analysis when every run is stored
 
 
 def _retrying(fn: Callable[[], T], what: str, max_backoff_s: float, deadline: float | None) -> T:
@@ -114,12 +127,18 @@ class _Dispatcher:
                 )
 
 
-def _cancelled_records(tasks: Sequence[RunTask], reason: str) -> list:
-    """Records for runs never picked up by a worker: ``execute_run`` behind a closed gate (no call)."""
+def _cancelled_records(tasks: Sequence[RunTask], reason: str, by_model: dict[str, str] | None = None) -> list:
+    """Records for runs never picked up by a worker: ``execute_run`` behind a closed gate (no call).
+
+    ``reason`` closes every model; ``by_model`` (model -> reason) closes only those models
+    (pass ``reason=""`` then)."""
     import asyncio
 
     gate = MemoryGate()
-    gate.cancel_all(reason)
+    if reason:
+        gate.cancel_all(reason)
+    for model, why in (by_model or {}).items():
+        gate.close(model, why)
 
     def no_provider(_: RunTask):  # never called: the gate is closed before the first attempt
         raise AssertionError("cancelled runs make no call")
@@ -177,6 +196,57 @@ def reconcile(
     return len(stale)
 
 
+AVAILABILITY_MARK = "(availability check "
+
+
+def _close_unavailable(state: CampaignState, store: RunStore, models: set[str]) -> dict[str, str]:
+    """Close, in the campaign's Redis gate, every planned model the availability dataset lists
+    as gone; reopen models an earlier call closed for that reason that are available again.
+    Returns model -> reason of the models closed for availability."""
+    gone = AvailabilityStore(store.root, fsync=False).unavailable_models()
+    closed: dict[str, str] = {}
+    gate_key = state.key("gate")
+    current = {k.decode() if isinstance(k, bytes) else k: v.decode() if isinstance(v, bytes) else v
+               for k, v in state.client.hgetall(gate_key).items()}
+    for model in sorted(models):
+        timeline = gone.get(model)
+        if timeline is not None:
+            reason = f"{timeline.latest_status.value} {AVAILABILITY_MARK}{timeline.latest_check})"
+            state.client.hsetnx(gate_key, model, reason)
+            closed[model] = current.get(model, reason)
+        elif AVAILABILITY_MARK in current.get(model, ""):
+            state.client.hdel(gate_key, model)  # found available again since
+    if closed:
+        log.info("models_closed_for_availability", campaign=state.campaign, models=closed)
+    return closed
+
+
+def _record_retirements(campaign: str, store: RunStore, seen: set[str]) -> int:
+    """Write one availability event (``source="campaign"``) per stored run of ``campaign`` that
+    met a 410 and is not in ``seen`` (updated). The file stem hashes the run ids, so a repeated
+    call (restart) publishes nothing new; readers also dedupe by check id."""
+    table = store.read_table(campaigns=[campaign], columns=["run_id", "model", "endpoint", "outcome", "measured_at",
+                                                           "status_code", "retired_on"])
+    rows = [r for r in table.filter(pc.equal(table.column("outcome"), Outcome.RETIRED.value)).to_pylist()
+            if r["run_id"] not in seen]
+    if not rows:
+        return 0
+    events = [
+        AvailabilityRecord(
+            checked_at=r["measured_at"], source="campaign", endpoint=r["endpoint"], model=r["model"],
+            status=Availability.RETIRED, http_status=r["status_code"], retired_on=r["retired_on"],
+            message=f"410 during campaign {campaign}",
+        )
+        for r in rows
+    ]
+    ids = sorted(r["run_id"] for r in rows)
+    stem = "campaign-" + hashlib.sha256("\x00".join([campaign, *ids]).encode()).hexdigest()[:32]
+    AvailabilityStore(store.root).write(events, stem=stem)
+    seen.update(ids)
+    log.info("retirements_recorded", campaign=campaign, models=sorted({r["model"] for r in rows}), runs=len(rows))
+    return len(rows)
+
+
 def _planned_ids_stored(prepared: PreparedCampaign, store: RunStore) -> set[str]:
     planned = {t.run_id for t in prepared.tasks}
     return store.completed_run_ids(prepared.spec.name) & planned
@@ -193,12 +263,19 @@ def run_campaign_celery(
     timeout_s: float | None = None,
     options: CeleryOptions = CeleryOptions(),
     app: Celery | None = None,
+    analysis_options: object | None = None,
+    on_analysis: Callable[[object], None] | None = None,
 ) -> ExecutionSummary:
     """Dispatch every planned run without a stored outcome and wait until each has one.
 
     ``reconcile_after_s`` overrides ``options.reconcile_after_s``. ``timeout_s``: give up
     waiting after this long (returns ``interrupted=True``; the workers carry on). The summary
     counts the runs stored during this call, per model and outcome.
+
+    With ``options.analyze_on_complete`` (default) and every planned run stored, the campaign's
+    analysis is enqueued on the workers (not awaited) into ``DATA/analysis/<campaign>/<UTC
+    date>/`` with ``analysis_options`` (an ``AnalysisOptions``; default options, restricted to
+    this campaign); ``on_analysis`` receives the ``orchestrator.analysis_jobs.AnalysisJob``.
     """
     opts = options if reconcile_after_s is None else replace(options, reconcile_after_s=reconcile_after_s)
     campaign = prepared.spec.name
@@ -214,6 +291,9 @@ def run_campaign_celery(
     remaining = {rid: t for rid, t in by_id.items() if rid not in stored_at_start}  # planned order
     planned = dict(Counter(t.model for t in prepared.tasks))
     retry(lambda: state.set_planned(planned), "writing the plan")
+    unavailable = (retry(lambda: _close_unavailable(state, store, set(planned)), "closing unavailable models")
+                   if opts.honour_availability else {})
+    retired_seen: set[str] = set()
     log.info("celery_campaign_start", campaign=campaign, planned=len(by_id), pending=len(remaining))
 
     # Initial dispatch list: pending runs Redis does not know, or whose sign of life is stale
@@ -240,6 +320,16 @@ def run_campaign_celery(
                 for r in recs:
                     remaining.pop(r.run_id, None)
                 to_send = []
+            if unavailable and to_send:
+                # never dispatched either: recorded cancelled with the availability reason, no call
+                skip = [t for t in to_send if t.model in unavailable]
+                if skip:
+                    recs = _cancelled_records(skip, "", {m: unavailable[m] for m in {t.model for t in skip}})
+                    store.write(recs)
+                    for r in recs:
+                        remaining.pop(r.run_id, None)
+                        retry(lambda r=r: state.mark_done(r.run_id, r.model, r.outcome.value, True), "marking done")
+                    to_send = [t for t in to_send if t.model not in unavailable]
             # dispatch up to the outstanding window
             if to_send:
                 room = opts.max_outstanding - retry(state.outstanding, "counting outstanding runs")
@@ -264,6 +354,8 @@ def run_campaign_celery(
                 for rid in stored:
                     remaining.pop(rid, None)
                 last_scan = t_now
+                if any(c.get(Outcome.RETIRED.value) for c in counts.values()):
+                    _record_retirements(campaign, store, retired_seen)
                 if remaining and not to_send and t_now - last_reconcile >= min(opts.reconcile_after_s / 2, 30.0):
                     retry(
                         lambda: reconcile(state, dispatcher, remaining, opts.reconcile_after_s),
@@ -275,9 +367,21 @@ def run_campaign_celery(
     except KeyboardInterrupt:
         interrupted = True
 
+    _record_retirements(campaign, store, retired_seen)
     summary = _summary(prepared, store, stored_at_start, interrupted)
     log.info("celery_campaign_end", campaign=campaign, executed=summary.executed, interrupted=interrupted)
     client.close()
+    if opts.analyze_on_complete and not remaining and not interrupted:
+        try:
+            from orchestrator.analysis_jobs import enqueue_campaign_analysis
+
+            job = enqueue_campaign_analysis(campaign, store.root, broker_url, options=analysis_options,
+                                            app=app, queue=opts.queue)
+        except Exception as exc:  # noqa: BLE001 - the campaign is complete; say why no analysis follows
+            log.warning("analysis_not_enqueued", campaign=campaign, error=f"{type(exc).__name__}: {exc}")
+        else:
+            if on_analysis is not None:
+                on_analysis(job)
     return summary
 
 
@@ -346,3 +450,22 @@ def cancel_campaign(campaign_name: str, broker_url: str, reason: str = "cancelle
 def make_redis(broker_url: str) -> redis.Redis:
     """The sync client the executor uses (exposed for the CLI's status display)."""
     return sync_redis(broker_url)
+
+
+def celery_execute(
+    broker_url: str, *, options: CeleryOptions = CeleryOptions(analyze_on_complete=False), **kwargs: object
+) -> Callable[..., tuple[int, ExecutionSummary]]:
+    """An executor with the signature of ``run_campaign_local`` — ``(prepared, store, secrets,
+    on_progress=None) -> (skipped, summary)`` — that runs on the Celery workers (what
+    ``orchestrator.probe.run_probe(execute=...)`` takes). ``secrets`` are ignored: workers read
+    the keys from their own environment. ``skipped`` = planned runs already stored before.
+    ``kwargs`` go to :func:`run_campaign_celery` (e.g. ``timeout_s``)."""
+
+    def execute(prepared: PreparedCampaign, store: RunStore, secrets: object = None,
+                on_progress: CeleryProgressCallback | None = None) -> tuple[int, ExecutionSummary]:
+        skipped = len(_planned_ids_stored(prepared, store))
+        summary = run_campaign_celery(prepared, store, broker_url, on_progress=on_progress, options=options,
+                                      **kwargs)  # type: ignore[arg-type]
+        return skipped, summary
+
+    return execute
