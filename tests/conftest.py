@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support.paths import ARTIFACT, REPO
+
 EXAMPLES = REPO / "examples"
-ARTIFACT = REPO.parent / "shared" / "paper-artifact"
 
 
 @pytest.fixture(scope="session")

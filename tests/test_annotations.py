@@ -10,8 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analysis.annotations import AnnotationSet, parse_annotations
+from tests.support.paths import ARTIFACT
 
-CORPUS = Path("/work/shared/paper-artifact/corpus/synthetic")
+CORPUS = ARTIFACT / "corpus" / "synthetic"
 TEMPLATES = sorted(CORPUS.glob("*.prompt.rtpl"))
 KINDS = {"rule": "Rule", "condition": "Condition", "breakpoint": "Breakpoint", "provider": "Directive"}
 # Independent, deliberately simple reference for the declared ids: tag then first token.

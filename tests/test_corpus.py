@@ -11,8 +11,9 @@ import pytest
 from orchestrator.corpus import load_corpus
 from orchestrator.spec import CorpusSpec
 from workers.errors import ConfigError
+from tests.support.paths import ARTIFACT as _ARTIFACT
 
-ARTIFACT = Path("/work/shared/paper-artifact/corpus")
+ARTIFACT = _ARTIFACT / "corpus"
 HEADER = "file,label,repo,path,commit,html_url,license,sha256\n"
 
 

@@ -6,6 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.support.paths import ARTIFACT
+
 from analysis.correctness import (
     emitted_from_json,
     model_means,
@@ -14,7 +16,7 @@ from analysis.correctness import (
     truth_ids,
 )
 
-ART = Path("/work/shared/paper-artifact")
+ART = ARTIFACT
 
 
 def test_definitions_by_hand():

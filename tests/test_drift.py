@@ -6,6 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.support.paths import ARTIFACT
+
 from analysis.drift import (
     CLASSES,
     cell_drift,
@@ -14,7 +16,7 @@ from analysis.drift import (
     summarise_drift,
 )
 
-IRS = Path("/work/shared/paper-artifact/results/irs")
+IRS = ARTIFACT / "results" / "irs"
 
 
 def node(i, kind="Rule", label="x", line=1, **meta):

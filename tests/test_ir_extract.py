@@ -10,10 +10,11 @@ import pytest
 from storage.ir import IRDocument
 from storage.records import ERROR_TEXT_MAX_CHARS, ParseOutcome
 from workers.ir_extract import extract_ir
+from tests.support.paths import ARTIFACT
 
-RESULTS = Path("/work/shared/paper-artifact/results")
+RESULTS = ARTIFACT / "results"
 ARTIFACT_IRS = sorted(RESULTS.glob("irs/**/*.json")) + sorted(RESULTS.glob("irs_crossed/**/*.json"))
-needs_artifact = pytest.mark.skipif(not ARTIFACT_IRS, reason="paper artifact not present at /work/shared")
+needs_artifact = pytest.mark.usefixtures("artifact_dir")  # fails, never skips, without the artifact
 
 SMALL = {
     "version": 1,
