@@ -27,6 +27,8 @@ __all__ = [
     "bootstrap_means",
     "percentile_ci",
     "percentile_ci_many",
+    "percentile_ci_many_metrics",
+    "shared_bootstrap_means",
     "bca_ci",
     "expanded_percentile_ci",
 ]
@@ -114,25 +116,186 @@ def percentile_ci(values: np.ndarray, *, replicates: int = 10_000, seed: int,
                  replicates=replicates, seed=seed, method="percentile", was_1d=was_1d)
 
 
+def _quantile_pack(theta_b: np.ndarray, x_means, degenerate, *, level, ns, replicates, seed,
+                   method) -> tuple[Interval, ...]:
+    alpha = (1.0 - level) / 2.0
+    q = np.quantile(theta_b, [alpha, 1.0 - alpha], axis=-1)  # (2, models)
+    lows, highs = q[0].copy(), q[1].copy()
+    # a constant sample has a zero-width interval at its value (the fast scheme's matrix
+    # products could otherwise leave ±1 ulp of summation noise)
+    lows[degenerate] = highs[degenerate] = np.asarray(x_means)[degenerate]
+    return tuple(Interval(float(lo), float(hi), float(pt), level, int(n), replicates, seed,
+                          method, bool(dg))
+                 for lo, hi, pt, n, dg in zip(lows, highs, x_means, ns, degenerate))
+
+
+def _bands(sizes: np.ndarray) -> list[np.ndarray]:
+    """Model indices grouped so that within a band every n_m lies in (L/2, L], L = band max."""
+    order = np.argsort(-sizes, kind="stable")
+    bands, start = [], 0
+    while start < order.size:
+        top = sizes[order[start]]
+        stop = start + int(np.sum(sizes[order[start:]] * 2 > top))
+        bands.append(order[start:stop])
+        start = stop
+    return bands
+
+
+def _band_sums(xpad: np.ndarray, xt: np.ndarray, n: np.ndarray, rng: np.random.Generator,
+               c: int) -> np.ndarray:
+    """Replicate sums (c, Mb, K) of one band for one chunk of c replicates (shared scheme).
+
+    xpad: (K, L, Mb) values, model m's n_m values in rows 0..n_m−1 and zeros below;
+    xt: the same values as (K, Mb·L) (model-major rows, for fast 1-D gathers).
+    """
+    k, big_l, mb = xpad.shape
+    u = rng.integers(0, big_l, (c, big_l))  # one stream of L draws per replicate
+    w = np.bincount((u + (np.arange(c) * big_l)[:, None]).ravel(),
+                    minlength=c * big_l).reshape(c, big_l)
+    wf = w.astype(float)
+    # one product per metric, so stacking metrics never changes a result's rounding
+    sums = np.stack([wf @ xpad[q] for q in range(k)], axis=2)  # (c, Mb, K): all hits
+    hits = np.cumsum(w, axis=1)[:, n - 1]  # (c, Mb): N = draws landing in 0..n_m−1
+    excess = np.maximum(hits - n[None, :], 0)
+    rev = u[:, ::-1]  # the stream read from its end
+    for j in np.flatnonzero(excess.any(axis=0)):  # models (few), vectorised over replicates
+        # keep the first n_m hits: subtract the last N − n_m hits of the stream; the window
+        # from the end grows until it holds them (bands keep n_m/L ≥ 1/2, so it stays short)
+        t = min(big_l, 64)
+        while True:
+            tail = rev[:, :t]
+            is_hit = tail < n[j]
+            from_end = np.cumsum(is_hit, axis=1)
+            if t == big_l or np.all(from_end[:, -1] >= excess[:, j]):
+                break
+            t = min(big_l, 4 * t)
+        drop = is_hit & (from_end <= excess[:, j][:, None])
+        for q in range(k):
+            sums[:, j, q] -= np.sum(np.where(drop, xt[q].take(tail + j * big_l), 0.0), axis=1)
+    deficit = np.maximum(n[None, :] - hits, 0)
+    top = int(deficit.max()) if deficit.size else 0
+    if top:  # too few hits: top up with fresh uniform draws from the model's own n_m values
+        extra = rng.integers(0, n[None, :, None], (c, mb, top))
+        keep = np.arange(top)[None, None, :] < deficit[:, :, None]
+        extra += (np.arange(mb) * big_l)[None, :, None]
+        for q in range(k):
+            sums[:, :, q] += np.sum(np.where(keep, xt[q].take(extra), 0.0), axis=2)
+    return sums
+
+
+def shared_bootstrap_means(groups, *, replicates: int, seed: int, chunk: int = 128
+                           ) -> np.ndarray:
+    """Replicate means of every group under the shared-stream scheme; (K, models, replicates).
+
+    groups: a sequence of arrays, one per model, each 1-D (n_m,) or 2-D (K, n_m) (K metrics of
+    the same cells, resampled together). Every model's replicate is an i.i.d. uniform draw of
+    exactly n_m of its own n_m values (the ordinary nonparametric bootstrap); only the mapping
+    from random numbers to draws differs from scipy's, so models are resampled jointly:
+    models are grouped into bands with n_m in (L/2, L] (L = the band's largest n_m); per chunk
+    of ``chunk`` replicates and per band (largest band first) one stream of L draws
+    ``default_rng(seed).integers(0, L, (chunk, L))`` is drawn; model m uses the first n_m draws
+    of the stream that fall in 0..n_m−1 (its "hits", i.i.d. uniform over its values, their
+    number independent of their values) and, if the stream has fewer than n_m hits, tops up
+    with ``integers(0, n_m, …)`` draws. Sums come from a counts matrix product, the surplus
+    hits are subtracted from the stream's end, so the work is O(chunk·L·models) matrix products
+    instead of O(replicates·Σ n_m) gathers. The draws depend on ``seed``, ``chunk`` and the
+    group sizes.
+    """
+    xs = [np.atleast_2d(np.asarray(g, dtype=float)) for g in groups]
+    k = xs[0].shape[0] if xs else 1
+    if any(x.shape[0] != k for x in xs):
+        raise ValueError("every group must hold the same number of metrics (rows)")
+    sizes = np.array([x.shape[1] for x in xs], dtype=np.int64)
+    out = np.empty((k, len(xs), replicates))
+    rng = np.random.default_rng(seed)
+    bands = _bands(sizes)
+    pads = []
+    for band in bands:
+        xpad = np.zeros((k, int(sizes[band].max()), band.size))
+        for j, m in enumerate(band):  # loop over models (few) to build the padded matrix
+            xpad[:, : sizes[m], j] = xs[m]
+        pads.append((xpad, np.ascontiguousarray(xpad.transpose(0, 2, 1)).reshape(k, -1)))
+    for start in range(0, replicates, chunk):  # memory chunks, vectorised inside
+        c = min(chunk, replicates - start)
+        for band, (xpad, xt) in zip(bands, pads):
+            sums = _band_sums(xpad, xt, sizes[band], rng, c)  # (c, Mb, K)
+            out[:, band, start:start + c] = (sums / sizes[band][None, :, None]).transpose(2, 1, 0)
+    return out
+
+
+def percentile_ci_many_metrics(metrics, *, replicates: int = 10_000, seed: int,
+                               level: float = 0.95, scheme: str = "auto",
+                               exact_max_draws: int = 50_000_000, chunk: int = 128
+                               ) -> tuple[tuple[Interval, ...], ...]:
+    """Percentile CIs of several metrics of the same cells, resampled together.
+
+    metrics: a sequence of K metrics, each a sequence of 1-D arrays (one per model; model m has
+    the same n_m cells in every metric). Returns one tuple of Intervals per metric, each equal
+    to :func:`percentile_ci_many` on that metric alone (the resampling depends on the sizes
+    only), at the cost of one resampling.
+    scheme: "exact" — per distinct n one scipy-identical index matrix (every interval is
+    bit-for-bit what ``scipy.stats.bootstrap(method="percentile")`` and :func:`percentile_ci`
+    give for that model alone; O(replicates·n) memory per distinct n); "shared" — the
+    shared-stream scheme of :func:`shared_bootstrap_means` (same bootstrap, different
+    seeded draws, O(replicates·max n·models) matrix-product work); "auto" — "exact" when
+    replicates × (sum of the distinct n) ≤ ``exact_max_draws`` (paper-scale panels), else
+    "shared". Intervals record ``method="percentile"`` or ``"percentile_shared"``.
+    """
+    mets = [[np.asarray(g, dtype=float) for g in groups] for groups in metrics]
+    if not mets:
+        return ()
+    sizes = [a.shape[0] for a in mets[0]]
+    for groups in mets:
+        if [a.shape[0] for a in groups] != sizes:
+            raise ValueError("every metric must have the same number of cells per model")
+        for a in groups:
+            _check(a[None, :], level, replicates)
+    if scheme == "auto":
+        scheme = "exact" if replicates * sum(set(sizes)) <= exact_max_draws else "shared"
+    if scheme == "exact":
+        out = []
+        for groups in mets:
+            res: list[Interval | None] = [None] * len(groups)
+            by_n: dict[int, list[int]] = {}
+            for i, a in enumerate(groups):
+                by_n.setdefault(a.shape[0], []).append(i)
+            for members in by_n.values():
+                stacked = np.stack([groups[i] for i in members])
+                for i, r in zip(members, percentile_ci(stacked, replicates=replicates,
+                                                       seed=seed, level=level)):
+                    res[i] = r
+            out.append(tuple(res))  # type: ignore[arg-type]
+        return tuple(out)
+    if scheme != "shared":
+        raise ValueError(f"scheme must be 'auto', 'exact' or 'shared'; got {scheme!r}")
+    stacked_groups = [np.stack([groups[m] for groups in mets]) for m in range(len(sizes))]
+    theta_b = shared_bootstrap_means(stacked_groups, replicates=replicates, seed=seed,
+                                     chunk=chunk)  # (K, models, B)
+    out = []
+    for k, groups in enumerate(mets):
+        means = np.array([a.mean() for a in groups])
+        degenerate = np.array([np.ptp(a) == 0 for a in groups])
+        out.append(_quantile_pack(theta_b[k], means, degenerate, level=level, ns=sizes,
+                                  replicates=replicates, seed=seed,
+                                  method="percentile_shared"))
+    return tuple(out)
+
+
 def percentile_ci_many(groups, *, replicates: int = 10_000, seed: int,
-                       level: float = 0.95) -> tuple[Interval, ...]:
+                       level: float = 0.95, scheme: str = "auto",
+                       exact_max_draws: int = 50_000_000, chunk: int = 128
+                       ) -> tuple[Interval, ...]:
     """Percentile CIs for many models with different numbers of cells.
 
-    groups: a sequence of 1-D arrays (one per model). Each model is bootstrapped with the same
-    ``seed`` so each interval equals what :func:`percentile_ci` (and scipy) gives for that model
-    alone. Models with equal n are computed together in one vectorised call.
+    groups: a sequence of 1-D arrays (one per model). With ``scheme="exact"`` (and "auto" on
+    small panels, see :func:`percentile_ci_many_metrics`) each model is bootstrapped with the
+    same ``seed`` so each interval equals what :func:`percentile_ci` (and scipy) gives for that
+    model alone; models with equal n are computed together in one vectorised call. Large
+    panels use the shared-stream scheme (same bootstrap, documented different draws).
     """
-    arrays = [np.asarray(g, dtype=float) for g in groups]
-    out: list[Interval | None] = [None] * len(arrays)
-    by_n: dict[int, list[int]] = {}
-    for i, a in enumerate(arrays):
-        by_n.setdefault(a.shape[0], []).append(i)
-    for n, members in by_n.items():
-        stacked = np.stack([arrays[i] for i in members]) if n else np.empty((len(members), 0))
-        res = percentile_ci(stacked, replicates=replicates, seed=seed, level=level)
-        for i, r in zip(members, res):
-            out[i] = r
-    return tuple(out)  # type: ignore[arg-type]
+    return percentile_ci_many_metrics([groups], replicates=replicates, seed=seed, level=level,
+                                      scheme=scheme, exact_max_draws=exact_max_draws,
+                                      chunk=chunk)[0]
 
 
 def bca_ci(values: np.ndarray, *, replicates: int = 10_000, seed: int, level: float = 0.95):

@@ -113,3 +113,56 @@ def test_coverage_simulation_known_mean():
     # expanded interval contains the plain one and covers at least as often
     assert np.all(lo_e <= lo + 1e-12) and np.all(hi_e >= hi - 1e-12)
     assert np.mean((lo_e <= 0.5) & (0.5 <= hi_e)) >= cover
+
+
+# ---------------------------------------------------------------- shared-stream scheme (large panels)
+
+from analysis.bootstrap import percentile_ci_many_metrics, shared_bootstrap_means  # noqa: E402
+
+
+def test_shared_scheme_resamples_exactly_n_values_multinomially():
+    # One band (n in (4.5, 9]) forces both the trim and the top-up paths; a second band (3, 4).
+    # Identity rows scaled by n turn replicate means into the count vector of each model, which
+    # must be Multinomial(n, 1/n): size exactly n, mean 1, var 1 − 1/n, cov −1/n.
+    sizes = [5, 6, 7, 9, 9, 4, 3]
+    groups = []
+    for n in sizes:
+        g = np.zeros((9, n))
+        g[np.arange(n), np.arange(n)] = n
+        groups.append(g)
+    reps = 40_000
+    counts = shared_bootstrap_means(groups, replicates=reps, seed=5, chunk=256)
+    for m, n in enumerate(sizes):
+        c = counts[:n, m, :]
+        np.testing.assert_allclose(c.sum(axis=0), n, atol=1e-9)
+        z = (c.mean(axis=1) - 1) / np.sqrt((1 - 1 / n) / reps)
+        assert np.all(np.abs(z) < 4.5), (n, z)
+        np.testing.assert_allclose(np.cov(c), np.eye(n) - 1 / n, atol=0.03)
+        # P(all n draws hit value 0) = n^-n
+        p0 = np.mean(np.isclose(c[0], n))
+        assert abs(p0 - n ** -float(n)) < 5 * np.sqrt(n ** -float(n) / reps) + 1e-4
+
+
+def test_shared_scheme_intervals_agree_with_scipy_within_mc_error():
+    rng = np.random.default_rng(4)
+    groups = [rng.beta(2, 5, n) for n in (5, 12, 22, 40, 41, 80, 700)]
+    shared = percentile_ci_many(groups, seed=3, scheme="shared")
+    for g, iv in zip(groups, shared):
+        ref = _scipy(g, "percentile", 3)
+        assert iv.method == "percentile_shared" and iv.n == g.size
+        assert abs(iv.low - ref.low) < 0.01 and abs(iv.high - ref.high) < 0.01
+    # metrics resampled together give the same intervals as one metric at a time
+    both = percentile_ci_many_metrics([groups, [1 - g for g in groups]], seed=3, scheme="shared")
+    assert both[0] == shared
+    assert both[1] == percentile_ci_many([1 - g for g in groups], seed=3, scheme="shared")
+
+
+def test_auto_scheme_is_scipy_exact_at_paper_scale_and_shared_above():
+    groups = [DATA[:5], DATA, DATA[2:7]]
+    auto = percentile_ci_many(groups, seed=8, replicates=3000)
+    assert all(iv.method == "percentile" for iv in auto)
+    assert auto == percentile_ci_many(groups, seed=8, replicates=3000, scheme="exact")
+    big = percentile_ci_many(groups, seed=8, replicates=3000, exact_max_draws=10)
+    assert all(iv.method == "percentile_shared" for iv in big)
+    const = percentile_ci_many([np.full(30, 0.7), DATA], seed=1, scheme="shared")
+    assert const[0].degenerate and const[0].low == const[0].high == np.full(30, 0.7).mean()
