@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 
 from analysis.audit import RunLevel, corpus_index, correlations_table, run_level, score_matrix
 from analysis.audit import with_intervals
-from analysis.cells import build_cells
+from analysis.cells import MIN_RUNS_METADATA_KEY, REQUIRED_COLUMNS, build_cells
 from analysis.families import family_map, load_families, pairs_table
 from analysis.measurements import (
     AUDIT_CELL_SCHEMA,
@@ -277,20 +277,24 @@ def _manifest(*, panel: str, data_dir: Path, options: AnalysisOptions, runs: pa.
     }
 
 
-def _panel_cells(panel_runs: pa.Table, imported: pa.Table, min_runs: int) -> pa.Table:
+def _panel_cells(panel_runs: pa.Table, imported: pa.Table, min_runs: int,
+                 raw_cells: pa.Table | None = None) -> pa.Table:
+    """``raw_cells``: this panel's ``build_cells`` table when computed elsewhere (analysis jobs)."""
     schema = AUDIT_CELL_SCHEMA.with_metadata(
         {b"irbench.min_runs": str(min_runs).encode()})
     parts = [measurement_cells(imported, min_runs).cast(schema)]
-    if panel_runs.num_rows:
-        parts.insert(0, run_cells(build_cells(panel_runs, min_runs=min_runs)).cast(schema))
+    raw = build_cells(panel_runs, min_runs=min_runs) if raw_cells is None else raw_cells
+    if raw.num_rows:
+        parts.insert(0, run_cells(raw).cast(schema))
     return pa.concat_tables(parts)
 
 
 def _audit_panel(panel_runs: pa.Table, imported: pa.Table, options: AnalysisOptions,
-                 index: dict, families: dict[str, str], override: dict
+                 index: dict, families: dict[str, str], override: dict,
+                 raw_cells: pa.Table | None = None,
                  ) -> tuple[pa.Table, ModelTable, dict[str, pa.Table], dict[str, Any]]:
     """All tables of one panel: (cells, model table, other tables by file stem, summaries)."""
-    cells = _panel_cells(panel_runs, imported, options.min_runs)
+    cells = _panel_cells(panel_runs, imported, options.min_runs, raw_cells)
     budget, time = precedence(cells, imported, override)
     merged = merge_cells(cells, budget, time)
     for rule, flags in chosen_flags(cells, merged).items():
@@ -334,10 +338,14 @@ def run_analysis(
     options: AnalysisOptions | None = None,
     *,
     now: Callable[[], dt.datetime] = _utc_now,
+    raw_cells: pa.Table | None = None,
 ) -> AnalysisResult:
     """Read the store, build and merge cells, write every per-panel table with a manifest.
 
     ``now`` is the clock stamped into ``generated_at`` (injected for reproducible tests).
+    ``raw_cells``: the ``build_cells`` table of the (filtered) runs, all panels, when the
+    per-cell reduction already ran elsewhere (:func:`combine_partial_cells` of the analysis
+    jobs); default: computed here from the runs.
     Raises :class:`NoRunsError` when nothing matches (naming the directory and the filters),
     :class:`CorruptDataError` naming unreadable files (unless ``options.skip_corrupt``).
     """
@@ -364,8 +372,10 @@ def run_analysis(
     for panel in panels:
         panel_runs = runs.filter(pc.equal(runs.column("panel"), panel))
         panel_imp = imported.filter(pc.equal(imported.column("panel"), panel))
+        panel_raw = (None if raw_cells is None
+                     else raw_cells.filter(pc.equal(raw_cells.column("panel"), panel)))
         cells, models, tables, summary = _audit_panel(
-            panel_runs, panel_imp, options, index, families, override)
+            panel_runs, panel_imp, options, index, families, override, panel_raw)
         pdir = out_dir / panel_dirname(panel)
         pdir.mkdir(parents=True, exist_ok=True)
         tables = {"cells": cells, "models": models.included, "excluded": models.excluded,
@@ -393,3 +403,100 @@ def run_analysis(
         data_dir=data_dir, out_dir=out_dir, options=options, runs_read=runs_read,
         panels=results, cells_imported=imported.num_rows, skipped_files=tuple(skipped),
     )
+
+
+# ---------------------------------------------------------------- the per-cell reduction as jobs
+#
+# A cell's runs can sit in several partitions (a campaign crossing midnight UTC, a resume on a
+# later day) or file groups, and its metrics need every pair of its runs, so a partial cell
+# aggregate cannot be merged. Each part therefore returns (a) ``build_cells`` of its own runs and
+# (b) its run-level features (the columns ``build_cells`` reads, ``ir_json`` shrunk to a
+# presence marker). The reduce keeps (a) for cells seen in one part only — most cells, so most
+# of the work stays on the workers — and rebuilds the others from (b) across parts.
+
+PART_COLUMN = "__part"
+
+
+def read_run_files(data_dir: Path, files: list[Path], options: AnalysisOptions
+                   ) -> tuple[pa.Table, list[str]]:
+    """Runs of exactly ``files`` (one partition or file group), deduplicated by run_id and
+    filtered like :func:`run_analysis` reads them; unreadable files fail (naming them) or,
+    with ``options.skip_corrupt``, are skipped and returned."""
+    from storage.runs import RunStore
+
+    dataset = RunStore(Path(data_dir), fsync=False).dataset
+    bad: list[Path] = []
+    try:
+        table = dataset.read_files(files)
+    except StorageError:
+        for f in files:
+            try:
+                pq.read_table(f)
+            except (OSError, pa.ArrowException):
+                bad.append(f)
+        if not bad:
+            raise
+        if not options.skip_corrupt:
+            raise CorruptDataError(
+                f"{len(bad)} unreadable Parquet file(s) under {dataset.path}: "
+                f"{', '.join(str(b) for b in bad)}; move them out of the data directory, or pass "
+                "--skip-corrupt to analyse without them") from None
+        table = dataset.read_files([f for f in files if f not in bad])
+    expr = dataset.filter_expression(options.date_from, options.date_to, _filters(options))
+    if expr is not None:
+        table = table.filter(expr)
+    return table, [str(b) for b in bad]
+
+
+def partial_cells(runs: pa.Table, min_runs: int) -> tuple[pa.Table, pa.Table]:
+    """One part's (cells, run-level features) — see the section comment above."""
+    marker = pc.if_else(pc.is_valid(runs.column("ir_json")), pa.scalar(""), pa.scalar(None, pa.string()))
+    feats = runs.select([*REQUIRED_COLUMNS, "measured_at"])
+    feats = feats.set_column(feats.schema.get_field_index("ir_json"), "ir_json", marker)
+    return build_cells(runs, min_runs=min_runs), feats
+
+
+def _cell_key(table: pa.Table) -> pa.Table:
+    """The cell key columns, the budget's nulls as -1 (joins never match nulls)."""
+    budget = pc.fill_null(table.column("budget_max_tokens"), -1)
+    return pa.table({"panel": table.column("panel"), "campaign": table.column("campaign"),
+                     "model": table.column("model"), "prompt_sha256": table.column("prompt_sha256"),
+                     "__budget": budget})
+
+
+def _in_keys(table: pa.Table, keys: pa.Table) -> pa.Array:
+    """Per row of ``table``: is its cell key among ``keys`` (a :func:`_cell_key` table)?"""
+    names = keys.column_names
+    rows = _cell_key(table).append_column("__row", pa.array(range(table.num_rows), pa.int64()))
+    joined = rows.join(keys.append_column("__hit", pa.array([True] * keys.num_rows)), names,
+                       join_type="left outer").sort_by("__row")
+    return pc.fill_null(joined.column("__hit"), False).combine_chunks()
+
+
+def combine_partial_cells(parts: list[tuple[pa.Table, pa.Table]], min_runs: int) -> pa.Table:
+    """The ``build_cells`` table of the union of the parts' runs (same rows, same order).
+
+    ``parts``: each part's :func:`partial_cells` output, at least one."""
+    from storage.dataset import dedupe_table
+
+    if not parts:
+        raise ValueError("combine_partial_cells needs at least one part")
+    feats = pa.concat_tables([f for _, f in parts])
+    part_ids = pa.array([i for i, (_, f) in enumerate(parts) for _ in range(f.num_rows)], pa.int64())
+    keyed = _cell_key(feats).append_column(PART_COLUMN, part_ids)
+    key = keyed.column_names[:-1]
+    spans = keyed.group_by(key).aggregate([(PART_COLUMN, "count_distinct")])
+    split = spans.filter(pc.greater(spans.column(f"{PART_COLUMN}_count_distinct"), 1)).select(key)
+    whole = pa.concat_tables([c for c, _ in parts])
+    kept = whole
+    if split.num_rows:
+        kept = whole.filter(pc.invert(_in_keys(whole, split)))
+        runs = dedupe_table(feats.filter(_in_keys(feats, split)), "run_id", "measured_at")
+        kept = pa.concat_tables([kept, build_cells(runs, min_runs=min_runs)])
+    order = pc.sort_indices(
+        kept.append_column("__budget", pc.fill_null(kept.column("budget_max_tokens"), -1)),
+        sort_keys=[("panel", "ascending"), ("campaign", "ascending"), ("model", "ascending"),
+                   ("prompt_name", "ascending"), ("prompt_sha256", "ascending"), ("__budget", "ascending")])
+    out = kept.take(order)
+    return out.replace_schema_metadata({**(out.schema.metadata or {}),
+                                        MIN_RUNS_METADATA_KEY: str(min_runs).encode()})

@@ -6,7 +6,8 @@ Start a worker (the deploy files assume exactly this)::
         celery -A workers.celery_app worker -P threads -c 16 -Q irbench
 
 Library code calls :func:`make_celery_app`; the module-level ``app`` exists only as the edge for
-the ``celery -A`` command line (it reads ``IRBENCH_BROKER_URL``; nothing connects at import).
+the ``celery -A`` command line (built on first access from ``IRBENCH_BROKER_URL``; nothing is
+built or connects at import).
 
 Delivery is at-least-once (``task_acks_late`` + ``task_reject_on_worker_lost``), so the task is
 idempotent by run_id (``workers.tasks``). **Visibility timeout rule**: an unacked message is
@@ -19,6 +20,7 @@ re-delivered after ``visibility_timeout_s``, so it must exceed the longest fetch
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Mapping
@@ -29,6 +31,7 @@ from celery import Celery
 from celery.signals import worker_init, worker_process_init, worker_shutdown
 
 from workers.availability_tasks import beat_settings_from_env, configure_availability_beat, register_availability_tasks
+from workers.analysis_tasks import register_analysis_tasks
 from workers.logs import configure_logging
 from workers.tasks import register_tasks
 from workers.worker_runtime import RuntimeHolder, WorkerSettings
@@ -46,7 +49,8 @@ def make_celery_app(
     worker_settings: WorkerSettings | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> Celery:
-    """A configured app with the ``irbench.run`` and ``irbench.availability_check`` tasks registered. Connects lazily.
+    """A configured app with the ``irbench.run``, ``irbench.availability_check`` and analysis-job
+    (``irbench.analysis_map`` / ``irbench.analysis_reduce``) tasks registered. Connects lazily.
 
     ``worker_settings``: what a worker process started from this app uses (default: read from
     the ``IRBENCH_*`` environment on first task, see ``WorkerSettings``).
@@ -91,6 +95,7 @@ def make_celery_app(
     app.irbench_runtime = holder  # type: ignore[attr-defined]  # per-process resources, created lazily
     register_tasks(app, holder)
     register_availability_tasks(app)
+    register_analysis_tasks(app)  # the analysis code itself is imported on a worker's first job
     beat = beat_settings_from_env(os.environ if environ is None else environ)
     if beat is not None:
         targets, data_dir, interval_s = beat
@@ -142,7 +147,9 @@ def _configure_worker_logging(**_: Any) -> None:
 
 
 def _close_runtime(sender: Any = None, **_: Any) -> None:
-    holder = getattr(getattr(sender, "app", None), "irbench_runtime", None) or getattr(app, "irbench_runtime", None)
+    holder = getattr(getattr(sender, "app", None), "irbench_runtime", None)
+    if holder is None and _module_app.cache_info().currsize:
+        holder = getattr(_module_app(), "irbench_runtime", None)
     if holder is not None:
         holder.close()
 
@@ -152,4 +159,16 @@ worker_init.connect(_configure_worker_logging, weak=False, dispatch_uid="irbench
 worker_process_init.connect(_configure_worker_logging, weak=False, dispatch_uid="irbench-logging-proc")
 worker_shutdown.connect(_close_runtime, weak=False, dispatch_uid="irbench-close-runtime")
 
-app = make_celery_app(os.environ.get("IRBENCH_BROKER_URL", "redis://127.0.0.1:6379/0"))
+@functools.lru_cache(maxsize=1)
+def _module_app() -> Celery:
+    return make_celery_app(os.environ.get("IRBENCH_BROKER_URL", "redis://127.0.0.1:6379/0"))
+
+
+def __getattr__(name: str) -> Any:
+    """``app`` (what ``celery -A workers.celery_app`` loads) is built on first access, not at
+    import: Celery registers tasks as *shared* by default, so an app built at import would hand
+    its task callables (and its runtime: broker, data dir) to every later app of the process —
+    e.g. :func:`start_worker`'s app with its own broker URL and data dir."""
+    if name == "app":
+        return _module_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
