@@ -283,8 +283,10 @@ def _panel_cells(panel_runs: pa.Table, imported: pa.Table, min_runs: int,
     schema = AUDIT_CELL_SCHEMA.with_metadata(
         {b"irbench.min_runs": str(min_runs).encode()})
     parts = [measurement_cells(imported, min_runs).cast(schema)]
-    raw = build_cells(panel_runs, min_runs=min_runs) if raw_cells is None else raw_cells
-    if raw.num_rows:
+    raw = raw_cells
+    if raw is None and panel_runs.num_rows:
+        raw = build_cells(panel_runs, min_runs=min_runs)
+    if raw is not None and raw.num_rows:
         parts.insert(0, run_cells(raw).cast(schema))
     return pa.concat_tables(parts)
 
