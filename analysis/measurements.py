@@ -6,15 +6,15 @@
   NaN metric is never included); ``node_set_perfect`` = Jaccard == 1 and ID-stability == 1 *as
   stored* (published values are rounded to 3 decimals); count agreement is unknown (null).
 * :func:`precedence`: campaign → (budget_rank, time_order) for the campaigns of a panel.
-* :func:`merge_cells`: one row per (model, prompt_sha256) under a rule, reusing
-  :mod:`analysis.merge` (so the semantics are exactly those rules), plus the comparison of the
-  two rules (:class:`analysis.merge.MergeComparison`).
+* :func:`merge_cells`: one row per (model, prompt_sha256) under a rule, with exactly the
+  semantics of :mod:`analysis.merge` (ties → the first row), plus the comparison of the two
+  rules (:class:`analysis.merge.MergeComparison`); computed with sorts over integer codes.
+All functions work column-wise (pyarrow compute / numpy): no Python loop over rows.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,45 +24,58 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.cells import CELL_SCHEMA, MIN_RUNS_METADATA_KEY
-from analysis.merge import (
-    CellRow,
-    MergeComparison,
-    compare_merges,
-    merge_earliest_then_top_up,
-    merge_highest_budget_first,
-)
+from analysis.merge import CellChange, CellRow, MergeComparison
 
 RULES = ("highest-budget-first", "earliest-then-top-up")
 AUDIT_CELL_SCHEMA = CELL_SCHEMA.append(pa.field("source", pa.string(), nullable=False))
 
 
-def _finite(x) -> bool:
-    return x is not None and not (isinstance(x, float) and math.isnan(x))
+def _finite_mask(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Valid and not NaN (±inf counts as a value, as before)."""
+    return pc.and_(pc.is_valid(col), pc.invert(pc.fill_null(pc.is_nan(col), True)))
+
+
+def _null_unless(mask, col: pa.ChunkedArray) -> pa.ChunkedArray:
+    return pc.if_else(mask, col, pa.scalar(None, col.type))
 
 
 def measurement_cells(rows: pa.Table, min_runs: int) -> pa.Table:
-    """Imported measurements (``CellStore.read_table``) → :data:`AUDIT_CELL_SCHEMA` rows."""
-    out = []
-    for r in rows.to_pylist():
-        jac, ids = r["mean_jaccard"], r["id_stability"]
-        ok = _finite(jac) and _finite(ids)
-        end = r.get("window_end") or r["measurement_date"]
-        out.append({
-            "panel": r["panel"], "campaign": r["campaign"], "model": r["model"],
-            "prompt_sha256": r["prompt_sha256"], "prompt_name": r["prompt_name"],
-            "budget_max_tokens": None, "runs_total": r["successful_runs"],
-            "runs_ok": r["successful_runs"],
-            "included": bool(ok and r["successful_runs"] >= min_runs),
-            "mean_jaccard": jac if ok else None, "id_stability": ids if ok else None,
-            "node_set_perfect": (jac == 1.0 and ids == 1.0) if ok else None,
-            "mean_nodes": r["mean_nodes"] if _finite(r["mean_nodes"]) else None,
-            "std_nodes": r["std_nodes"] if _finite(r["std_nodes"]) else None,
-            "count_agreement": None, "count_equal_share": None,
-            "first_date": r["measurement_date"], "last_date": end,
-            "source": f"imported:{r['source']}",
-        })
+    """Imported measurements (``CellStore.read_table``) → :data:`AUDIT_CELL_SCHEMA` rows.
+
+    Column-wise (pyarrow compute, no Python loop over rows)."""
+    n = rows.num_rows
+    jac = rows.column("mean_jaccard").cast(pa.float64())
+    ids = rows.column("id_stability").cast(pa.float64())
+    ok = pc.and_(_finite_mask(jac), _finite_mask(ids))
+    runs = rows.column("successful_runs").cast(pa.int64())
+    date = rows.column("measurement_date")
+    end = (pc.coalesce(rows.column("window_end"), date)
+           if "window_end" in rows.column_names else date)
+    perfect = pc.and_(pc.equal(jac, 1.0), pc.equal(ids, 1.0))
+    nodes = {c: rows.column(c).cast(pa.float64()) for c in ("mean_nodes", "std_nodes")}
+    cols = {
+        "panel": rows.column("panel"), "campaign": rows.column("campaign"),
+        "model": rows.column("model"), "prompt_sha256": rows.column("prompt_sha256"),
+        "prompt_name": rows.column("prompt_name"),
+        "budget_max_tokens": pa.nulls(n, pa.int64()), "runs_total": runs, "runs_ok": runs,
+        "included": pc.and_(ok, pc.greater_equal(runs, min_runs)),
+        "mean_jaccard": _null_unless(ok, jac), "id_stability": _null_unless(ok, ids),
+        "node_set_perfect": _null_unless(ok, perfect),
+        "mean_nodes": _null_unless(_finite_mask(nodes["mean_nodes"]), nodes["mean_nodes"]),
+        "std_nodes": _null_unless(_finite_mask(nodes["std_nodes"]), nodes["std_nodes"]),
+        "count_agreement": pa.nulls(n, pa.float64()),
+        "count_equal_share": pa.nulls(n, pa.float64()),
+        "first_date": date, "last_date": end,
+        "source": pc.binary_join_element_wise(
+            "imported", pc.fill_null(rows.column("source"), "None"), ":"),
+    }
     schema = AUDIT_CELL_SCHEMA.with_metadata({MIN_RUNS_METADATA_KEY: str(min_runs).encode()})
-    return pa.Table.from_pylist(out, schema=schema)
+    arrays = [_chunked(cols[f.name]).cast(f.type) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _chunked(x) -> pa.ChunkedArray:
+    return x if isinstance(x, pa.ChunkedArray) else pa.chunked_array([x])
 
 
 def run_cells(cells: pa.Table) -> pa.Table:
@@ -97,12 +110,20 @@ def precedence(cells: pa.Table, imported: pa.Table | None,
     """
     known: dict[str, tuple[int | None, int | None]] = {}
     if imported is not None and imported.num_rows:
-        for r in imported.select(["campaign", "budget_rank", "time_order"]).to_pylist():
+        # the first row of each campaign supplies its stored precedence
+        sel = imported.select(["campaign", "budget_rank", "time_order"])
+        _, first_row = np.unique(sel.column("campaign").to_numpy(zero_copy_only=False),
+                                 return_index=True)
+        for r in sel.take(pa.array(np.sort(first_row))).to_pylist():
             known.setdefault(r["campaign"], (r["budget_rank"], r["time_order"]))
     known.update(override or {})
     first: dict[str, dt.date] = {}
-    for c, d in zip(cells.column("campaign").to_pylist(), cells.column("first_date").to_pylist()):
-        first[c] = min(d, first.get(c, d))
+    if cells.num_rows:
+        g = cells.select(["campaign", "first_date"]).group_by(
+            "campaign", use_threads=False).aggregate(
+            [("first_date", "min")])
+        first = dict(zip(g.column("campaign").to_pylist(),
+                         g.column("first_date_min").to_pylist()))
     def tkey(c: str):
         k = known.get(c)
         return (first[c], 0 if k and k[1] is not None else 1,
@@ -127,52 +148,107 @@ class MergedCells:
     time_order: dict[str, int]
 
 
+def _codes(col: pa.ChunkedArray) -> tuple[np.ndarray, list]:
+    """Integer codes of a string column whose order is the values' sort order, and the values."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    enc = pc.dictionary_encode(arr)  # hashing; only the distinct values are sorted in Python
+    values = enc.dictionary.to_pylist()
+    order = sorted(range(len(values)), key=values.__getitem__)
+    rank = np.empty(len(values), dtype=np.int64)
+    rank[order] = np.arange(len(values))
+    return rank[enc.indices.to_numpy(zero_copy_only=False)], [values[i] for i in order]
+
+
+def _first_per_group(keys: list[np.ndarray], tie_keys: list[np.ndarray]) -> np.ndarray:
+    """Row index of the best row per group of equal ``keys``; best = smallest ``tie_keys``
+    (lexicographic), then smallest row index. Returned in the groups' sort order."""
+    n = keys[0].size
+    idx = np.arange(n)
+    order = np.lexsort([idx, *reversed(tie_keys), *reversed(keys)])
+    ks = np.stack([k[order] for k in keys])
+    start = np.ones(n, dtype=bool)
+    start[1:] = np.any(ks[:, 1:] != ks[:, :-1], axis=0)
+    return order[start]
+
+
 def _one_per_campaign(included: pa.Table) -> pa.Table:
-    """Within one campaign keep one cell per (model, prompt): the largest token budget."""
-    rows = included.to_pylist()
-    best: dict[tuple, int] = {}
-    for i, r in enumerate(rows):
-        k = (r["campaign"], r["model"], r["prompt_sha256"])
-        b = r["budget_max_tokens"] if r["budget_max_tokens"] is not None else -1
-        if k not in best or b > (rows[best[k]]["budget_max_tokens"] or -1):
-            best[k] = i
-    return included.take(pa.array(sorted(best.values()), pa.int64()))
+    """Within one campaign keep one cell per (model, prompt): the largest token budget
+    (a null budget counts as −1; ties → the first row)."""
+    if included.num_rows == 0:
+        return included
+    budget = pc.fill_null(included.column("budget_max_tokens"), -1).to_numpy()
+    keys = [_codes(included.column(c))[0] for c in ("campaign", "model", "prompt_sha256")]
+    keep = np.sort(_first_per_group(keys, [-budget.astype(np.int64)]))
+    return included.take(pa.array(keep, pa.int64()))
+
+
+def _cell_row(r: dict) -> CellRow:
+    nan = float("nan")
+    return CellRow(r["campaign"], r["prompt_sha256"], r["model"], r["runs_ok"],
+                   r["mean_nodes"] if r["mean_nodes"] is not None else nan,
+                   r["std_nodes"] if r["std_nodes"] is not None else nan,
+                   r["mean_jaccard"], r["id_stability"], nan)
 
 
 def merge_cells(cells: pa.Table, budget_rank: dict[str, int],
                 time_order: dict[str, int]) -> MergedCells:
-    """Merge the included cells of one panel under both rules (see module docstring)."""
+    """Merge the included cells of one panel under both rules (see module docstring).
+
+    Same semantics as :func:`analysis.merge.merge_highest_budget_first` /
+    :func:`~analysis.merge.merge_earliest_then_top_up` / :func:`~analysis.merge.compare_merges`
+    on the rows as :class:`CellRow` (ties → the first row), computed with sorts over integer
+    codes instead of Python loops over rows; chosen rows are sorted by (model, prompt_sha256).
+    """
     inc = _one_per_campaign(cells.filter(pc.equal(cells.column("included"), True)))
-    rows = inc.to_pylist()
-    nan = float("nan")
-    as_cr = [CellRow(r["campaign"], r["prompt_sha256"], r["model"], r["runs_ok"],
-                     r["mean_nodes"] if r["mean_nodes"] is not None else nan,
-                     r["std_nodes"] if r["std_nodes"] is not None else nan,
-                     r["mean_jaccard"], r["id_stability"], nan) for r in rows]
-    index = {(r.campaign, r.model, r.prompt): i for i, r in enumerate(as_cr)}
-    h = merge_highest_budget_first(as_cr, budget_rank, time_order)
-    e = merge_earliest_then_top_up(as_cr, time_order)
-    tables = {}
-    for merged in (h, e):
-        take = [index[(r.campaign, r.model, r.prompt)] for r in merged.rows]
-        tables[merged.rule] = inc.take(pa.array(take, pa.int64()))
-    return MergedCells(tables, compare_merges(h, e), budget_rank, time_order)
+    camp, names = _codes(inc.column("campaign"))
+    for mapping in (budget_rank, time_order):
+        missing = [c for c in names if c not in mapping]
+        if missing:
+            raise ValueError(f"campaign {missing[0]!r} has no entry in the precedence "
+                             f"mapping; add it (known: {sorted(mapping)})")
+    br = np.array([budget_rank[c] for c in names], dtype=np.int64)[camp]
+    to = np.array([time_order[c] for c in names], dtype=np.int64)[camp]
+    keys = [_codes(inc.column(c))[0] for c in ("model", "prompt_sha256")]
+    if inc.num_rows:
+        pick_h = _first_per_group(keys, [-br, -to])
+        pick_e = _first_per_group(keys, [to])
+    else:
+        pick_h = pick_e = np.zeros(0, dtype=np.int64)
+    tables = {"highest-budget-first": inc.take(pa.array(pick_h, pa.int64())),
+              "earliest-then-top-up": inc.take(pa.array(pick_e, pa.int64()))}
+    shares = []
+    for t in tables.values():
+        perfect = pc.and_(pc.equal(t.column("mean_jaccard"), 1.0),
+                          pc.equal(t.column("id_stability"), 1.0))
+        n_perfect = int(pc.sum(pc.fill_null(perfect, False).cast(pa.int64())).as_py() or 0)
+        shares.append(n_perfect / t.num_rows if t.num_rows else 0.0)
+    # both rules choose one row per (model, prompt) group, in the same group order
+    differ = np.flatnonzero(pick_h != pick_e)
+    rows_h = inc.take(pa.array(pick_h[differ], pa.int64())).to_pylist()
+    rows_e = inc.take(pa.array(pick_e[differ], pa.int64())).to_pylist()
+    changes = tuple(CellChange(a["model"], a["prompt_sha256"], _cell_row(a), _cell_row(b))
+                    for a, b in zip(rows_h, rows_e))
+    comparison = MergeComparison(RULES[0], RULES[1], changes, shares[0], shares[1],
+                                 shares[1] - shares[0], len(pick_h), len(pick_e))
+    return MergedCells(tables, comparison, budget_rank, time_order)
+
+
+_KEY_COLUMNS = ("campaign", "model", "prompt_sha256", "budget_max_tokens", "source")
+
+
+def _row_keys(t: pa.Table) -> pa.ChunkedArray:
+    """One string per row identifying (campaign, model, prompt, budget, source)."""
+    parts = [pc.fill_null(t.column(c).cast(pa.string()), "\x00null") for c in _KEY_COLUMNS]
+    return pc.binary_join_element_wise(*parts, "\x1f")
 
 
 def chosen_flags(cells: pa.Table, merged: MergedCells) -> dict[str, np.ndarray]:
     """Per rule, a bool per row of ``cells``: this row supplies its cell under that rule."""
-    keys = list(zip(cells.column("campaign").to_pylist(), cells.column("model").to_pylist(),
-                    cells.column("prompt_sha256").to_pylist(),
-                    cells.column("budget_max_tokens").to_pylist(),
-                    cells.column("source").to_pylist()))
-    out = {}
-    for rule, t in merged.tables.items():
-        chosen = set(zip(t.column("campaign").to_pylist(), t.column("model").to_pylist(),
-                         t.column("prompt_sha256").to_pylist(),
-                         t.column("budget_max_tokens").to_pylist(),
-                         t.column("source").to_pylist()))
-        out[rule] = np.array([k in chosen for k in keys], dtype=bool)
-    return out
+    keys = _row_keys(cells)
+    return {rule: pc.is_in(keys, value_set=pa.concat_arrays(
+                _row_keys(t).chunks) if t.num_rows else pa.array([], pa.string())
+            ).to_numpy(zero_copy_only=False).astype(bool)
+            for rule, t in merged.tables.items()}
 
 
 def complete_excluded(table, cells: pa.Table):  # noqa: ANN001, ANN201 - ModelTable in and out
@@ -182,8 +258,10 @@ def complete_excluded(table, cells: pa.Table):  # noqa: ANN001, ANN201 - ModelTa
 
     listed = set(table.models) | set(table.excluded.column("model").to_pylist())
     runs_ok: dict[str, int] = {}
-    for m, r in zip(cells.column("model").to_pylist(), cells.column("runs_ok").to_pylist()):
-        runs_ok[m] = runs_ok.get(m, 0) + int(r)
+    if cells.num_rows:
+        g = cells.select(["model", "runs_ok"]).group_by("model").aggregate([("runs_ok", "sum")])
+        runs_ok = dict(zip(g.column("model").to_pylist(),
+                           (int(r) for r in g.column("runs_ok_sum").to_pylist())))
     extra = [{"model": m, "n_prompts": 0, "n_cells": 0, "runs_ok": runs_ok[m],
               "reason": f"0 prompts with ≥{table.min_runs} successful runs; "
                         f"needs ≥{table.min_prompts}"}

@@ -85,6 +85,18 @@ def _min_runs_of(cells: pa.Table, min_runs: int | None) -> int:
     return int(raw) if raw is not None else 2
 
 
+def _encode(col: pa.ChunkedArray) -> tuple[np.ndarray, list]:
+    """(int64 codes, distinct values in order of first appearance) of a string column."""
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    enc = pc.dictionary_encode(arr)
+    return enc.indices.to_numpy(zero_copy_only=False).astype(np.int64), enc.dictionary.to_pylist()
+
+
+def _floats(col: pa.ChunkedArray) -> np.ndarray:
+    """A numeric column as float64 with null → NaN."""
+    return np.asarray(col.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
@@ -98,50 +110,51 @@ def model_table(cells: pa.Table, min_prompts: int = 3, min_runs: int | None = No
     """
     if min_prompts < 1:
         raise ValueError(f"min_prompts must be >= 1, got {min_prompts}")
-    panels = set(cells.column("panel").to_pylist()) if cells.num_rows else set()
+    panels = set(pc.unique(cells.column("panel")).to_pylist()) if cells.num_rows else set()
     if len(panels) > 1:
         raise ValueError(
             f"model_table works on one panel at a time; got panels {sorted(panels)} "
             "(filter the cell table by panel first)"
         )
     mr = _min_runs_of(cells, min_runs)
-    col = {
-        c: cells.column(c).to_pylist()
-        for c in (
-            "model",
-            "prompt_sha256",
-            "included",
-            "runs_ok",
-            "mean_jaccard",
-            "id_stability",
-            "node_set_perfect",
-            "mean_nodes",
-        )
-    }
-    by_model: dict[str, list[int]] = {}
-    for i, m in enumerate(col["model"]):
-        by_model.setdefault(m, []).append(i)
+    # Column-wise: integer codes per model (in order of first appearance) and prompt, then
+    # per-model counts with bincount; means stay np.mean over each model's included cells in
+    # row order (the same summation as before, so every figure is unchanged).
+    model_codes, model_names = _encode(cells.column("model"))
+    prompt_codes, prompt_names = _encode(cells.column("prompt_sha256"))
+    n_models = len(model_names)
+    included = pc.fill_null(cells.column("included"), False).to_numpy(zero_copy_only=False)
+    runs_ok = np.bincount(model_codes, weights=_floats(cells.column("runs_ok")),
+                          minlength=n_models)
+    inc_idx = np.flatnonzero(included)
+    inc_model = model_codes[inc_idx]
+    n_cells = np.bincount(inc_model, minlength=n_models)
+    pairs = np.unique(inc_model * max(1, len(prompt_names)) + prompt_codes[inc_idx])
+    n_prompts = np.bincount(pairs // max(1, len(prompt_names)), minlength=n_models)
+    order = inc_idx[np.argsort(inc_model, kind="stable")]  # included rows grouped by model
+    bounds = np.concatenate([[0], np.cumsum(n_cells)])
+    jac_all = _floats(cells.column("mean_jaccard"))
+    stab_all = _floats(cells.column("id_stability"))
+    nodes_all = _floats(cells.column("mean_nodes"))
+    perfect_all = pc.fill_null(cells.column("node_set_perfect"), False).to_numpy(
+        zero_copy_only=False)
 
     inc_rows: list[tuple] = []
     exc_rows: list[tuple] = []
-    for model, idx in by_model.items():
-        inc = [i for i in idx if col["included"][i]]
-        prompts = {col["prompt_sha256"][i] for i in inc}
-        runs_ok = sum(col["runs_ok"][i] for i in idx)
-        if len(prompts) < min_prompts:
+    for code, model in enumerate(model_names):  # loop over models, vectorised over cells
+        np_ = int(n_prompts[code])
+        if np_ < min_prompts:
             reason = (
-                f"{_plural(len(prompts), 'prompt')} with ≥{mr} successful runs; "
+                f"{_plural(np_, 'prompt')} with ≥{mr} successful runs; "
                 f"needs ≥{min_prompts}"
             )
-            exc_rows.append((model, len(prompts), len(inc), runs_ok, reason))
+            exc_rows.append((model, np_, int(n_cells[code]), int(runs_ok[code]), reason))
             continue
-        jac = np.array([col["mean_jaccard"][i] for i in inc], dtype=np.float64)
-        stab = np.array([col["id_stability"][i] for i in inc], dtype=np.float64)
-        nodes = np.array([col["mean_nodes"][i] for i in inc], dtype=np.float64)
-        perfect = sum(bool(col["node_set_perfect"][i]) for i in inc)
+        rows = order[bounds[code]:bounds[code + 1]]
         inc_rows.append(
-            (model, len(prompts), len(inc), float(jac.mean()), float(stab.mean()), perfect,
-             float(nodes.mean()))
+            (model, np_, int(n_cells[code]), float(jac_all[rows].mean()),
+             float(stab_all[rows].mean()), int(perfect_all[rows].sum()),
+             float(nodes_all[rows].mean()))
         )
     inc_rows.sort(key=lambda r: (-r[3], -r[4], r[0]))
     exc_rows.sort(key=lambda r: (-r[1], r[0]))

@@ -318,3 +318,60 @@ def test_recompute_published_cells() -> None:
         if c["model"] == "ministral-3:8b" and c["prompt_name"].startswith("gen_003")
     ]
     assert spot["id_stability"] == 0.4375
+
+
+def _reference_model_rows(cells: pa.Table, min_prompts: int):
+    """The previous row-wise aggregation (dicts of Python lists), as an independent reference."""
+    import numpy as np
+
+    col = {c: cells.column(c).to_pylist() for c in (
+        "model", "prompt_sha256", "included", "runs_ok", "mean_jaccard", "id_stability",
+        "node_set_perfect", "mean_nodes")}
+    by_model: dict[str, list[int]] = {}
+    for i, m in enumerate(col["model"]):
+        by_model.setdefault(m, []).append(i)
+    inc_rows, exc = [], []
+    for model, idx in by_model.items():
+        inc = [i for i in idx if col["included"][i]]
+        prompts = {col["prompt_sha256"][i] for i in inc}
+        if len(prompts) < min_prompts:
+            exc.append((model, len(prompts), len(inc), sum(col["runs_ok"][i] for i in idx)))
+            continue
+        f = lambda c: float(np.array([col[c][i] for i in inc], dtype=np.float64).mean())  # noqa: E731
+        inc_rows.append((model, len(prompts), len(inc), f("mean_jaccard"), f("id_stability"),
+                         sum(bool(col["node_set_perfect"][i]) for i in inc), f("mean_nodes")))
+    inc_rows.sort(key=lambda r: (-r[3], -r[4], r[0]))
+    exc.sort(key=lambda r: (-r[1], r[0]))
+    return inc_rows, exc
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_model_table_columnwise_equals_rowwise_reference(seed: int) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    n = 3000
+    d = dt.date(2026, 1, 1)
+    table = pa.table({
+        "panel": ["p"] * n, "campaign": ["c"] * n,
+        "model": [f"m{int(i)}" for i in rng.integers(0, 40, n)],
+        "prompt_sha256": [f"{int(i):04d}" for i in rng.integers(0, 30, n)],
+        "prompt_name": ["x"] * n, "budget_max_tokens": pa.nulls(n, pa.int64()),
+        "runs_total": [3] * n, "runs_ok": rng.integers(0, 4, n).tolist(),
+        "included": (rng.random(n) < 0.7).tolist(),
+        "mean_jaccard": rng.choice([1.0, 0.1, 0.3, 0.7], n).tolist(),
+        "id_stability": rng.random(n).tolist(),
+        "node_set_perfect": [None if r < 0.1 else bool(r < 0.5) for r in rng.random(n)],
+        "mean_nodes": [None if r < 0.05 else float(r) for r in rng.random(n)],
+        "std_nodes": [0.0] * n, "count_agreement": [None] * n, "count_equal_share": [None] * n,
+        "first_date": [d] * n, "last_date": [d] * n}, schema=CELL_SCHEMA)
+    for min_prompts in (1, 18, 22):
+        got = model_table(table, min_prompts=min_prompts, min_runs=2)
+        ref_inc, ref_exc = _reference_model_rows(table, min_prompts)
+        rows = [tuple(r.values())[1:] for r in got.included.to_pylist()]
+        assert len(rows) == len(ref_inc)
+        for a, b in zip(rows, ref_inc):  # NaN-aware exact equality
+            assert a[:3] == b[:3] and a[5] == b[5]
+            np.testing.assert_array_equal([a[3], a[4], a[6]], [b[3], b[4], b[6]])
+        assert [tuple(r.values())[:4] for r in got.excluded.to_pylist()] == ref_exc
+        assert got.included.column("rank").to_pylist() == list(range(1, len(rows) + 1))
