@@ -43,7 +43,8 @@ Conventions (state them in the report):
 
 No Python loop runs over replicates: counts come from one ``bincount`` per chunk of replicates,
 replicate means from one matrix product ``W @ [S0 | O]``, positions from ``argsort`` along axis 1.
-Memory per chunk: chunk × P counts (float64) plus chunk × M means.
+Memory per chunk: chunk × P draws/counts (int64, then float64) plus chunk × M means; the max-t
+set works on (replicates × model pairs) in blocks of ≤ 2·10⁶ values, never the whole array.
 """
 
 from __future__ import annotations
@@ -163,9 +164,11 @@ def _draw_means(s0: np.ndarray, observed: np.ndarray, *, replicates: int, seed: 
     while done < replicates:
         c = min(chunk, replicates - done)
         idx = rng.integers(0, p, (c, p))
-        flat = (idx + (np.arange(c) * p)[:, None]).ravel()
-        w = np.bincount(flat, minlength=c * p).reshape(c, p).astype(float)
-        nd = w @ stacked  # (c, 2M): numerators then denominators
+        idx += (np.arange(c) * p)[:, None]  # in place: flat positions in a (c, P) counts matrix
+        w = np.bincount(idx.ravel(), minlength=c * p)
+        del idx
+        nd = w.reshape(c, p).astype(float) @ stacked  # (c, 2M): numerators then denominators
+        del w
         num, den = nd[:, :m], nd[:, m:]
         usable = np.all(den > 0, axis=1)
         kept.append(num[usable] / den[usable])
@@ -174,12 +177,35 @@ def _draw_means(s0: np.ndarray, observed: np.ndarray, *, replicates: int, seed: 
 
 
 def _max_abs_t(delta: np.ndarray, j: np.ndarray, k: np.ndarray, sigma: np.ndarray,
-               chunk: int = 2000) -> np.ndarray:
-    """Per replicate max over pairs of |δ_j − δ_k| / σ_jk; chunked over replicates for memory."""
+               max_elements: int = 2_000_000) -> np.ndarray:
+    """Per replicate max over pairs of |δ_j − δ_k| / σ_jk.
+
+    Chunked over replicates so that a chunk holds ≤ ``max_elements`` (replicate, pair) values
+    (16 MB of float64 per temporary), whatever the number of models; the per-row maxima do not
+    depend on the chunking."""
     out = np.empty(delta.shape[0])
-    for start in range(0, delta.shape[0], chunk):  # memory chunks, vectorised inside
-        d = delta[start:start + chunk]
-        out[start:start + chunk] = np.max(np.abs(d[:, j] - d[:, k]) / sigma, axis=1)
+    if j.size == 0:
+        return np.full(delta.shape[0], -np.inf)
+    rows = max(1, max_elements // j.size)
+    for start in range(0, delta.shape[0], rows):  # memory chunks, vectorised inside
+        d = delta[start:start + rows]
+        buf = d[:, j]
+        np.subtract(buf, d[:, k], out=buf)
+        np.abs(buf, out=buf)
+        np.divide(buf, sigma, out=buf)
+        out[start:start + rows] = np.max(buf, axis=1)
+    return out
+
+
+def _pair_sd(theta_star: np.ndarray, j: np.ndarray, k: np.ndarray,
+             max_elements: int = 2_000_000) -> np.ndarray:
+    """Bootstrap SD (ddof=1) of θ*_j − θ*_k per pair, in blocks of pairs (bounded memory;
+    each column's SD is computed exactly as on the whole (replicates, pairs) array)."""
+    out = np.empty(j.size)
+    step = max(1, max_elements // max(1, theta_star.shape[0]))
+    for a in range(0, j.size, step):  # blocks of pairs, vectorised inside
+        jj, kk = j[a:a + step], k[a:a + step]
+        out[a:a + step] = np.std(theta_star[:, jj] - theta_star[:, kk], axis=0, ddof=1)
     return out
 
 
@@ -201,7 +227,7 @@ def simultaneous_rank_set(theta_hat: np.ndarray, theta_star: np.ndarray, *,
                 established, float("nan"), 0)
     j, k = np.triu_indices(m, 1)
     diff_hat = th[j] - th[k]
-    sigma = np.std(ts[:, j] - ts[:, k], axis=0, ddof=1)
+    sigma = _pair_sd(ts, j, k)
     certain = sigma <= 1e-12
     sure = certain & (np.abs(diff_hat) > 1e-12)
     established[j[sure & (diff_hat > 0)], k[sure & (diff_hat > 0)]] = True

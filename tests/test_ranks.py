@@ -222,3 +222,17 @@ def test_maxt_variant_is_reported_and_bounded():
     mx = res.simultaneous_maxt
     assert mx.kind == "simultaneous_maxt" and np.all((1 <= mx.low) & (mx.low <= mx.high))
     assert np.isfinite(res.critical_value) and res.critical_value > 1.96
+
+
+def test_maxt_blocks_equal_the_whole_array_computation():
+    # Memory blocks (pairs for σ, replicates for max-|t|) must not change any value.
+    from analysis.ranks import _max_abs_t, _pair_sd
+
+    rng = np.random.default_rng(3)
+    ts = rng.normal(size=(500, 12))
+    j, k = np.triu_indices(12, 1)
+    whole_sd = np.std(ts[:, j] - ts[:, k], axis=0, ddof=1)
+    np.testing.assert_array_equal(_pair_sd(ts, j, k, max_elements=700), whole_sd)
+    whole_t = np.max(np.abs(ts[:, j] - ts[:, k]) / whole_sd, axis=1)
+    np.testing.assert_array_equal(_max_abs_t(ts, j, k, whole_sd, max_elements=300), whole_t)
+    np.testing.assert_array_equal(_max_abs_t(ts, j, k, whole_sd, max_elements=1), whole_t)
