@@ -142,7 +142,7 @@ def _bands(sizes: np.ndarray) -> list[np.ndarray]:
 
 
 def _band_sums(xpad: np.ndarray, xt: np.ndarray, n: np.ndarray, rng: np.random.Generator,
-               c: int) -> np.ndarray:
+               c: int, max_elements: int = 4_000_000) -> np.ndarray:
     """Replicate sums (c, Mb, K) of one band for one chunk of c replicates (shared scheme).
 
     xpad: (K, L, Mb) values, model m's n_m values in rows 0..n_m−1 and zeros below;
@@ -158,32 +158,36 @@ def _band_sums(xpad: np.ndarray, xt: np.ndarray, n: np.ndarray, rng: np.random.G
     hits = np.cumsum(w, axis=1)[:, n - 1]  # (c, Mb): N = draws landing in 0..n_m−1
     excess = np.maximum(hits - n[None, :], 0)
     rev = u[:, ::-1]  # the stream read from its end
-    for j in np.flatnonzero(excess.any(axis=0)):  # models (few), vectorised over replicates
+    need = np.flatnonzero(excess.any(axis=0))
+    t = min(big_l, 64)
+    while need.size:  # blocks of models (bounded memory), vectorised over replicates
         # keep the first n_m hits: subtract the last N − n_m hits of the stream; the window
         # from the end grows until it holds them (bands keep n_m/L ≥ 1/2, so it stays short)
-        t = min(big_l, 64)
-        while True:
-            tail = rev[:, :t]
-            is_hit = tail < n[j]
-            from_end = np.cumsum(is_hit, axis=1)
-            if t == big_l or np.all(from_end[:, -1] >= excess[:, j]):
-                break
+        block = need[: max(1, max_elements // (c * t))]
+        tail = rev[:, :t, None]
+        is_hit = tail < n[block][None, None, :]  # (c, t, block)
+        from_end = np.cumsum(is_hit, axis=1, dtype=np.int32)
+        if t < big_l and not np.all(from_end[:, -1, :] >= excess[:, block]):
             t = min(big_l, 4 * t)
-        drop = is_hit & (from_end <= excess[:, j][:, None])
+            continue
+        drop = is_hit & (from_end <= excess[:, block][:, None, :])
+        pos = tail + (block * big_l)[None, None, :]
         for q in range(k):
-            sums[:, j, q] -= np.sum(np.where(drop, xt[q].take(tail + j * big_l), 0.0), axis=1)
+            sums[:, block, q] -= np.sum(np.where(drop, xt[q].take(pos), 0.0), axis=1)
+        need = need[block.size:]
     deficit = np.maximum(n[None, :] - hits, 0)
-    top = int(deficit.max()) if deficit.size else 0
-    if top:  # too few hits: top up with fresh uniform draws from the model's own n_m values
-        extra = rng.integers(0, n[None, :, None], (c, mb, top))
-        keep = np.arange(top)[None, None, :] < deficit[:, :, None]
-        extra += (np.arange(mb) * big_l)[None, :, None]
+    short = np.flatnonzero(deficit.any(axis=0))
+    if short.size:  # too few hits: top up with fresh uniform draws from the model's own values
+        top = int(deficit.max())
+        extra = rng.integers(0, n[short][None, :, None], (c, short.size, top))
+        keep = np.arange(top)[None, None, :] < deficit[:, short][:, :, None]
+        extra += (short * big_l)[None, :, None]
         for q in range(k):
-            sums[:, :, q] += np.sum(np.where(keep, xt[q].take(extra), 0.0), axis=2)
+            sums[:, short, q] += np.sum(np.where(keep, xt[q].take(extra), 0.0), axis=2)
     return sums
 
 
-def shared_bootstrap_means(groups, *, replicates: int, seed: int, chunk: int = 128
+def shared_bootstrap_means(groups, *, replicates: int, seed: int, chunk: int | None = None
                            ) -> np.ndarray:
     """Replicate means of every group under the shared-stream scheme; (K, models, replicates).
 
@@ -198,14 +202,17 @@ def shared_bootstrap_means(groups, *, replicates: int, seed: int, chunk: int = 1
     number independent of their values) and, if the stream has fewer than n_m hits, tops up
     with ``integers(0, n_m, …)`` draws. Sums come from a counts matrix product, the surplus
     hits are subtracted from the stream's end, so the work is O(chunk·L·models) matrix products
-    instead of O(replicates·Σ n_m) gathers. The draws depend on ``seed``, ``chunk`` and the
-    group sizes.
+    instead of O(replicates·Σ n_m) gathers. ``chunk`` (replicates per draw) defaults to
+    max(16, 2¹⁹ // max n_m), i.e. about 4 MB of draws per chunk. The draws depend on ``seed``,
+    ``chunk`` and the group sizes.
     """
     xs = [np.atleast_2d(np.asarray(g, dtype=float)) for g in groups]
     k = xs[0].shape[0] if xs else 1
     if any(x.shape[0] != k for x in xs):
         raise ValueError("every group must hold the same number of metrics (rows)")
     sizes = np.array([x.shape[1] for x in xs], dtype=np.int64)
+    if chunk is None:
+        chunk = max(16, 2**19 // int(sizes.max(initial=1)))
     out = np.empty((k, len(xs), replicates))
     rng = np.random.default_rng(seed)
     bands = _bands(sizes)
@@ -225,7 +232,7 @@ def shared_bootstrap_means(groups, *, replicates: int, seed: int, chunk: int = 1
 
 def percentile_ci_many_metrics(metrics, *, replicates: int = 10_000, seed: int,
                                level: float = 0.95, scheme: str = "auto",
-                               exact_max_draws: int = 50_000_000, chunk: int = 128
+                               exact_max_draws: int = 50_000_000, chunk: int | None = None
                                ) -> tuple[tuple[Interval, ...], ...]:
     """Percentile CIs of several metrics of the same cells, resampled together.
 
@@ -283,7 +290,7 @@ def percentile_ci_many_metrics(metrics, *, replicates: int = 10_000, seed: int,
 
 def percentile_ci_many(groups, *, replicates: int = 10_000, seed: int,
                        level: float = 0.95, scheme: str = "auto",
-                       exact_max_draws: int = 50_000_000, chunk: int = 128
+                       exact_max_draws: int = 50_000_000, chunk: int | None = None
                        ) -> tuple[Interval, ...]:
     """Percentile CIs for many models with different numbers of cells.
 
