@@ -22,7 +22,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
 from tests.support.redis_server import RedisServer
 from workers.limits import Lease, LimiterUnavailable, ModelDisabled, RedisLimiter, SyncRedisLimiter
@@ -40,24 +40,32 @@ def redis_srv() -> Iterator[RedisServer]:
 
 # ----- stateful model check ---------------------------------------------------------------------
 
-CAP, RPM, TPM, PERIOD_S, TTL_S = 2, 4, 100, 0.4, 0.25  # 1 request per 0.1 s, 1 token per 4 ms
+CAP, RPM, TPM, PERIOD_S, TTL_S = 2, 2, 100, 0.4, 0.25
+ALLOW_S, GRACE_S, AHEAD_S = 0.1, 0.5, 0.6  # window 0.5 s: 1 request per 0.25 s, 1 token per 5 ms
+WINDOW_S = PERIOD_S + ALLOW_S
+EPS_RESV_S = 3e-3  # reservation keys expire on Redis's ms clock (PX rounded up)
 HOLDERS = st.sampled_from([f"h{i}" for i in range(5)])
 
 
 class LimiterMachine(RuleBasedStateMachine):
     """Predicts every decision exactly from server timestamps (the limiter's own clock) and
-    checks Redis agrees: live leases, concurrency, request and token GCRA."""
+    checks Redis agrees: live leases, concurrency, request and token GCRA over period +
+    allowance, reservations (made, claimed without a second charge, abandoned) and the grant log."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, url: str) -> None:
         super().__init__()
         self.loop = loop
         self.client = aioredis.Redis.from_url(url)
-        self.lim = RedisLimiter(self.client, key_prefix=f"sm:{uuid.uuid4().hex}", lease_ttl_s=TTL_S, period_s=PERIOD_S)
+        self.lim = RedisLimiter(
+            self.client, key_prefix=f"sm:{uuid.uuid4().hex}", lease_ttl_s=TTL_S, period_s=PERIOD_S,
+            jitter_allowance_s=ALLOW_S, reserve_ahead_s=AHEAD_S, reservation_grace_s=GRACE_S,
+        )
         self.limits = ModelLimits(max_concurrency=CAP, requests_per_minute=RPM, tokens_per_minute=TPM)
         self.expiry: dict[str, float] = {}  # holder -> lease expiry on the server clock
         self.mine: set[str] = set()  # holders we still remember (not crashed)
+        self.resv: dict[str, tuple[float, float]] = {}  # holder -> (slot, expiry) on the server clock
         self.tat_r = self.tat_t = 0.0
-        self.grants: list[float] = []
+        self.grants: list[float] = []  # actual grants (fresh and claimed): the grant log
 
     def run(self, coro):  # type: ignore[no-untyped-def]
         return self.loop.run_until_complete(coro)
@@ -69,35 +77,96 @@ class LimiterMachine(RuleBasedStateMachine):
     def live_at(self, now: float) -> dict[str, float]:
         return {h: e for h, e in self.expiry.items() if e > now}
 
+    def log_free_at(self, now: float) -> float:
+        recent = sorted(g for g in self.grants if g > now - WINDOW_S)
+        return recent[len(recent) - RPM] + WINDOW_S if len(recent) >= RPM else now
+
+    def near(self, now: float) -> bool:
+        """True when a boundary is too close to ``now`` to predict which side Redis saw."""
+        edges = [*self.expiry.values(), self.tat_r, self.tat_t, *(g + WINDOW_S for g in self.grants)]
+        edges += [slot for slot, _ in self.resv.values()]
+        return any(abs(e - now) < EPS_S for e in edges) or any(abs(x - now) < EPS_RESV_S for _, x in self.resv.values())
+
+    def predict(self, holder: str, cost: int, reserve: bool, now: float) -> tuple[str, float, float | None]:
+        """(reason, wait, reserved slot) the script must answer."""
+        resv = self.resv.get(holder)
+        slot = resv[0] if resv is not None and resv[1] > now else None
+        live = self.live_at(now)
+        if holder in live:
+            return "adopted", 0.0, slot
+        if len(live) >= CAP:
+            return "concurrency", min(live.values()) - now, slot
+        free = self.log_free_at(now)
+        if slot is not None:
+            if slot > now:
+                return "reserved", slot - now, slot
+            if free > now:
+                return "window", free - now, slot
+            return "claimed", 0.0, slot
+        waits = [(self.tat_r - now, "requests"), (self.tat_t - now, "tokens"), (free - now, "window")]
+        wait, reason = waits[0]
+        for w, r in waits[1:]:
+            if w > wait:
+                wait, reason = w, r
+        if wait > 0:
+            return reason, wait, (now + wait if reserve and wait <= AHEAD_S else None)
+        return "granted", 0.0, None
+
     @initialize()
     def start(self) -> None:
         self.expiry.clear()
 
-    @rule(holder=HOLDERS, cost=st.integers(0, 60))
-    def acquire(self, holder: str, cost: int) -> None:
-        d = self.run(self.lim.try_acquire("m", self.limits, holder, cost))
+    def _acquire(self, holder: str, cost: int, reserve: bool) -> None:
+        d = self.run(self.lim.try_acquire("m", self.limits, holder, cost, reserve=reserve))
         now = d.now_s
-        live = self.live_at(now)
-        near = any(abs(e - now) < EPS_S for e in self.expiry.values()) or min(abs(self.tat_r - now), abs(self.tat_t - now)) < EPS_S
-        if holder in live:
-            expected, wait = "adopted", 0.0
-        elif len(live) >= CAP:
-            expected, wait = "concurrency", min(live.values()) - now
-        elif max(self.tat_r, self.tat_t) > now:
-            wr, wt = self.tat_r - now, self.tat_t - now
-            expected, wait = ("requests", wr) if wr >= wt else ("tokens", wt)
-        else:
-            expected, wait = "granted", 0.0
-        if not near:
-            assert d.reason == expected, (d, expected, live)
+        reason, wait, slot = self.predict(holder, cost, reserve, now)
+        if not self.near(now):
+            assert d.reason == reason, (d, reason, self.resv.get(holder))
             assert abs(d.wait_s - wait) < 1e-5, (d, wait)
+            if slot is None:
+                assert d.reserved_at_s is None, (d, slot)
+            else:
+                assert d.reserved_at_s is not None and abs(d.reserved_at_s - slot) < 2e-6, (d, slot)
+        # follow what Redis did (near a boundary either answer is right)
+        self.resv = {h: r for h, r in self.resv.items() if r[1] > now or (h == holder and d.reserved_at_s is not None)}
         if d.permit is not None:
             self.expiry[holder] = now + TTL_S
             self.mine.add(holder)
-            if d.reason == "granted":
+            if d.reason in ("granted", "claimed"):
                 self.grants.append(now)
-                self.tat_r = now + PERIOD_S / RPM
-                self.tat_t = now + cost * PERIOD_S / TPM
+            if d.reason == "granted":
+                self.tat_r = now + WINDOW_S / RPM
+                self.tat_t = now + cost * WINDOW_S / TPM
+            if d.reason == "claimed":
+                self.resv.pop(holder, None)
+        elif d.reserved_at_s is not None and holder not in self.resv:  # a new reservation: charged now
+            slot_at = d.reserved_at_s
+            self.tat_r = slot_at + WINDOW_S / RPM
+            self.tat_t = slot_at + cost * WINDOW_S / TPM
+            self.resv[holder] = (slot_at, now + d.wait_s + GRACE_S)
+        elif d.reason == "window" and holder in self.resv:  # a due claim held back: kept longer
+            self.resv[holder] = (self.resv[holder][0], now + d.wait_s + GRACE_S)
+        if d.reserved_at_s is None:
+            self.resv.pop(holder, None)
+
+    @rule(holder=HOLDERS, cost=st.integers(0, 30), reserve=st.booleans())
+    def acquire(self, holder: str, cost: int, reserve: bool) -> None:
+        self._acquire(holder, cost, reserve)
+
+    @rule(holder=HOLDERS, cost=st.integers(0, 30))
+    def acquire_reserving(self, holder: str, cost: int) -> None:
+        """What a run does first (a second rule doubles how often it is drawn)."""
+        self._acquire(holder, cost, True)
+
+    @precondition(lambda self: bool(self.resv))
+    @rule(pick=st.integers(0, 4), late_s=st.sampled_from([0.0, 0.0, 0.1, 0.55]), cost=st.integers(0, 30))
+    def come_back_for_slot(self, pick: int, late_s: float, cost: int) -> None:
+        """A deferred run returns at its reserved slot, or late (late claims test the grant log;
+        0.55 s is past the grace, so that reservation is abandoned)."""
+        holder = sorted(self.resv)[pick % len(self.resv)]
+        slot = self.resv[holder][0]
+        time.sleep(min(max(slot - self.server_now() + 0.002, 0.0), AHEAD_S) + late_s)
+        self._acquire(holder, cost, True)
 
     @rule(holder=HOLDERS)
     def release(self, holder: str) -> None:
@@ -136,9 +205,9 @@ class LimiterMachine(RuleBasedStateMachine):
 
     @invariant()
     def requests_per_window_within_limit(self) -> None:
-        g = self.grants
+        g = self.grants  # every window of period + allowance, hence every window of the period
         if g:
-            assert max(sum(1 for u in g if t <= u < t + PERIOD_S) for t in g) <= RPM
+            assert max(sum(1 for u in g if t <= u < t + WINDOW_S) for t in g) <= RPM
 
     def teardown(self) -> None:
         self.run(self.lim.aclose())
@@ -153,7 +222,7 @@ def test_state_machine_against_real_redis(redis_srv: RedisServer) -> None:
             lambda: LimiterMachine(loop, redis_srv.url),
             settings=settings(
                 max_examples=12,
-                stateful_step_count=20,
+                stateful_step_count=25,
                 deadline=None,
                 suppress_health_check=[HealthCheck.too_slow],
                 derandomize=True,

@@ -1,4 +1,5 @@
-"""Per-model limits: concurrency leases, GCRA requests/tokens per window, cooldown, disable.
+"""Per-model limits: concurrency leases, GCRA requests/tokens per window (with a jitter allowance,
+a grant log and slot reservations), cooldown, disable.
 
 ``MemoryLimiter`` (one process, injectable clock) and ``RedisLimiter`` (global, Redis clock)
 implement the same contract, checked by one shared test suite.
@@ -12,6 +13,7 @@ from workers.limits.memory import (
     LimiterUnavailable,
     MemoryLimiter,
     ModelDisabled,
+    WaitBudgetExceeded,
 )
 from workers.limits.redis_limiter import RedisLimiter, SyncRedisLimiter
 
@@ -26,4 +28,5 @@ __all__ = [
     "Permit",
     "RedisLimiter",
     "SyncRedisLimiter",
+    "WaitBudgetExceeded",
 ]

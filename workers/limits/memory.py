@@ -7,11 +7,31 @@ Semantics (identical in ``redis_limiter``), per model:
   with a holder that still has a live lease adopts that lease (a redelivered task) and charges
   nothing.
 * **Rate**: GCRA with zero burst tolerance on two keys, requests and tokens. The emission interval
-  is ``period_s / limit``; a permit is granted only when the theoretical arrival time (TAT) is not
-  in the future, then the TAT moves to ``now + cost * interval``. Zero burst tolerance is the only
-  GCRA setting under which no half-open window of ``period_s`` ever holds more than the request
-  limit, which is what providers' per-minute windows punish. ``ModelLimits.requests_per_minute``
-  and ``tokens_per_minute`` are read as "per ``period_s``" (60 s by default).
+  is ``(period_s + jitter_allowance_s) / limit``; a permit is granted only when the theoretical
+  arrival time (TAT) is not in the future, then the TAT moves to ``now + cost * interval``. Zero
+  burst tolerance is the only GCRA setting under which no half-open window of the period ever
+  holds more than the request limit, which is what providers' per-minute windows punish.
+  ``ModelLimits.requests_per_minute`` and ``tokens_per_minute`` are read as "per ``period_s``"
+  (60 s by default).
+* **Jitter allowance**: grants are decided on the limiter's clock but requests reach the provider
+  after a variable delay (event loop, GIL, network; 50 ms typical, 250 ms measured on a saturated
+  2-core box, see ``bench/README.md``). With an interval of exactly ``period_s / limit``,
+  ``limit + 1`` grants span exactly one period, so any spread in that delay puts one request too
+  many into some provider window. The window the limiter enforces is therefore
+  ``window_s = period_s + jitter_allowance_s`` (default 0.25 s: 0.4 % of a 60 s window), which
+  keeps provider windows within the limit as long as delays vary by less than the allowance.
+* **Grant log**: the times of the last ``limit`` actual grants; a grant (fresh or a claimed
+  reservation) is refused while ``limit`` grants lie within the last ``window_s``. GCRA already
+  spaces fresh grants; the log is what keeps the guarantee when reservations are claimed late.
+* **Reservations**: ``try_acquire(..., reserve=True)`` denied by the rate (requests, tokens or the
+  log) reserves the next slot for ``holder`` instead of only reporting the wait: the TATs move as
+  if the grant happened at the slot, the decision carries ``reserved_at_s``, and a later acquire
+  by the same holder at or after the slot is granted (reason ``claimed``) without a second rate
+  charge (concurrency, cooldown and the grant log are still checked). Each slot has exactly one
+  owner, so waiters never race for it, and a deferred run can come back exactly on time. Slots
+  further than ``reserve_ahead_s`` away are not reserved (only reported). A reservation not
+  claimed within ``reservation_grace_s`` after its slot is abandoned: it expires, its slot is
+  simply unused, and the grant log still bounds every window.
 * **Tokens**: ``cost_tokens`` is charged at grant; ``release(permit, actual_tokens)`` moves the
   token TAT back by ``cost - actual`` (or forward when the estimate was too low). A refund is only
   applied while the lease is still live, so releasing twice never refunds twice.
@@ -46,6 +66,9 @@ COOLDOWN = "cooldown"
 CONCURRENCY = "concurrency"
 REQUESTS = "requests"
 TOKENS = "tokens"
+WINDOW = "window"  # the grant log: `limit` grants already in the last window
+RESERVED = "reserved"  # the holder's reserved slot is not due yet
+CLAIMED = "claimed"  # granted on the holder's reservation (no second rate charge)
 
 
 class LimiterError(IrbenchError):
@@ -82,12 +105,27 @@ class LimitDecision:
     ``permit`` is set when granted; otherwise ``wait_s`` is the earliest time worth retrying
     (for ``concurrency`` it is the next lease expiry, an upper bound: a release comes sooner),
     and ``reason`` says which limit denied. ``now_s`` is the decision time on the limiter's clock.
+    ``reserved_at_s``: the slot (limiter clock) the holder has reserved, if any; when set, coming
+    back at ``now_s + wait_s`` is granted without a second rate charge.
     """
 
     permit: Lease | None
     wait_s: float
     reason: str
     now_s: float
+    reserved_at_s: float | None = None
+
+
+class WaitBudgetExceeded(LimiterError):
+    """``acquire(max_wait_s=...)`` would have to wait past its budget; ``decision`` says how long
+    and whether a slot is reserved for the holder (come back at ``decision.wait_s``)."""
+
+    def __init__(self, model: str, decision: LimitDecision) -> None:
+        super().__init__(
+            f"no permit for model {model!r} within the wait budget ({decision.reason}, "
+            f"next chance in {decision.wait_s:.3f} s); defer the work and retry then"
+        )
+        self.decision = decision
 
 
 def check_cost(cost_tokens: int) -> None:
@@ -96,11 +134,45 @@ def check_cost(cost_tokens: int) -> None:
         raise LimiterError(f"cost_tokens must be >= 0 (got {cost_tokens}); pass the estimated prompt tokens + max_tokens")
 
 
-def intervals_s(limits: ModelLimits, period_s: float) -> tuple[float, float]:
-    """GCRA emission intervals (seconds per request, seconds per token); 0.0 = unlimited."""
-    per_request = period_s / limits.requests_per_minute if limits.requests_per_minute else 0.0
-    per_token = period_s / limits.tokens_per_minute if limits.tokens_per_minute else 0.0
+def intervals_s(limits: ModelLimits, period_s: float, jitter_allowance_s: float = 0.0) -> tuple[float, float]:
+    """GCRA emission intervals (seconds per request, seconds per token); 0.0 = unlimited.
+
+    Both are ``(period_s + jitter_allowance_s) / limit``: see the module docstring.
+    """
+    window_s = period_s + jitter_allowance_s
+    per_request = window_s / limits.requests_per_minute if limits.requests_per_minute else 0.0
+    per_token = window_s / limits.tokens_per_minute if limits.tokens_per_minute else 0.0
     return per_request, per_token
+
+
+def log_limit(requests_per_window: float) -> int:
+    """Grants the log allows per window: a whole number, at least 1 (2.5/window allows 2)."""
+    return max(1, math.floor(requests_per_window))
+
+
+def check_config(lease_ttl_s: float, period_s: float, jitter_allowance_s: float, reserve_ahead_s: float, reservation_grace_s: float) -> None:
+    """Reject settings that cannot work, naming the fix."""
+    if lease_ttl_s <= 0 or period_s <= 0:
+        raise LimiterError("lease_ttl_s and period_s must be > 0 seconds")
+    if jitter_allowance_s < 0 or reserve_ahead_s < 0 or reservation_grace_s <= 0:
+        raise LimiterError(
+            "jitter_allowance_s and reserve_ahead_s must be >= 0 and reservation_grace_s > 0 seconds "
+            f"(got {jitter_allowance_s}, {reserve_ahead_s}, {reservation_grace_s})"
+        )
+
+
+def over_budget(d: LimitDecision, waited_s: float, max_wait_s: float | None) -> bool:
+    """True when a denied ``acquire`` must give up now rather than wait (bounded waits).
+
+    Rate, cooldown and reservation waits are exact, so they give up at once when they would end
+    past the budget; a concurrency wait is an upper bound (a release comes sooner), so it waits
+    until the budget is spent.
+    """
+    if max_wait_s is None:
+        return False
+    if d.reason == CONCURRENCY:
+        return waited_s >= max_wait_s
+    return waited_s + d.wait_s > max_wait_s
 
 
 @dataclass
@@ -111,6 +183,8 @@ class _ModelState:
     per_token_s: float = 0.0  # last seen token interval, used by release() refunds
     cooldown_until_s: float = -math.inf
     disabled_reason: str | None = None
+    grant_log_s: list[float] = field(default_factory=list)  # actual grant times within the window
+    reservations: dict[str, tuple[float, float]] = field(default_factory=dict)  # holder -> (slot, expiry)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -119,6 +193,9 @@ class MemoryLimiter:
 
     ``lease_ttl_s``: lease lifetime without renewal. ``period_s``: the rate window the limits are
     counted over (60 s = "per minute"; tests and benchmarks use shorter windows).
+    ``jitter_allowance_s``: added to the window the limiter enforces (module docstring).
+    ``reserve_ahead_s``: farthest slot a rate denial reserves. ``reservation_grace_s``: how long
+    after its slot an unclaimed reservation is kept.
     """
 
     def __init__(
@@ -126,13 +203,19 @@ class MemoryLimiter:
         *,
         lease_ttl_s: float = 900.0,
         period_s: float = 60.0,
+        jitter_allowance_s: float = 0.25,
+        reserve_ahead_s: float = 30.0,
+        reservation_grace_s: float = 30.0,
         clock: Clock = time.monotonic,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
-        if lease_ttl_s <= 0 or period_s <= 0:
-            raise LimiterError("lease_ttl_s and period_s must be > 0 seconds")
+        check_config(lease_ttl_s, period_s, jitter_allowance_s, reserve_ahead_s, reservation_grace_s)
         self._ttl_s = lease_ttl_s
         self._period_s = period_s
+        self._allowance_s = jitter_allowance_s
+        self._window_s = period_s + jitter_allowance_s
+        self._ahead_s = reserve_ahead_s
+        self._grace_s = reservation_grace_s
         self._clock = clock
         self._sleep = sleep
         self._models: dict[str, _ModelState] = {}
@@ -148,46 +231,102 @@ class MemoryLimiter:
         st.changed.set()
         st.changed = asyncio.Event()
 
-    async def try_acquire(self, model: str, limits: ModelLimits, holder: str, cost_tokens: int) -> LimitDecision:
-        """Grant now or say how long to wait and why. Raises :class:`ModelDisabled`."""
+    def _log_free_at(self, st: _ModelState, rpm: float | None, now: float) -> float:
+        """Earliest time the grant log allows one more grant (``now`` when it does)."""
+        if not rpm:
+            return now
+        limit = log_limit(rpm)
+        st.grant_log_s = [g for g in st.grant_log_s if g > now - self._window_s]
+        n = len(st.grant_log_s)
+        return st.grant_log_s[n - limit] + self._window_s if n >= limit else now
+
+    def _grant(self, st: _ModelState, model: str, limits: ModelLimits, holder: str, cost_tokens: int, now: float, reason: str) -> LimitDecision:
+        if limits.requests_per_minute:
+            st.grant_log_s.append(now)
+        st.leases[holder] = now + self._ttl_s
+        return LimitDecision(Lease(model, holder, cost_tokens, granted_at_s=now), 0.0, reason, now)
+
+    async def try_acquire(
+        self, model: str, limits: ModelLimits, holder: str, cost_tokens: int, *, reserve: bool = False
+    ) -> LimitDecision:
+        """Grant now or say how long to wait and why (``reserve``: see the module docstring).
+        Raises :class:`ModelDisabled`."""
         check_cost(cost_tokens)
         st = self._state(model)
         now = self._clock()
         if st.disabled_reason is not None:
             raise ModelDisabled(model, st.disabled_reason)
+        for h in [h for h, (_, exp) in st.reservations.items() if exp <= now]:
+            del st.reservations[h]  # abandoned: its slot stays unused
+        resv = st.reservations.get(holder)
+        slot = None if resv is None else resv[0]
         if st.cooldown_until_s > now:
-            return LimitDecision(None, st.cooldown_until_s - now, COOLDOWN, now)
+            return LimitDecision(None, st.cooldown_until_s - now, COOLDOWN, now, slot)
         for h in [h for h, exp in st.leases.items() if exp <= now]:
             del st.leases[h]
         if holder in st.leases:
             st.leases[holder] = now + self._ttl_s
-            return LimitDecision(Lease(model, holder, cost_tokens, granted_at_s=now), 0.0, ADOPTED, now)
+            return LimitDecision(Lease(model, holder, cost_tokens, granted_at_s=now), 0.0, ADOPTED, now, slot)
         cap = limits.max_concurrency
         if cap is not None and len(st.leases) >= cap:
-            return LimitDecision(None, min(st.leases.values()) - now, CONCURRENCY, now)
-        per_request, per_token = intervals_s(limits, self._period_s)
+            return LimitDecision(None, min(st.leases.values()) - now, CONCURRENCY, now, slot)
+        free = self._log_free_at(st, limits.requests_per_minute, now)
+        if resv is not None:
+            assert slot is not None
+            if slot > now:
+                return LimitDecision(None, slot - now, RESERVED, now, slot)
+            if free > now:
+                st.reservations[holder] = (slot, free + self._grace_s)
+                return LimitDecision(None, free - now, WINDOW, now, slot)
+            del st.reservations[holder]
+            return self._grant(st, model, limits, holder, cost_tokens, now, CLAIMED)
+        per_request, per_token = intervals_s(limits, self._period_s, self._allowance_s)
         wait_r = st.tat_requests_s - now if per_request else 0.0
         wait_t = st.tat_tokens_s - now if per_token else 0.0
-        if wait_r > 0 or wait_t > 0:
-            return LimitDecision(None, max(wait_r, wait_t), REQUESTS if wait_r >= wait_t else TOKENS, now)
+        wait_w = free - now
+        if wait_r > 0 or wait_t > 0 or wait_w > 0:
+            wait, reason = wait_r, REQUESTS
+            if wait_t > wait:
+                wait, reason = wait_t, TOKENS
+            if wait_w > wait:
+                wait, reason = wait_w, WINDOW
+            if not (reserve and wait <= self._ahead_s):
+                return LimitDecision(None, wait, reason, now)
+            slot = now + wait  # a grant scheduled at the slot: charge it now, claim it then
+            if per_request:
+                st.tat_requests_s = slot + per_request
+            if per_token:
+                st.tat_tokens_s = slot + cost_tokens * per_token
+                st.per_token_s = per_token
+            st.reservations[holder] = (slot, slot + self._grace_s)
+            return LimitDecision(None, wait, reason, now, slot)
         if per_request:
             st.tat_requests_s = now + per_request
         if per_token:
             st.tat_tokens_s = now + cost_tokens * per_token
             st.per_token_s = per_token
-        st.leases[holder] = now + self._ttl_s
-        return LimitDecision(Lease(model, holder, cost_tokens, granted_at_s=now), 0.0, GRANTED, now)
+        return self._grant(st, model, limits, holder, cost_tokens, now, GRANTED)
 
-    async def acquire(self, model: str, limits: ModelLimits, holder: str, cost_tokens: int) -> Lease:
-        """Wait (without spinning) until granted; ``waited_ms`` is the time spent waiting."""
+    async def acquire(
+        self, model: str, limits: ModelLimits, holder: str, cost_tokens: int, *, max_wait_s: float | None = None
+    ) -> Lease:
+        """Wait (without spinning) until granted; ``waited_ms`` is the time spent waiting.
+
+        A rate denial reserves the holder's slot, so waiters are served in order. ``max_wait_s``:
+        raise :class:`WaitBudgetExceeded` instead of waiting past it (the reservation stays).
+        """
         started: float | None = None
         while True:
             changed = self._state(model).changed  # captured before deciding: no lost wake-ups
-            d = await self.try_acquire(model, limits, holder, cost_tokens)
+            d = await self.try_acquire(model, limits, holder, cost_tokens, reserve=True)
             started = d.now_s if started is None else started
             if d.permit is not None:
                 return replace(d.permit, waited_ms=(d.now_s - started) * 1000.0)
-            await self._wait(changed, d.wait_s)
+            waited_s = d.now_s - started
+            if over_budget(d, waited_s, max_wait_s):
+                raise WaitBudgetExceeded(model, d)
+            wait_s = d.wait_s if max_wait_s is None else min(d.wait_s, max_wait_s - waited_s)
+            await self._wait(changed, wait_s)
 
     async def _wait(self, changed: asyncio.Event, wait_s: float) -> None:
         if changed.is_set():

@@ -6,7 +6,9 @@ time taken from Redis ``TIME`` inside the scripts, so workers' clocks never matt
 Keys (one hash tag per model, so a cluster keeps them on one slot):
 ``{prefix}:{<model>}:lease`` ZSET holder -> expiry (us); ``{prefix}:{<model>}:state`` HASH with
 ``tat_r``/``tat_t`` (GCRA theoretical arrival times, us), ``ivt`` (us per token), ``cool``
-(cooldown end, us) and ``disabled`` (reason). Releases, cooldowns and disables are published on
+(cooldown end, us) and ``disabled`` (reason); ``{prefix}:{<model>}:log`` ZSET of the actual grant
+times in the last window (expires when idle); ``{prefix}:{<model>}:resv:<holder>`` STRING the
+holder's reserved slot (us), with a TTL of its slot + ``reservation_grace_s``. Releases, cooldowns and disables are published on
 ``{prefix}:chg:<model>``; one pub/sub connection per limiter wakes the local waiters of that model.
 
 Waiting: a denied acquire sleeps until the computed time (exact for rate and cooldown; the next
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
 
@@ -40,8 +42,11 @@ from workers.limits.memory import (
     LimiterError,
     LimiterUnavailable,
     ModelDisabled,
+    WaitBudgetExceeded,
+    check_config,
     check_cost,
     intervals_s,
+    over_budget,
 )
 from workers.runtask import ModelLimits
 
@@ -58,25 +63,58 @@ def _keys(prefix: str, model: str) -> list[str]:
     return [f"{prefix}:{{{model}}}:lease", f"{prefix}:{{{model}}}:state"]
 
 
+def _acquire_keys(prefix: str, model: str, holder: str) -> list[str]:
+    """[lease ZSET, state HASH, grant log ZSET, the holder's reservation STRING]."""
+    return [*_keys(prefix, model), f"{prefix}:{{{model}}}:log", f"{prefix}:{{{model}}}:resv:{holder}"]
+
+
+@dataclass(frozen=True)
+class _RateConfig:
+    """What both Redis limiters pass to ``acquire.lua`` besides the request itself (seconds)."""
+
+    lease_ttl_s: float
+    period_s: float
+    jitter_allowance_s: float
+    reserve_ahead_s: float
+    reservation_grace_s: float
+
+    def __post_init__(self) -> None:
+        check_config(self.lease_ttl_s, self.period_s, self.jitter_allowance_s, self.reserve_ahead_s, self.reservation_grace_s)
+
+
 def _load_scripts(client: Any) -> dict[str, Any]:
     pkg = resources.files("workers.limits")
     return {n: client.register_script(pkg.joinpath(f"{n}.lua").read_text()) for n in _SCRIPTS}
 
 
-def _acquire_args(limits: ModelLimits, holder: str, cost_tokens: int, period_s: float, ttl_s: float) -> list[Any]:
+def _acquire_args(limits: ModelLimits, holder: str, cost_tokens: int, cfg: _RateConfig, reserve: bool) -> list[Any]:
     check_cost(cost_tokens)
-    per_request, per_token = intervals_s(limits, period_s)
-    return [holder, limits.max_concurrency or 0, per_request * _US, per_token * _US, cost_tokens, ttl_s * _US]
+    per_request, per_token = intervals_s(limits, cfg.period_s, cfg.jitter_allowance_s)
+    return [
+        holder,
+        limits.max_concurrency or 0,
+        per_request * _US,
+        per_token * _US,
+        cost_tokens,
+        cfg.lease_ttl_s * _US,
+        limits.requests_per_minute or 0,
+        (cfg.period_s + cfg.jitter_allowance_s) * _US,
+        1 if reserve else 0,
+        cfg.reserve_ahead_s * _US,
+        cfg.reservation_grace_s * _US,
+    ]
 
 
 def _decision(res: list[Any], model: str, holder: str, cost_tokens: int) -> LimitDecision:
-    code, wait_us, reason, now_us, detail = res
+    code, wait_us, reason, now_us, detail, slot_us = res
     now_s = int(_text(now_us)) / _US
+    slot = _text(slot_us)
+    reserved_at_s = int(slot) / _US if slot else None
     if int(code) == -1:
         raise ModelDisabled(model, _text(detail))
     if int(code) > 0:
-        return LimitDecision(Lease(model, holder, cost_tokens, granted_at_s=now_s), 0.0, _text(reason), now_s)
-    return LimitDecision(None, int(_text(wait_us)) / _US, _text(reason), now_s)
+        return LimitDecision(Lease(model, holder, cost_tokens, granted_at_s=now_s), 0.0, _text(reason), now_s, reserved_at_s)
+    return LimitDecision(None, int(_text(wait_us)) / _US, _text(reason), now_s, reserved_at_s)
 
 
 def _release_args(permit: Permit, actual_tokens: int | None, channel: str) -> list[Any]:
@@ -102,7 +140,9 @@ class RedisLimiter:
 
     ``client``: a ``redis.asyncio.Redis`` (pooled). ``key_prefix``: namespace of all keys.
     ``lease_ttl_s``: lease lifetime without :meth:`renew`. ``period_s``: the rate window the
-    per-minute limits are counted over. ``max_block_s``: longest single wait before re-checking.
+    per-minute limits are counted over. ``jitter_allowance_s``, ``reserve_ahead_s``,
+    ``reservation_grace_s``: as in :class:`workers.limits.memory.MemoryLimiter` (same defaults).
+    ``max_block_s``: longest single wait before re-checking.
     Use as ``async with RedisLimiter(...) as lim`` or call :meth:`aclose` to stop the listener.
     """
 
@@ -113,15 +153,18 @@ class RedisLimiter:
         key_prefix: str = "irbench:lim",
         lease_ttl_s: float = 900.0,
         period_s: float = 60.0,
+        jitter_allowance_s: float = 0.25,
+        reserve_ahead_s: float = 30.0,
+        reservation_grace_s: float = 30.0,
         max_block_s: float = 5.0,
         listener_ready_timeout_s: float = 2.0,
     ) -> None:
-        if lease_ttl_s <= 0 or period_s <= 0 or max_block_s <= 0:
-            raise LimiterError("lease_ttl_s, period_s and max_block_s must be > 0 seconds")
+        if max_block_s <= 0:
+            raise LimiterError("max_block_s must be > 0 seconds")
+        self._cfg = _RateConfig(lease_ttl_s, period_s, jitter_allowance_s, reserve_ahead_s, reservation_grace_s)
         self._client = client
         self._prefix = key_prefix
         self._ttl_s = lease_ttl_s
-        self._period_s = period_s
         self._max_block_s = max_block_s
         self._ready_timeout_s = listener_ready_timeout_s
         self._scripts = _load_scripts(client)
@@ -144,23 +187,38 @@ class RedisLimiter:
             raise _translate(e, _where(self._client), what) from e
 
     # ----- decisions ---------------------------------------------------------------------------
-    async def try_acquire(self, model: str, limits: ModelLimits, holder: str, cost_tokens: int) -> LimitDecision:
-        """One atomic check on Redis's clock: grant now, or say how long to wait and why."""
-        args = _acquire_args(limits, holder, cost_tokens, self._period_s, self._ttl_s)
-        res = await self._run(f"deciding for model {model!r}", self._scripts["acquire"](keys=_keys(self._prefix, model), args=args))
+    async def try_acquire(
+        self, model: str, limits: ModelLimits, holder: str, cost_tokens: int, *, reserve: bool = False
+    ) -> LimitDecision:
+        """One atomic check on Redis's clock: grant now, or say how long to wait and why.
+        ``reserve``: a rate denial reserves the holder's next slot (see ``MemoryLimiter``)."""
+        args = _acquire_args(limits, holder, cost_tokens, self._cfg, reserve)
+        keys = _acquire_keys(self._prefix, model, holder)
+        res = await self._run(f"deciding for model {model!r}", self._scripts["acquire"](keys=keys, args=args))
         return _decision(res, model, holder, cost_tokens)
 
-    async def acquire(self, model: str, limits: ModelLimits, holder: str, cost_tokens: int) -> Lease:
-        """Wait (without spinning) until granted; ``waited_ms`` is measured on Redis's clock."""
+    async def acquire(
+        self, model: str, limits: ModelLimits, holder: str, cost_tokens: int, *, max_wait_s: float | None = None
+    ) -> Lease:
+        """Wait (without spinning) until granted; ``waited_ms`` is measured on Redis's clock.
+
+        A rate denial reserves the holder's slot, so waiters are served in order. ``max_wait_s``:
+        raise :class:`WaitBudgetExceeded` instead of waiting past it (the reservation stays).
+        """
         await self._ensure_listener()
         started: float | None = None
         while True:
             changed = self._events.setdefault(model, asyncio.Event())  # before deciding: no lost wake-up
-            d = await self.try_acquire(model, limits, holder, cost_tokens)
+            d = await self.try_acquire(model, limits, holder, cost_tokens, reserve=True)
             started = d.now_s if started is None else started
             if d.permit is not None:
                 return replace(d.permit, waited_ms=(d.now_s - started) * 1000.0)
+            waited_s = d.now_s - started
+            if over_budget(d, waited_s, max_wait_s):
+                raise WaitBudgetExceeded(model, d)
             wait_s = min(d.wait_s, self._max_block_s)
+            if max_wait_s is not None:
+                wait_s = min(wait_s, max_wait_s - waited_s)
             if d.reason != CONCURRENCY:
                 wait_s = max(wait_s, 0.0005)  # TAT rounding to whole us must not cause a re-check storm
             try:
@@ -286,14 +344,20 @@ class SyncRedisLimiter:
     ``decision.wait_s`` rather than sleep in a worker slot."""
 
     def __init__(
-        self, client: redis.Redis, *, key_prefix: str = "irbench:lim", lease_ttl_s: float = 900.0, period_s: float = 60.0
+        self,
+        client: redis.Redis,
+        *,
+        key_prefix: str = "irbench:lim",
+        lease_ttl_s: float = 900.0,
+        period_s: float = 60.0,
+        jitter_allowance_s: float = 0.25,
+        reserve_ahead_s: float = 30.0,
+        reservation_grace_s: float = 30.0,
     ) -> None:
-        if lease_ttl_s <= 0 or period_s <= 0:
-            raise LimiterError("lease_ttl_s and period_s must be > 0 seconds")
+        self._cfg = _RateConfig(lease_ttl_s, period_s, jitter_allowance_s, reserve_ahead_s, reservation_grace_s)
         self._client = client
         self._prefix = key_prefix
         self._ttl_s = lease_ttl_s
-        self._period_s = period_s
         self._scripts = _load_scripts(client)
 
     def _call(self, what: str, fn: Any, *a: Any, **kw: Any) -> Any:
@@ -302,9 +366,12 @@ class SyncRedisLimiter:
         except (RedisError, OSError) as e:
             raise _translate(e, _where(self._client), what) from e
 
-    def try_acquire(self, model: str, limits: ModelLimits, holder: str, cost_tokens: int) -> LimitDecision:
-        args = _acquire_args(limits, holder, cost_tokens, self._period_s, self._ttl_s)
-        res = self._call(f"deciding for model {model!r}", self._scripts["acquire"], keys=_keys(self._prefix, model), args=args)
+    def try_acquire(
+        self, model: str, limits: ModelLimits, holder: str, cost_tokens: int, *, reserve: bool = False
+    ) -> LimitDecision:
+        args = _acquire_args(limits, holder, cost_tokens, self._cfg, reserve)
+        keys = _acquire_keys(self._prefix, model, holder)
+        res = self._call(f"deciding for model {model!r}", self._scripts["acquire"], keys=keys, args=args)
         return _decision(res, model, holder, cost_tokens)
 
     def release(self, permit: Permit, actual_tokens: int | None = None) -> bool:
