@@ -105,14 +105,17 @@ def analyze_command(
     pairs: Annotated[str, typer.Option(help="Compare models within a 'family' or 'all' pairs.")] = "family",
     corpus: Annotated[Optional[list[Path]], typer.Option("--corpus", help="Folders with prompt files (found by sha256) for correctness.")] = None,
     skip_corrupt: Annotated[bool, typer.Option("--skip-corrupt", help="Skip unreadable Parquet files (named in the output).")] = False,
+    executor: Annotated[str, typer.Option(help="'local' (in-process) or 'celery' (map per date partition on the workers).")] = "local",
+    broker: Annotated[Optional[str], typer.Option("--broker", envvar="IRBENCH_BROKER_URL", help="Redis URL for --executor celery.")] = None,
+    timeout: Annotated[Optional[float], typer.Option(help="Give up on a distributed analysis after this many seconds.")] = None,
 ) -> None:
     """Audit stored runs and imported cells: per panel, models with CIs, rank sets and partition,
     pairs, sensitivity, drift, stabilisation, correctness, correlations, normalised Jaccard.
 
     Example: irbench analyze --data data/ --out out/ --corpus corpus/synthetic --seed 7
     """
-    from analysis.analyze import run_analysis
     from analysis.options import AnalysisOptions
+    from orchestrator.analysis_jobs import analyze_with_executor
 
     try:
         options = AnalysisOptions(
@@ -123,7 +126,7 @@ def analyze_command(
             merge_rule=merge_rule, precedence_path=precedence, families_path=families,
             pair_scope=pairs, corpus_dirs=corpus or None, skip_corrupt=skip_corrupt,
         )
-        result = run_analysis(data, out, options)
+        result = analyze_with_executor(data, out, options, executor=executor, broker_url=broker, timeout_s=timeout)
     except (IrbenchError, ValueError) as exc:
         _fail(exc)
         return

@@ -64,6 +64,9 @@ def run(
         Optional[str], typer.Option(help="'local' (in-process) or 'celery'; default: the campaign's executor.kind.")
     ] = None,
     broker: BrokerOpt = None,
+    analyze: Annotated[
+        bool, typer.Option(help="With --executor celery: enqueue the analysis when every run is stored.")
+    ] = True,
     progress: Annotated[bool, typer.Option(help="Show a progress bar per model.")] = True,
     log_file: Annotated[Optional[Path], typer.Option(help="Write JSON logs here instead of stderr.")] = None,
     verbose: bool = False,
@@ -87,12 +90,19 @@ def run(
         store = RunStore(data)
         _report_corpus(prepared)
         if kind == "celery":
-            from orchestrator.celery_executor import run_campaign_celery
+            from orchestrator.celery_executor import CeleryOptions, run_campaign_celery
 
             url = _broker_url(broker, spec.executor.broker)
             done_before = len(store.completed_run_ids(spec.name) & {t.run_id for t in prepared.tasks})
             with ModelBars(console, enabled=progress) as bars:
-                summary = run_campaign_celery(prepared, store, url, on_progress=bars.update)
+                summary = run_campaign_celery(
+                    prepared,
+                    store,
+                    url,
+                    on_progress=bars.update,
+                    options=CeleryOptions(analyze_on_complete=analyze),
+                    on_analysis=lambda job: console.print(f"analysis enqueued; outputs will land in {job.out_dir}"),
+                )
             skipped = done_before
         else:
             secrets = resolve_secrets(spec)
@@ -183,7 +193,10 @@ def resume(
 
     Example: irbench resume examples/demo.toml --data data/ --executor celery --broker redis://127.0.0.1:6379/0
     """
-    run(campaign=campaign, data=data, executor=executor, broker=broker, progress=progress, log_file=None, verbose=False)
+    run(
+        campaign=campaign, data=data, executor=executor, broker=broker, analyze=True, progress=progress,
+        log_file=None, verbose=False,
+    )
 
 
 @app.command()

@@ -71,11 +71,9 @@ def probe_command(
         if executor == "celery":
             if not broker:
                 raise ConfigError("--executor celery needs --broker redis://HOST:PORT/DB")
-            from orchestrator.celery_executor import run_campaign_celery
+            from orchestrator.celery_executor import celery_execute
 
-            def execute(prepared, store, secrets, on_progress=None):  # noqa: ANN001, ANN202
-                # workers read keys from their own environment; nothing is dispatched twice
-                return 0, run_campaign_celery(prepared, store, broker)
+            execute = celery_execute(broker)  # workers read keys from their own environment
         elif executor != "local":
             raise ConfigError(f"--executor {executor!r}: use 'local' or 'celery'")
         with ModelBars(console, enabled=progress and executor == "local") as bars:
