@@ -179,6 +179,8 @@ def _one_per_campaign(included: pa.Table) -> pa.Table:
     budget = pc.fill_null(included.column("budget_max_tokens"), -1).to_numpy()
     keys = [_codes(included.column(c))[0] for c in ("campaign", "model", "prompt_sha256")]
     keep = np.sort(_first_per_group(keys, [-budget.astype(np.int64)]))
+    if keep.size == included.num_rows:  # nothing to drop: skip copying the table
+        return included
     return included.take(pa.array(keep, pa.int64()))
 
 
@@ -236,19 +238,26 @@ def merge_cells(cells: pa.Table, budget_rank: dict[str, int],
 _KEY_COLUMNS = ("campaign", "model", "prompt_sha256", "budget_max_tokens", "source")
 
 
-def _row_keys(t: pa.Table) -> pa.ChunkedArray:
-    """One string per row identifying (campaign, model, prompt, budget, source)."""
-    parts = [pc.fill_null(t.column(c).cast(pa.string()), "\x00null") for c in _KEY_COLUMNS]
-    return pc.binary_join_element_wise(*parts, "\x1f")
-
-
 def chosen_flags(cells: pa.Table, merged: MergedCells) -> dict[str, np.ndarray]:
-    """Per rule, a bool per row of ``cells``: this row supplies its cell under that rule."""
-    keys = _row_keys(cells)
-    return {rule: pc.is_in(keys, value_set=pa.concat_arrays(
-                _row_keys(t).chunks) if t.num_rows else pa.array([], pa.string())
-            ).to_numpy(zero_copy_only=False).astype(bool)
-            for rule, t in merged.tables.items()}
+    """Per rule, a bool per row of ``cells``: this row supplies its cell under that rule
+    (its (campaign, model, prompt, budget, source) key is among the rule's chosen rows)."""
+    tables = list(merged.tables.items())
+    sizes = [cells.num_rows] + [t.num_rows for _, t in tables]
+    key = np.zeros(sum(sizes), dtype=np.int64)
+    for c in _KEY_COLUMNS:  # one integer per distinct key tuple, shared by all tables
+        col = pa.chunked_array([cells.column(c).cast(pa.string())]
+                               + [t.column(c).cast(pa.string()) for _, t in tables])
+        codes = pc.dictionary_encode(col.combine_chunks(), null_encoding="encode")
+        values = codes.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        width = len(codes.dictionary)
+        if key.size and key.max() > (2**62) // max(1, width):  # radix would overflow: re-code
+            key = np.unique(key, return_inverse=True)[1].astype(np.int64)
+        key = key * max(1, width) + values
+    bounds = np.cumsum(sizes)
+    out = {}
+    for i, (rule, _) in enumerate(tables):
+        out[rule] = np.isin(key[:bounds[0]], key[bounds[i]:bounds[i + 1]])
+    return out
 
 
 def complete_excluded(table, cells: pa.Table):  # noqa: ANN001, ANN201 - ModelTable in and out

@@ -92,6 +92,17 @@ def _encode(col: pa.ChunkedArray) -> tuple[np.ndarray, list]:
     return enc.indices.to_numpy(zero_copy_only=False).astype(np.int64), enc.dictionary.to_pylist()
 
 
+def _distinct_per_model(model: np.ndarray, prompt: np.ndarray, n_models: int,
+                        n_prompts: int, max_bitmap: int = 50_000_000) -> np.ndarray:
+    """Number of distinct prompt codes per model code (bitmap when small, else unique)."""
+    if n_models * n_prompts <= max_bitmap:
+        seen = np.zeros(n_models * n_prompts, dtype=bool)
+        seen[model * n_prompts + prompt] = True
+        return seen.reshape(n_models, n_prompts).sum(axis=1)
+    pairs = np.unique(model * n_prompts + prompt)
+    return np.bincount(pairs // n_prompts, minlength=n_models)
+
+
 def _floats(col: pa.ChunkedArray) -> np.ndarray:
     """A numeric column as float64 with null → NaN."""
     return np.asarray(col.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
@@ -129,8 +140,8 @@ def model_table(cells: pa.Table, min_prompts: int = 3, min_runs: int | None = No
     inc_idx = np.flatnonzero(included)
     inc_model = model_codes[inc_idx]
     n_cells = np.bincount(inc_model, minlength=n_models)
-    pairs = np.unique(inc_model * max(1, len(prompt_names)) + prompt_codes[inc_idx])
-    n_prompts = np.bincount(pairs // max(1, len(prompt_names)), minlength=n_models)
+    n_prompts = _distinct_per_model(inc_model, prompt_codes[inc_idx], n_models,
+                                    len(prompt_names))
     order = inc_idx[np.argsort(inc_model, kind="stable")]  # included rows grouped by model
     bounds = np.concatenate([[0], np.cumsum(n_cells)])
     jac_all = _floats(cells.column("mean_jaccard"))
