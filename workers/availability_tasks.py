@@ -247,7 +247,7 @@ def register_availability_tasks(app: Any) -> None:
     """Register ``irbench.availability_check`` on a Celery app (arguments are JSON only)."""
     import redis
 
-    @app.task(name=AVAILABILITY_TASK_NAME, ignore_result=True)
+    @app.task(name=AVAILABILITY_TASK_NAME, ignore_result=True, shared=False)
     def availability_check(targets: list[dict], data_dir: str, interval_s: float,
                            settings: dict | None = None) -> dict:
         client = redis.Redis.from_url(app.conf.broker_url)
@@ -301,18 +301,11 @@ def beat_settings_from_env(environ: Mapping[str, str]) -> tuple[list[CheckTarget
 
 
 def make_availability_app(broker_url: str, environ: Mapping[str, str] | None = None) -> Any:
-    """The irbench Celery app with the availability task, and its beat entry when configured."""
+    """The irbench Celery app: ``make_celery_app`` registers the availability task and, when
+    ``IRBENCH_AVAILABILITY_TARGETS`` is set, its beat entry."""
     from workers import celery_app
 
-    # reuse the module-level app of `celery -A workers.celery_app` when it is the same broker
-    # (building a second app would register irbench.run twice)
-    app = celery_app.app if celery_app.app.conf.broker_url == broker_url else celery_app.make_celery_app(broker_url)
-    register_availability_tasks(app)
-    configured = beat_settings_from_env(os.environ if environ is None else environ)
-    if configured is not None:
-        targets, data_dir, interval = configured
-        configure_availability_beat(app, targets, data_dir, interval_s=interval)
-    return app
+    return celery_app.make_celery_app(broker_url, environ=environ)
 
 
 def __getattr__(name: str) -> Any:
