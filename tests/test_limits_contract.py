@@ -476,3 +476,27 @@ def test_late_claims_never_overfill_a_window(backend: Backend) -> None:
             assert _worst_window(granted, period_s) <= rpm, [round(g - t0, 3) for g in sorted(granted)]
 
     run(body)
+
+
+def test_cooldown_voids_reservations_and_restarts_the_schedule(backend: Backend) -> None:
+    """After a 429 cooldown, overdue reservations must not all be claimed at once (a burst into a
+    provider that just said "slow down"): they are void, and permits resume one interval apart."""
+    period_s, rpm = 1.0, 5  # 0.2 s per request
+    limits = ModelLimits(requests_per_minute=rpm, max_concurrency=None)
+
+    async def body() -> None:
+        async with open_limiter(backend, period_s=period_s, jitter_allowance_s=0.0) as lim:
+            await lim.acquire("m", limits, "a", 0)
+            for h in ("b", "c", "d"):
+                assert (await lim.try_acquire("m", limits, h, 0, reserve=True)).reserved_at_s is not None
+            await lim.cooldown("m", 0.8)  # longer than every reserved slot is away
+            d = await lim.try_acquire("m", limits, "b", 0, reserve=True)
+            assert d.reason == "cooldown" and d.reserved_at_s is None, "a cooldown voids reservations"
+            await asyncio.sleep(d.wait_s + 0.01)
+            got = [await lim.try_acquire("m", limits, h, 0, reserve=True) for h in ("b", "c", "d")]
+            assert got[0].permit is not None and got[0].reason == "granted"
+            assert [g.permit for g in got[1:]] == [None, None], "the others were not granted in a burst"
+            assert got[1].reserved_at_s == pytest.approx(got[0].now_s + 0.2, abs=0.02)
+            assert got[2].reserved_at_s == pytest.approx(got[0].now_s + 0.4, abs=0.02)
+
+    run(body)

@@ -5,17 +5,28 @@ auth/not-found/client errors in a row (counted across workers) disable it; ``can
 every model (``irbench cancel``). Keys live under the campaign (``workers.campaign_state``):
 ``P:gate`` HASH model -> reason, ``P:streak`` HASH model -> count, ``P:cancel`` STRING reason.
 
-The methods are synchronous because ``execute_run`` calls them synchronously; each is one
-round trip on a sync client with short socket timeouts. ``closed_reason`` lets a Redis error
+The protocol methods are synchronous because ``execute_run`` calls them synchronously; each is
+one round trip on a sync client with short socket timeouts. ``closed_reason`` lets a Redis error
 propagate (the caller defers the run: an unknown gate must not be read as "open"), while
 ``observe`` retries briefly and then logs, since losing a streak increment only delays a disable.
+
+``execute_run`` runs on the worker's shared event loop, where a sync round trip stalls every
+other run of the process. So: ``closed_reason_async`` (the check right after a permit is
+granted) uses the async client, and ``closed_reason`` answers from the last check made less than
+``fresh_s`` ago — the task thread primes it just before handing the run to the loop — and only
+goes to Redis (blocking) when that answer is older. An "open" answer at most ``fresh_s`` old
+is safe because every grant is followed by the async re-check before the call is made.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
+from typing import Any
 
 import redis
+import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
@@ -26,8 +37,16 @@ from workers.retry import DISABLING
 log = structlog.get_logger("irbench.gate")
 
 
+def _reason(cancel: Any, closed: Any) -> str | None:
+    value = cancel if cancel is not None else closed
+    return None if value is None else (value.decode() if isinstance(value, bytes) else str(value))
+
+
 class RedisGate:
-    """Gate of one campaign. ``observe_retries``/``observe_backoff_s``: best-effort persistence."""
+    """Gate of one campaign. ``observe_retries``/``observe_backoff_s``: best-effort persistence.
+    ``async_client``: used by :meth:`closed_reason_async` (else it runs the sync check in a
+    thread). ``fresh_s``: how old a remembered answer :meth:`closed_reason` may return.
+    ``clock``: monotonic seconds (injectable)."""
 
     def __init__(
         self,
@@ -36,20 +55,49 @@ class RedisGate:
         disable_after_consecutive: int = 3,
         observe_retries: int = 3,
         observe_backoff_s: float = 0.1,
+        async_client: aioredis.Redis | None = None,
+        fresh_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._state = state
         self._client: redis.Redis = state.client
+        self._aclient = async_client
         self._limit = disable_after_consecutive
         self._retries = observe_retries
         self._backoff_s = observe_backoff_s
+        self._fresh_s = fresh_s
+        self._clock = clock
+        self._known: dict[str, tuple[float, str | None]] = {}  # model -> (checked at, answer)
+
+    def _remember(self, model: str, reason: str | None, checked_at: float) -> str | None:
+        self._known[model] = (checked_at, reason)
+        return reason
 
     def closed_reason(self, model: str) -> str | None:
+        """The gate's answer, from a check less than ``fresh_s`` old or else from Redis."""
+        now = self._clock()
+        known = self._known.get(model)
+        if known is not None and now - known[0] < self._fresh_s:
+            return known[1]
         pipe = self._client.pipeline(transaction=False)
         pipe.get(self._state.key("cancel"))
         pipe.hget(self._state.key("gate"), model)
-        cancel, closed = pipe.execute()
-        value = cancel if cancel is not None else closed
-        return None if value is None else (value.decode() if isinstance(value, bytes) else str(value))
+        return self._remember(model, _reason(*pipe.execute()), now)
+
+    def refresh(self, model: str) -> str | None:
+        """Check Redis now (sync; call it off the event loop) and remember the answer."""
+        self._known.pop(model, None)
+        return self.closed_reason(model)
+
+    async def closed_reason_async(self, model: str) -> str | None:
+        """Check Redis now without blocking the event loop; remembers the answer."""
+        now = self._clock()
+        if self._aclient is None:
+            return await asyncio.to_thread(self.refresh, model)
+        pipe = self._aclient.pipeline(transaction=False)
+        pipe.get(self._state.key("cancel"))
+        pipe.hget(self._state.key("gate"), model)
+        return self._remember(model, _reason(*await pipe.execute()), now)
 
     def _observe_once(self, model: str, outcome: Outcome, detail: str | None) -> None:
         gate, streak = self._state.key("gate"), self._state.key("streak")

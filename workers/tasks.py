@@ -5,7 +5,9 @@ secret: the API key is read by the worker from its own environment). Order of ef
 claim (skip if done / live elsewhere) → already stored? → ``execute_run`` on the process's
 loop → ``RunStore.write([record])`` (``<run_id>.parquet``, first writer wins) → done marker and
 counters → return (ack). A permit that is not available within a second or two re-publishes
-the same run with a countdown (a deferral: no Celery retry, no attempt spent).
+the same run with a countdown (a deferral: no Celery retry, no attempt spent). When the limiter
+reserved a rate slot for the run, the countdown is exactly the time to that slot (no jitter:
+the slot has one owner); otherwise it is jittered so deferred runs do not return together.
 """
 
 from __future__ import annotations
@@ -73,20 +75,25 @@ def execute_one(rt: WorkerRuntime, task: RunTask, data_dir: str | None, owner: s
         failed = stored != Outcome.OK.value
         _with_redis_retry(lambda: state.mark_done(task.run_id, task.model, stored, failed), s.redis_retry_s)
         return "already_stored"
-    gate = RedisGate(state, disable_after_consecutive=task.retry.disable_after_consecutive)
+    gate = RedisGate(state, disable_after_consecutive=task.retry.disable_after_consecutive, async_client=rt.aredis)
     ctx = RunContext(provider_for=rt.provider_for, limiter=DeferringLimiter(rt.limiter, gate, rt), gate=gate)
     rt.hold_claim(state, task.run_id, owner)
     try:
+        gate.refresh(task.model)  # here, in the task thread: execute_run's first check is then answered off the loop
         record = rt.run(execute_run(task, ctx))
     except (Deferred, RedisError) as exc:
-        wait_s = exc.wait_s if isinstance(exc, Deferred) else s.min_defer_s * 4
-        countdown = min(max(wait_s, s.min_defer_s) + random.uniform(0, s.min_defer_s), s.max_defer_s)
+        if isinstance(exc, Deferred) and exc.reserved:
+            countdown = min(exc.wait_s, s.max_defer_s)  # slots are reserved at most max_defer_s ahead
+        else:
+            wait_s = exc.wait_s if isinstance(exc, Deferred) else s.min_defer_s * 4
+            countdown = min(max(wait_s, s.min_defer_s) + random.uniform(0, s.min_defer_s), s.max_defer_s)
         rt.drop_claim(task.run_id)
         try:
             state.release_claim(task.run_id, owner, countdown)
         except RedisError:
             pass  # the claim expires on its own
-        raise Deferred(countdown, exc.reason if isinstance(exc, Deferred) else "redis unavailable") from exc
+        reason = exc.reason if isinstance(exc, Deferred) else "redis unavailable"
+        raise Deferred(countdown, reason, reserved=isinstance(exc, Deferred) and exc.reserved) from exc
     finally:
         rt.drop_claim(task.run_id)
     store.write([record])
@@ -111,7 +118,7 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> Any:
                 queue = (self.request.delivery_info or {}).get("routing_key") or app.conf.task_default_queue
                 # Same task id, new message; NOT self.retry(): deferrals must not spend max_retries.
                 self.apply_async(args=(task_json, data_dir), task_id=task.run_id, countdown=d.wait_s, queue=queue)
-                log.info("run_deferred", countdown_s=round(d.wait_s, 3), reason=d.reason)
+                log.info("run_deferred", countdown_s=round(d.wait_s, 3), reason=d.reason, reserved=d.reserved)
                 return "deferred"
             log.info("run_finished", result=result)
             return result

@@ -11,7 +11,9 @@
 ``DeferringLimiter`` wraps the Redis limiter for ``execute_run``: it waits at most
 ``max_wait_s`` for a permit and otherwise raises :class:`Deferred` (deliberately NOT an
 ``IrbenchError``, so it leaves ``execute_run`` without becoming an attempt or a record); the
-task then re-publishes itself with a countdown. A Redis outage also becomes a deferral.
+task then re-publishes itself with a countdown. A rate denial reserves the run's slot in Redis
+(keyed by run_id), so the countdown is exactly the time to that slot and the redelivered run is
+granted without a second rate charge. A Redis outage also becomes a deferral.
 """
 
 from __future__ import annotations
@@ -37,12 +39,12 @@ from redis.retry import Retry
 
 from storage.runs import RunStore
 from workers.errors import IrbenchError
-from workers.gate import ModelGate
 from workers.limits.base import Permit
-from workers.limits.memory import CONCURRENCY, LimiterError, LimiterUnavailable
+from workers.limits.memory import CONCURRENCY, LimiterError, LimiterUnavailable, WaitBudgetExceeded
 from workers.limits.redis_limiter import RedisLimiter
 from workers.providers.base import Provider
 from workers.providers.registry import make_http_client, make_provider
+from workers.redis_gate import RedisGate
 from workers.runtask import ModelLimits, RunTask
 
 log = structlog.get_logger("irbench.worker")
@@ -60,9 +62,14 @@ class WorkerSettings:
     ``lease_ttl_s``/``claim_ttl_s``: lifetime of a limiter lease / run claim without a heartbeat
     (renewed every third of the shorter one). ``max_wait_s``: longest wait for a permit while
     holding a worker slot. ``min_defer_s``/``max_defer_s``: bounds of a deferral countdown (keep
-    ``max_defer_s`` far below the broker visibility timeout). ``limit_period_s``: the window
-    ``requests_per_minute``/``tokens_per_minute`` are counted over. ``redis_retry_s``: how long
-    to keep retrying Redis for the done marker before giving up to the reconciler.
+    ``max_defer_s`` far below the broker visibility timeout); rate slots are reserved at most
+    ``max_defer_s`` ahead. ``limit_period_s``: the window ``requests_per_minute``/
+    ``tokens_per_minute`` are counted over. ``limit_jitter_allowance_s``: added to that window by
+    the limiter so the spread of grant-to-provider delays cannot push one request too many into a
+    provider's window (0.25 s: the worst spread measured in ``bench/README.md``; 0.4 % of a 60 s
+    window). ``reservation_grace_s``: how long after its slot a deferred run's reservation waits
+    to be claimed before it is abandoned. ``redis_retry_s``: how long to keep retrying Redis for
+    the done marker before giving up to the reconciler.
     """
 
     redis_url: str
@@ -74,6 +81,8 @@ class WorkerSettings:
     min_defer_s: float = 0.5
     max_defer_s: float = 30.0
     limit_period_s: float = 60.0
+    limit_jitter_allowance_s: float = 0.25
+    reservation_grace_s: float = 30.0
     redis_retry_s: float = 30.0
     key_prefix: str = "irbench"
 
@@ -94,12 +103,16 @@ class WorkerSettings:
 
 
 class Deferred(Exception):  # noqa: N818 - a control-flow signal, not an error
-    """No permit within the bounded wait: re-publish the run after ``wait_s`` seconds."""
+    """No permit within the bounded wait: re-publish the run after ``wait_s`` seconds.
 
-    def __init__(self, wait_s: float, reason: str) -> None:
-        super().__init__(f"deferred {wait_s:.2f} s ({reason})")
+    ``reserved``: a rate slot is reserved for the run at exactly ``wait_s`` from now; come back
+    then (no jitter needed: the slot has one owner)."""
+
+    def __init__(self, wait_s: float, reason: str, *, reserved: bool = False) -> None:
+        super().__init__(f"deferred {wait_s:.2f} s ({reason}{', slot reserved' if reserved else ''})")
         self.wait_s = wait_s
         self.reason = reason
+        self.reserved = reserved
 
 
 class GateClosed(IrbenchError):
@@ -123,11 +136,15 @@ class DeferringLimiter:
 
     Only the run's first permit can be deferred; a retry's permit is awaited (bounded by the
     cooldown/rate interval), so attempts already made are never lost. One instance per run.
+    A rate denial reserves the run's next slot (``RedisLimiter.acquire``): if it is within
+    ``max_wait_s`` the run waits for it here, otherwise :class:`Deferred` carries the exact
+    countdown to it. The gate re-check after the grant is async (no blocking Redis call on the
+    shared event loop).
 
     Granted permits are registered with the runtime so its heartbeat renews their leases.
     """
 
-    def __init__(self, inner: RedisLimiter, gate: ModelGate, runtime: WorkerRuntime) -> None:
+    def __init__(self, inner: RedisLimiter, gate: RedisGate, runtime: WorkerRuntime) -> None:
         self._inner, self._gate, self._rt = inner, gate, runtime
         self._max_wait_s = runtime.settings.max_wait_s
         self._min_defer_s = runtime.settings.min_defer_s
@@ -135,39 +152,24 @@ class DeferringLimiter:
 
     async def acquire(self, model: str, limits: ModelLimits, holder: str, cost_tokens: int) -> Permit:
         self._acquisitions += 1
-        if self._acquisitions > 1:
-            # A retry inside execute_run: deferring now would drop the attempts already made
-            # (every attempt must be stored), so wait; the wait is a cooldown or rate slot.
-            try:
-                permit = await self._inner.acquire(model, limits, holder, cost_tokens)
-            except LimiterUnavailable as exc:
-                raise Deferred(self._min_defer_s * 4, "limiter unavailable") from exc
-            return await self._admit(permit)
+        # A retry inside execute_run must not defer: that would drop the attempts already made
+        # (every attempt must be stored), so it waits; the wait is a cooldown or rate slot.
+        budget_s = self._max_wait_s if self._acquisitions == 1 else None
         try:
-            d = await self._inner.try_acquire(model, limits, holder, cost_tokens)
-            permit: Permit | None = d.permit
-            if permit is None:
-                if d.reason != CONCURRENCY and d.wait_s > self._max_wait_s:
-                    raise Deferred(d.wait_s, d.reason)  # rate/cooldown: the wait is exact, don't hold a slot
-                try:
-                    permit = await asyncio.wait_for(
-                        self._inner.acquire(model, limits, holder, cost_tokens), self._max_wait_s
-                    )
-                except asyncio.TimeoutError:
-                    # The cancelled wait may have been granted server-side: drop it (no-op if not).
-                    with contextlib.suppress(LimiterError):
-                        await self._inner.release(Permit(model, holder, cost_tokens))
-                    hint = d.wait_s if d.reason != CONCURRENCY else self._min_defer_s
-                    raise Deferred(max(hint, self._min_defer_s), d.reason) from None
+            permit = await self._inner.acquire(model, limits, holder, cost_tokens, max_wait_s=budget_s)
+        except WaitBudgetExceeded as exc:
+            d = exc.decision
+            if d.reason == CONCURRENCY:  # the wait is an upper bound: a release comes sooner
+                raise Deferred(self._min_defer_s, d.reason) from None
+            raise Deferred(d.wait_s, d.reason, reserved=d.reserved_at_s is not None) from None
         except LimiterUnavailable as exc:
             raise Deferred(self._min_defer_s * 4, "limiter unavailable") from exc
         return await self._admit(permit)
 
     async def _admit(self, permit: Permit) -> Permit:
         # A 410 may have closed the model while we waited: don't make the call.
-        model = permit.model
         try:
-            reason = self._gate.closed_reason(model)
+            reason = await self._gate.closed_reason_async(permit.model)
         except RedisError:
             await self.release(permit)
             raise
@@ -213,7 +215,7 @@ class WorkerRuntime:
         self._providers: dict[tuple[str, str, str, str | None], Provider] = {}
         self._stores: dict[str, RunStore] = {}
         self._stop = threading.Event()
-        self.http, self._aredis, self.limiter = self.run(self._setup())
+        self.http, self.aredis, self.limiter = self.run(self._setup())
         self._heartbeat = threading.Thread(target=self._beat, name="irbench-heartbeat", daemon=True)
         self._heartbeat.start()
 
@@ -224,6 +226,9 @@ class WorkerRuntime:
             key_prefix=f"{self.settings.key_prefix}:lim",
             lease_ttl_s=self.settings.lease_ttl_s,
             period_s=self.settings.limit_period_s,
+            jitter_allowance_s=self.settings.limit_jitter_allowance_s,
+            reserve_ahead_s=self.settings.max_defer_s,
+            reservation_grace_s=self.settings.reservation_grace_s,
             max_block_s=max(self.settings.max_wait_s, 0.05),
         )
         return make_http_client(self.settings.max_connections), client, limiter
@@ -290,7 +295,7 @@ class WorkerRuntime:
         async def _close() -> None:
             await self.limiter.aclose()
             await self.http.aclose()
-            await self._aredis.aclose()
+            await self.aredis.aclose()
 
         with contextlib.suppress(Exception):
             self.run(_close(), timeout_s=5.0)

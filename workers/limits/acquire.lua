@@ -1,10 +1,11 @@
 -- One admission decision for one model, atomic, on Redis's clock.
 -- KEYS[1] lease ZSET (member = holder, score = expiry in us)
--- KEYS[2] state HASH (tat_r, tat_t, ivt, cool, disabled)
+-- KEYS[2] state HASH (tat_r, tat_t, ivt, cool, disabled, epoch: bumped by every cooldown)
 -- KEYS[3] grant log ZSET (member = holder:time, score = grant time in us): actual grants in the
 --         last window, so no window of window_us ever holds more than `limit` grants even when
 --         reservations are claimed late
--- KEYS[4] this holder's reservation STRING (slot time in us), with a TTL
+-- KEYS[4] this holder's reservation STRING ('<slot us>:<epoch>'), with a TTL; a reservation made
+--         before the last cooldown is void (the schedule restarted at the cooldown's end)
 -- ARGV[1] holder
 -- ARGV[2] concurrency cap (<= 0: unlimited)
 -- ARGV[3] request emission interval in us (0: unlimited) = window_us / limit
@@ -37,9 +38,20 @@ local reserve = ARGV[9] == '1'
 local ahead = tonumber(ARGV[10])
 local grace = tonumber(ARGV[11])
 
-local st = redis.call('HMGET', KEYS[2], 'disabled', 'cool', 'tat_r', 'tat_t')
-local resv = redis.call('GET', KEYS[4])
-local slot_s = resv or ''
+local st = redis.call('HMGET', KEYS[2], 'disabled', 'cool', 'tat_r', 'tat_t', 'epoch')
+local epoch = st[5] or '0'
+local resv = nil
+local slot_s = ''
+local raw = redis.call('GET', KEYS[4])
+if raw then
+  local sep = string.find(raw, ':', 1, true)
+  if string.sub(raw, sep + 1) == epoch then
+    resv = string.sub(raw, 1, sep - 1)
+    slot_s = resv
+  else
+    redis.call('DEL', KEYS[4])
+  end
+end
 if st[1] then return {-1, '0', 'disabled', us(now), st[1], slot_s} end
 local cool = tonumber(st[2] or '0')
 if cool > now then return {0, us(cool - now), 'cooldown', us(now), '', slot_s} end
@@ -104,7 +116,7 @@ if wait_r > 0 or wait_t > 0 or wait_w > 0 then
     if ivt > 0 then
       redis.call('HSET', KEYS[2], 'tat_t', string.format('%.3f', slot + cost * ivt), 'ivt', string.format('%.6f', ivt))
     end
-    redis.call('SET', KEYS[4], us(slot), 'PX', math.ceil((wait + grace) / 1000))
+    redis.call('SET', KEYS[4], us(slot) .. ':' .. epoch, 'PX', math.ceil((wait + grace) / 1000))
     return {0, us(wait), reason, us(now), '', us(slot)}
   end
   return {0, us(wait), reason, us(now), '', ''}

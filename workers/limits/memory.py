@@ -35,7 +35,11 @@ Semantics (identical in ``redis_limiter``), per model:
 * **Tokens**: ``cost_tokens`` is charged at grant; ``release(permit, actual_tokens)`` moves the
   token TAT back by ``cost - actual`` (or forward when the estimate was too low). A refund is only
   applied while the lease is still live, so releasing twice never refunds twice.
-* **Cooldown**: ``cooldown(model, s)`` grants nothing for that model for ``s`` seconds.
+* **Cooldown**: ``cooldown(model, s)`` grants nothing for that model for ``s`` seconds, and
+  restarts the rate schedule at the cooldown's end: reservations made before it are void (their
+  holders reserve again when they come back) and the request TAT moves to the cooldown's end, so
+  permits resume one interval apart rather than every overdue reservation at once (a 429 burst).
+  Token charges of voided reservations are not refunded (conservative).
 * **Disable**: ``disable(model, reason)`` (an HTTP 410) makes every acquire raise
   :class:`ModelDisabled`, including callers already waiting.
 
@@ -368,6 +372,8 @@ class MemoryLimiter:
     async def cooldown(self, model: str, seconds: float) -> None:
         st = self._state(model)
         st.cooldown_until_s = max(st.cooldown_until_s, self._clock() + seconds)
+        st.tat_requests_s = st.cooldown_until_s  # restart the schedule (module docstring)
+        st.reservations.clear()
         self._notify(st)
 
     async def disable(self, model: str, reason: str) -> None:

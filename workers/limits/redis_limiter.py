@@ -8,7 +8,8 @@ Keys (one hash tag per model, so a cluster keeps them on one slot):
 ``tat_r``/``tat_t`` (GCRA theoretical arrival times, us), ``ivt`` (us per token), ``cool``
 (cooldown end, us) and ``disabled`` (reason); ``{prefix}:{<model>}:log`` ZSET of the actual grant
 times in the last window (expires when idle); ``{prefix}:{<model>}:resv:<holder>`` STRING the
-holder's reserved slot (us), with a TTL of its slot + ``reservation_grace_s``. Releases, cooldowns and disables are published on
+holder's reservation ``'<slot us>:<epoch>'`` (void once a cooldown bumps the state's ``epoch``), with
+a TTL of its slot + ``reservation_grace_s``. Releases, cooldowns and disables are published on
 ``{prefix}:chg:<model>``; one pub/sub connection per limiter wakes the local waiters of that model.
 
 Waiting: a denied acquire sleeps until the computed time (exact for rate and cooldown; the next
