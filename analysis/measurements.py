@@ -184,6 +184,13 @@ def _one_per_campaign(included: pa.Table) -> pa.Table:
     return included.take(pa.array(keep, pa.int64()))
 
 
+def _take_if_needed(table: pa.Table, rows: np.ndarray) -> pa.Table:
+    """``table.take(rows)``, or ``table`` itself when ``rows`` is 0..n−1 (no copy)."""
+    if rows.size == table.num_rows and np.array_equal(rows, np.arange(rows.size)):
+        return table
+    return table.take(pa.array(rows, pa.int64()))
+
+
 def _cell_row(r: dict) -> CellRow:
     nan = float("nan")
     return CellRow(r["campaign"], r["prompt_sha256"], r["model"], r["runs_ok"],
@@ -201,7 +208,10 @@ def merge_cells(cells: pa.Table, budget_rank: dict[str, int],
     on the rows as :class:`CellRow` (ties → the first row), computed with sorts over integer
     codes instead of Python loops over rows; chosen rows are sorted by (model, prompt_sha256).
     """
-    inc = _one_per_campaign(cells.filter(pc.equal(cells.column("included"), True)))
+    included = pc.fill_null(cells.column("included"), False)
+    # copies of a 10⁶-row table are the memory peak: filter/take only when rows really change
+    inc = _one_per_campaign(cells if pc.all(included).as_py() is not False
+                            else cells.filter(included))
     camp, names = _codes(inc.column("campaign"))
     for mapping in (budget_rank, time_order):
         missing = [c for c in names if c not in mapping]
@@ -216,8 +226,9 @@ def merge_cells(cells: pa.Table, budget_rank: dict[str, int],
         pick_e = _first_per_group(keys, [to])
     else:
         pick_h = pick_e = np.zeros(0, dtype=np.int64)
-    tables = {"highest-budget-first": inc.take(pa.array(pick_h, pa.int64())),
-              "earliest-then-top-up": inc.take(pa.array(pick_e, pa.int64()))}
+    chosen_h = _take_if_needed(inc, pick_h)
+    chosen_e = chosen_h if np.array_equal(pick_h, pick_e) else _take_if_needed(inc, pick_e)
+    tables = {"highest-budget-first": chosen_h, "earliest-then-top-up": chosen_e}
     shares = []
     for t in tables.values():
         perfect = pc.and_(pc.equal(t.column("mean_jaccard"), 1.0),
