@@ -265,10 +265,18 @@ def chosen_flags(cells: pa.Table, merged: MergedCells) -> dict[str, np.ndarray]:
             key = np.unique(key, return_inverse=True)[1].astype(np.int64)
         key = key * max(1, width) + values
     bounds = np.cumsum(sizes)
-    out = {}
-    for i, (rule, _) in enumerate(tables):
-        out[rule] = np.isin(key[:bounds[0]], key[bounds[i]:bounds[i + 1]])
-    return out
+    return {rule: _member(key[:bounds[0]], key[bounds[i]:bounds[i + 1]])
+            for i, (rule, _) in enumerate(tables)}
+
+
+def _member(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``np.isin(a, b)`` by sort + binary search: O((|a|+|b|) log |b|) time and O(|b|) memory
+    (``np.isin`` may pick a lookup table as large as the keys' value range)."""
+    if b.size == 0:
+        return np.zeros(a.size, dtype=bool)
+    s = np.sort(b)
+    i = np.minimum(np.searchsorted(s, a), s.size - 1)
+    return s[i] == a
 
 
 def complete_excluded(table, cells: pa.Table):  # noqa: ANN001, ANN201 - ModelTable in and out
