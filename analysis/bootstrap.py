@@ -159,7 +159,9 @@ def _band_sums(xpad: np.ndarray, xt: np.ndarray, n: np.ndarray, rng: np.random.G
     excess = np.maximum(hits - n[None, :], 0)
     rev = u[:, ::-1]  # the stream read from its end
     need = np.flatnonzero(excess.any(axis=0))
-    t = min(big_l, 64)
+    if need.size:  # first window: ~1.5 × the positions the largest surplus needs at hit rate n/L
+        want = 1.5 * excess.max() * big_l / n[need].min()
+        t = int(min(big_l, max(16, 2 ** int(np.ceil(np.log2(want))))))
     while need.size:  # blocks of models (bounded memory), vectorised over replicates
         # keep the first n_m hits: subtract the last N − n_m hits of the stream; the window
         # from the end grows until it holds them (bands keep n_m/L ≥ 1/2, so it stays short)
@@ -168,7 +170,7 @@ def _band_sums(xpad: np.ndarray, xt: np.ndarray, n: np.ndarray, rng: np.random.G
         is_hit = tail < n[block][None, None, :]  # (c, t, block)
         from_end = np.cumsum(is_hit, axis=1, dtype=np.int32)
         if t < big_l and not np.all(from_end[:, -1, :] >= excess[:, block]):
-            t = min(big_l, 4 * t)
+            t = min(big_l, 2 * t)
             continue
         drop = is_hit & (from_end <= excess[:, block][:, None, :])
         pos = tail + (block * big_l)[None, None, :]
