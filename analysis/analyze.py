@@ -57,6 +57,7 @@ from analysis.measurements import (
 from analysis.options import AnalysisOptions
 from analysis.sensitivity import sensitivity_table
 from analysis.tables import ModelTable, model_table
+from analysis.timeouts import analyze_timeouts
 from storage.errors import StorageError
 
 MANIFEST_VERSION = 1
@@ -391,6 +392,14 @@ def run_analysis(
             imported=panel_imp,
         )
         manifest["files"] = {k: p.name for k, p in paths.items()}
+        if panel_runs.num_rows:
+            # which runs a shorter (or longer) total timeout would have lost, from recorded latencies
+            sensitivity, ts_paths = analyze_timeouts(
+                panel_runs, pdir, min_runs=options.min_runs, min_prompts=options.min_prompts,
+                timeouts_s=options.timeouts_s,
+            )
+            manifest["files"].update({k: p.name for k, p in ts_paths.items()})
+            summary = {**summary, "timeout_sensitivity": sensitivity.summary()}
         manifest["summary"] = summary
         manifest["skipped_corrupt_files"] = skipped
         manifest_path = pdir / "manifest.json"

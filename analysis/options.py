@@ -108,6 +108,12 @@ class AnalysisOptions(BaseModel):
         description="skip (and name) unreadable Parquet files instead of failing",
         json_schema_extra=_unit("flag"),
     )
+    timeouts_s: list[float] = Field(
+        default_factory=lambda: [30.0, 60.0, 120.0, 300.0],
+        min_length=1,
+        description="total timeouts under which the timeout-sensitivity table recounts lost runs",
+        json_schema_extra=_unit("seconds"),
+    )
     level: float = Field(
         default=0.95,
         gt=0.0,

@@ -84,6 +84,11 @@ def print_panel(console: Console, name: str, panel) -> None:  # noqa: ANN001
     for kind, st in (s.get("stabilisation") or {}).items():
         console.print(f"  stabilisation ({kind} tolerance): {st['stabilising']}/{st['cells']} "
                       f"cells before the endpoint, median r* {st['median_r_star']}")
+    ts = (m.get("summary") or {}).get("timeout_sensitivity")
+    if ts:
+        flagged = ", ".join(ts["models_depending_on_timeout"]) or "none"
+        console.print(f"  timeout sensitivity ({', '.join(f'{t:g}' for t in ts['timeouts_s'])} s): "
+                      f"models whose inclusion depends on the timeout: {flagged}")
     console.print(f"  outputs: {panel.directory}")
 
 
@@ -105,6 +110,7 @@ def analyze_command(
     pairs: Annotated[str, typer.Option(help="Compare models within a 'family' or 'all' pairs.")] = "family",
     corpus: Annotated[Optional[list[Path]], typer.Option("--corpus", help="Folders with prompt files (found by sha256) for correctness.")] = None,
     skip_corrupt: Annotated[bool, typer.Option("--skip-corrupt", help="Skip unreadable Parquet files (named in the output).")] = False,
+    timeouts: Annotated[str, typer.Option(help="Total timeouts (s) for the timeout-sensitivity table, comma-separated.")] = "30,60,120,300",
     executor: Annotated[str, typer.Option(help="'local' (in-process) or 'celery' (map per date partition on the workers).")] = "local",
     broker: Annotated[Optional[str], typer.Option("--broker", envvar="IRBENCH_BROKER_URL", help="Redis URL for --executor celery.")] = None,
     timeout: Annotated[Optional[float], typer.Option(help="Give up on a distributed analysis after this many seconds.")] = None,
@@ -125,6 +131,7 @@ def analyze_command(
             date_to=dt.date.fromisoformat(date_to) if date_to else None,
             merge_rule=merge_rule, precedence_path=precedence, families_path=families,
             pair_scope=pairs, corpus_dirs=corpus or None, skip_corrupt=skip_corrupt,
+            timeouts_s=[float(t) for t in timeouts.split(",") if t.strip()],
         )
         result = analyze_with_executor(data, out, options, executor=executor, broker_url=broker, timeout_s=timeout)
     except (IrbenchError, ValueError) as exc:

@@ -134,3 +134,23 @@ def test_rejects_bad_timeouts(runs_table) -> None:
         timeout_sensitivity(runs_table, (0, 60))
     with pytest.raises(ValueError, match="run columns"):
         timeout_sensitivity(runs_table.drop_columns(["latency_ms"]))
+
+
+def test_irbench_analyze_writes_the_timeout_table(tmp_path: Path) -> None:
+    """End to end through run_analysis: files on disk and the manifest's flagged models."""
+    import json
+
+    from analysis.analyze import run_analysis
+    from analysis.options import AnalysisOptions
+
+    store = RunStore(tmp_path / "data", fsync=False)
+    store.write(_dataset())
+    result = run_analysis(tmp_path / "data", tmp_path / "out", AnalysisOptions(replicates=200, timeouts_s=[30, 300]))
+    panel = result.panels["p"]
+    manifest = json.loads(panel.manifest_path.read_text())
+    assert {"timeouts.parquet", "timeout_flags.parquet"} <= set(manifest["files"].values())
+    ts = manifest["summary"]["timeout_sensitivity"]
+    assert ts["timeouts_s"] == [30.0, 300.0] and ts["models_depending_on_timeout"] == ["p/slowish"]
+    losses = pq.read_table(panel.directory / "timeouts.parquet").to_pylist()
+    slow = {r["timeout_s"]: r["lost"] for r in losses if r["model"] == "slowish"}
+    assert slow == {30.0: 5, 300.0: 0}
