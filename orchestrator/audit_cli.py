@@ -151,18 +151,29 @@ def import_artifact_command(
 ) -> None:
     """Import the published study artifact: raw IRs as runs, stability CSVs as cell measurements.
 
+    Also imports the availability audit and the budget probe (results/model_availability.csv,
+    results/failure_attribution.csv) so availability history starts with real data.
     Idempotent: importing twice writes nothing new. Prints, per CSV cell, runs found vs the
     CSV's successful_runs when they differ.
 
     Example: irbench import-artifact ../shared/paper-artifact --data data/
     """
     from orchestrator.artifact_import import import_artifact
+    from orchestrator.availability import import_availability_artifact
 
     try:
         report = import_artifact(path, data, mapping)
+        availability = import_availability_artifact(path, data)
     except (IrbenchError, ValueError, OSError) as exc:
         _fail(exc)
         return
     console = _console()
     for line in report.lines():
         console.print(line, markup=False, highlight=False)
+    console.print(
+        f"availability: {availability.availability_rows} checks imported "
+        f"({len(availability.retired_models)} models retired); probes: {availability.probe_rows} rows",
+        markup=False, highlight=False,
+    )
+    for note in availability.notes:
+        console.print(f"  note: {note}", markup=False, highlight=False)
