@@ -12,6 +12,17 @@ the endpoints are linear-interpolation quantiles (Hyndman–Fan type 7, ``numpy.
 A 2-D input shares the same index matrix across its rows, exactly as scipy does for ``axis=-1``.
 
 No Python loop runs over replicates; memory is O(B·n) per call (B=10,000, n=22 → 1.8 MB of int64).
+
+Many models at once (:func:`percentile_ci_many`, :func:`percentile_ci_many_metrics`): with
+``scheme="auto"`` (default) panels where replicates × (sum of the distinct n) ≤ 5·10⁷ — the
+paper's 8 × 22 panel and anything near it — use the scipy-identical draws above per distinct n;
+larger panels use the *shared-stream* scheme (:func:`shared_bootstrap_means`): still the ordinary
+bootstrap (each replicate draws exactly n_m of the model's own n_m values, i.i.d. uniform, and
+the endpoints are the same type-7 percentiles), but the random numbers are shared across models
+through counts matrices, so the cost is matrix products of O(replicates · max n · models)
+instead of O(replicates · Σ n_m) gathers. Such intervals record ``method="percentile_shared"``;
+they agree with scipy's within Monte-Carlo error, not bit for bit. :func:`percentile_ci` (one
+model, or rows of equal n) is always scipy-identical.
 """
 
 from __future__ import annotations
