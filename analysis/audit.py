@@ -5,7 +5,8 @@ its raw run table (may be empty for an import-only panel) and :class:`AnalysisOp
 Outputs (:class:`PanelAudit`), written by :mod:`analysis.analyze`:
 
 * models with intervals and ranks — ``jaccard_ci_low/high``, ``id_ci_low/high`` (percentile
-  bootstrap over the model's prompts, ``level``, ``replicates``, ``seed``; bit-equal to scipy),
+  bootstrap over the model's prompts, ``level``, ``replicates``, ``seed``; bit-equal to scipy on
+  paper-scale panels, a documented shared-stream scheme on large ones — ``ci_method`` says which),
   ``rank`` (position in the point table), ``rank_held`` (joint cluster bootstrap retention; ties
   within a replicate broken by the point order), ``rank_ci_low/high`` (marginal percentile rank
   interval), ``rank_set_low/high`` (simultaneous pairwise-Holm rank set), ``partition``;
@@ -24,9 +25,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from analysis.annotations import parse_annotations
-from analysis.bootstrap import percentile_ci_many
+from analysis.bootstrap import percentile_ci_many, percentile_ci_many_metrics
 from analysis.cells import SUCCESS_PARSE_OUTCOMES
 from analysis.correctness import emitted_from_json, model_means, score_run
 from analysis.correlations import stability_vs_correctness
@@ -42,14 +44,17 @@ def score_matrix(merged: pa.Table, models: Sequence[str], column: str = "mean_ja
                  ) -> tuple[np.ndarray, list[str]]:
     """(M, P) matrix of ``column`` for ``models`` (rows in that order) over the prompts any of
     them measured (sorted by sha256); NaN where a model lacks the prompt."""
-    mi = {m: i for i, m in enumerate(models)}
-    rows = [r for r in merged.select(["model", "prompt_sha256", column]).to_pylist()
-            if r["model"] in mi]
-    prompts = sorted({r["prompt_sha256"] for r in rows})
-    pi = {p: j for j, p in enumerate(prompts)}
+    sel = merged.select(["model", "prompt_sha256", column])
+    mi = pc.index_in(sel.column("model"), value_set=pa.array(list(models), pa.string()))
+    keep = pc.is_valid(mi)
+    sel, mi = sel.filter(keep), mi.filter(keep)
+    prompts = sorted(pc.unique(sel.column("prompt_sha256")).to_pylist())
+    pj = pc.index_in(sel.column("prompt_sha256"), value_set=pa.array(prompts, pa.string()))
     s = np.full((len(models), len(prompts)), np.nan)
-    for r in rows:
-        s[mi[r["model"]], pi[r["prompt_sha256"]]] = r[column]
+    # vectorised scatter (a to_pylist loop was the memory peak at 100 models x 10,000 prompts)
+    s[mi.to_numpy(zero_copy_only=False), pj.to_numpy(zero_copy_only=False)] = (
+        sel.column(column).cast(pa.float64()).to_numpy(zero_copy_only=False)
+    )
     return s, prompts
 
 
@@ -61,18 +66,30 @@ def with_intervals(table: ModelTable, merged: pa.Table, options: AnalysisOptions
     if m == 0:
         empty = {c: pa.array([], pa.float64()) for c in
                  ("jaccard_ci_low", "jaccard_ci_high", "id_ci_low", "id_ci_high", "rank_held")}
+        empty["ci_method"] = pa.array([], pa.string())
         ints = {c: pa.array([], pa.int64()) for c in
                 ("rank_ci_low", "rank_ci_high", "rank_set_low", "rank_set_high")}
         return table.with_columns(**empty, **ints, partition=pa.array([], pa.string())), None
     cols: dict[str, Any] = {}
     jac, _ = score_matrix(merged, models, "mean_jaccard")
     ids, _ = score_matrix(merged, models, "id_stability")
-    for name, mat in (("jaccard", jac), ("id", ids)):
-        groups = [row[np.isfinite(row)] for row in mat]
-        reps = max(2, options.replicates)
-        cis = percentile_ci_many(groups, replicates=reps, seed=options.seed, level=options.level)
+    reps = max(2, options.replicates)
+    jac_groups = [row[np.isfinite(row)] for row in jac]
+    id_groups = [row[np.isfinite(row)] for row in ids]
+    if [len(g) for g in jac_groups] == [len(g) for g in id_groups]:  # one resampling for both
+        all_cis = percentile_ci_many_metrics(
+            [jac_groups, id_groups], replicates=reps, seed=options.seed, level=options.level
+        )
+    else:
+        all_cis = tuple(
+            percentile_ci_many(g, replicates=reps, seed=options.seed, level=options.level)
+            for g in (jac_groups, id_groups)
+        )
+    for name, cis in zip(("jaccard", "id"), all_cis):
         cols[f"{name}_ci_low"] = [c.low for c in cis]
         cols[f"{name}_ci_high"] = [c.high for c in cis]
+    # "percentile" = scipy-identical draws; "percentile_shared" = the large-panel scheme
+    cols["ci_method"] = pa.array([c.method for c in all_cis[0]], pa.string())
     rb = joint_cluster_bootstrap(jac, replicates=options.replicates, seed=options.seed,
                                  level=options.level, point_order=np.arange(m))
     cols["rank_held"] = pa.array(rb.held_share, pa.float64(), from_pandas=True)
