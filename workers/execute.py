@@ -7,6 +7,7 @@ local executor batches, a Celery task writes one file).
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from workers.runtask import RunTask
 
 log = structlog.get_logger("irbench.run")
 
+@functools.cache  # importlib.metadata scans site-packages: ~1 ms a call, measured per run
 def _package_version() -> str:
     try:
         return version("irbench")
