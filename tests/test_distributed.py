@@ -333,7 +333,14 @@ def test_rate_limit_storm_obeys_limit_and_cooldown(live: Cluster, tmp_path: Path
         return (max(r.measured_at for r in rs) - min(r.measured_at for r in rs)).total_seconds()
     assert [r.outcome.value for r in recs["t5-free"]] == ["ok"] * 24
     assert span_s(recs["t5-free"]) < 3.0 < span_s(records), (span_s(recs["t5-free"]), span_s(records))
-    assert sum(a.outcome.value == "rate_limited" for r in records for a in r.attempts) == n429
+    # At-least-once delivery: if a run was executed twice (its claim expired under load and the
+    # reconciler re-sent it), only the winning execution's attempts are stored. Allow exactly
+    # the calls the simulator saw beyond the stored attempts, and no more.
+    stored_429 = sum(a.outcome.value == "rate_limited" for r in records for a in r.attempts)
+    unstored_calls = st["requests"] - sum(len(r.attempts) for r in records)
+    assert unstored_calls >= 0, (st["requests"], unstored_calls)
+    assert n429 - unstored_calls <= stored_429 <= n429, (n429, stored_429, unstored_calls)
+    assert unstored_calls <= 2, f"{unstored_calls} calls from duplicate executions: claims expiring?"
     assert all(a.outcome.value in ("ok", "rate_limited") for r in records for a in r.attempts)
     # 12 worker threads vs 10 requests/s: some runs were deferred (re-published), not blocked
     assert "run_deferred" in live.workers.logs()
