@@ -286,6 +286,30 @@ def protocol_error(raw: RawResponse, *, model: str, what: str, secrets: Iterable
     )
 
 
+async def post_chat(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    *,
+    model: str,
+    timeouts: TimeoutPolicy,
+    clock: Clock,
+    now: WallClock,
+    headers: dict[str, str],
+    secrets: tuple[str | None, ...],
+) -> tuple[RawResponse, Any]:
+    """POST a chat request; return the raw response and its decoded JSON body.
+
+    Non-2xx statuses and bodies that are not JSON raise the classified ``ProviderError``.
+    """
+    raw = await send(
+        client, "POST", url, timeouts=timeouts, clock=clock, json_body=body, headers=headers,
+        secrets=secrets, context=f"model={model}",
+    )
+    raise_for_status(raw, model=model, now=now(), secrets=secrets)
+    return raw, decode_json_body(raw, model=model, secrets=secrets)
+
+
 def answer_outcome(finish_reason: str | None, answer: str) -> Outcome:
     """Classify a 2xx answer (failures.md): the provider saying the budget ran out wins, even
     over empty content; otherwise no answer text is ``empty``."""

@@ -87,19 +87,17 @@ class OpenAIProvider:
     async def complete(self, request: ChatRequest) -> Reply:
         """One chat completion; raises ``workers.errors.ProviderError`` subclasses on failure."""
         secrets = (self._api_key,)
-        raw = await _http.send(
+        raw, data = await _http.post_chat(
             self._client,
-            "POST",
             f"{self._root}/v1/chat/completions",
+            self.build_body(request),
+            model=request.model,
             timeouts=request.timeouts,
             clock=self._clock,
-            json_body=self.build_body(request),
+            now=self._now,
             headers=self._headers(),
             secrets=secrets,
-            context=f"model={request.model}",
         )
-        _http.raise_for_status(raw, model=request.model, now=self._now(), secrets=secrets)
-        data = _http.decode_json_body(raw, model=request.model, secrets=secrets)
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             raise _http.protocol_error(raw, model=request.model, what="body has no choices[0]", secrets=secrets)
