@@ -138,7 +138,7 @@ def test_410_during_campaign_becomes_availability_event(tmp_path: Path, cluster)
 
 def test_probe_on_the_celery_executor(tmp_path: Path, cluster, examples_dir: Path) -> None:
     srv, _ = cluster
-    settings = ProbeSettings(reference_timeout_s=0.3)
+    settings = ProbeSettings(reference_timeout_s=1.0)  # slow simulated models ~2 s, fast ~5 ms
     with start_background(load_sim_config(examples_dir / "sim_probe.toml")) as sim:
         result = run_probe(examples_dir / "probe.toml", tmp_path / "data", settings=settings,
                            base_urls={"sim": sim.base_url}, secrets={},

@@ -25,7 +25,7 @@ from storage.probes import ProbeStore
 from workers.errors import ConfigError
 
 NOW = dt.datetime(2026, 9, 1, 12, 0, tzinfo=dt.timezone.utc)
-REFERENCE_S = 0.3  # the simulated slow models answer in ~0.6 s (latency_sigma 0.05)
+REFERENCE_S = 1.0  # the simulated slow models answer in ~2 s (latency_sigma 0.05), fast ones in ~5 ms
 
 
 @pytest.fixture(scope="module")
