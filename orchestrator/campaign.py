@@ -20,7 +20,7 @@ from orchestrator.instruction import Instruction, load_instruction
 from orchestrator.local import ExecutionSummary, LocalOptions, ProgressCallback, run_local
 from orchestrator.plan import pending, plan_runs
 from orchestrator.spec import CampaignSpec
-from storage.availability import Availability, AvailabilityRecord, AvailabilityStore
+from storage.availability import AvailabilityRecord, AvailabilityStore
 from storage.runs import RunStore
 from workers.gate import MemoryGate
 from workers.errors import ConfigError
@@ -98,15 +98,9 @@ def run_campaign_local(
 def _record_retirements(summary: ExecutionSummary, prepared: PreparedCampaign, availability: AvailabilityStore) -> None:
     """A 410 seen during the campaign becomes an event in the availability dataset."""
     events = [
-        AvailabilityRecord(
-            checked_at=r.measured_at,
-            source="campaign",
-            endpoint=r.endpoint,
-            model=r.model,
-            status=Availability.RETIRED,
-            http_status=r.status_code,
-            retired_on=r.retired_on,
-            message=f"410 during campaign {prepared.spec.name}",
+        AvailabilityRecord.from_campaign_410(
+            campaign=prepared.spec.name, endpoint=r.endpoint, model=r.model, measured_at=r.measured_at,
+            status_code=r.status_code, retired_on=r.retired_on,
         )
         for r in summary.retired
     ]

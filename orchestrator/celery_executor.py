@@ -37,7 +37,7 @@ from redis.exceptions import RedisError
 
 from orchestrator.campaign import CampaignStatus, PreparedCampaign, campaign_status
 from orchestrator.local import ExecutionSummary, ModelProgress
-from storage.availability import Availability, AvailabilityRecord, AvailabilityStore
+from storage.availability import AvailabilityRecord, AvailabilityStore
 from storage.records import Outcome
 from storage.runs import RunStore
 from workers.campaign_state import FAILED_FIELD, CampaignState
@@ -232,10 +232,9 @@ def _record_retirements(campaign: str, store: RunStore, seen: set[str]) -> int:
     if not rows:
         return 0
     events = [
-        AvailabilityRecord(
-            checked_at=r["measured_at"], source="campaign", endpoint=r["endpoint"], model=r["model"],
-            status=Availability.RETIRED, http_status=r["status_code"], retired_on=r["retired_on"],
-            message=f"410 during campaign {campaign}",
+        AvailabilityRecord.from_campaign_410(
+            campaign=campaign, endpoint=r["endpoint"], model=r["model"], measured_at=r["measured_at"],
+            status_code=r["status_code"], retired_on=r["retired_on"],
         )
         for r in rows
     ]

@@ -66,6 +66,18 @@ class AvailabilityRecord(BaseModel):
     message: str | None = Field(default=None, max_length=MESSAGE_MAX_CHARS)
     study_role: str | None = None
 
+    @classmethod
+    def from_campaign_410(
+        cls, *, campaign: str, endpoint: str, model: str, measured_at: dt.datetime,
+        status_code: int | None, retired_on: str | None,
+    ) -> AvailabilityRecord:
+        """The event a 410 met during a campaign leaves in the availability dataset (both executors)."""
+        return cls(
+            checked_at=measured_at, source="campaign", endpoint=endpoint, model=model,
+            status=Availability.RETIRED, http_status=status_code, retired_on=retired_on,
+            message=f"410 during campaign {campaign}",
+        )
+
     @property
     def check_date(self) -> dt.date:
         return self.checked_at.astimezone(dt.timezone.utc).date()
