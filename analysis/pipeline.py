@@ -17,6 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from threadpoolctl import threadpool_limits
 
 from analysis.inputs import CorruptDataError, NoRunsError, read_inputs
 from analysis.options import AnalysisOptions
@@ -132,6 +133,12 @@ def run_analysis(
     :class:`CorruptDataError` naming unreadable files (unless ``options.skip_corrupt``).
     """
     options = options or AnalysisOptions()
+    with threadpool_limits(limits=options.blas_threads, user_api="blas"):
+        return _run_analysis(Path(data_dir), Path(out_dir), options, now, raw_cells)
+
+
+def _run_analysis(data_dir: Path, out_dir: Path, options: AnalysisOptions,
+                  now: Callable[[], dt.datetime], raw_cells: pa.Table | None) -> AnalysisResult:
     data_dir = Path(data_dir)
     out_dir = Path(out_dir)
     runs, imported, skipped = read_inputs(data_dir, options)
