@@ -41,6 +41,7 @@ from analysis.tables.measurements import (
     load_precedence,
     measurement_cells,
     merge_cells,
+    merge_view,
     precedence,
     run_cells,
 )
@@ -91,7 +92,7 @@ def _audit_panel(panel_runs: pa.Table, imported: pa.Table, options: AnalysisOpti
     cells = _panel_cells(panel_runs, imported, options.min_runs, raw_cells)
     step("merge", cells.num_rows, "cells")
     budget, time = precedence(cells, imported, override)
-    merged = merge_cells(cells, budget, time)
+    merged = merge_cells(merge_view(cells), budget, time)
     for rule, flags in chosen_flags(cells, merged).items():
         cells = cells.append_column("chosen_" + rule.replace("-", "_"), pa.array(flags))
     chosen = merged.tables[options.merge_rule]

@@ -393,7 +393,8 @@ class ParquetDataset:
         self._check_versions(table)
         self._check_required(table)
         if dedupe:
-            table = dedupe_table(table, self.spec.key, self.spec.order_col, FILENAME_COLUMN)
+            table = dedupe_table(table, self.spec.key, self.spec.order_col, FILENAME_COLUMN,
+                                 columns=columns)
         return table.select(columns)
 
     def _check_versions(self, table: pa.Table) -> None:
@@ -487,12 +488,15 @@ def _link_first_wins(tmp: Path, target: Path) -> bool:
 
 
 def dedupe_table(
-    table: pa.Table, key: str, order_col: str | None, file_col: str | None = None
+    table: pa.Table, key: str, order_col: str | None, file_col: str | None = None,
+    columns: Sequence[str] | None = None,
 ) -> pa.Table:
     """Keep one row per ``key``: smallest ``order_col``, then ``file_col``, then position.
 
-    Returns the surviving rows sorted by key (nulls in ``order_col`` sort last).
+    Returns the surviving rows sorted by key (nulls in ``order_col`` sort last); only
+    ``columns`` of them when given (the copy is the memory peak of a large read).
     """
+    out = table.select(list(columns)) if columns is not None else table
     n = table.num_rows
     if n == 0:
         return table
@@ -501,7 +505,7 @@ def dedupe_table(
     by_key = pc.sort_indices(table[key])
     keys_sorted = pc.take(table[key], by_key)
     if n == 1 or not pc.any(pc.equal(keys_sorted[1:], keys_sorted[:-1])).as_py():
-        return table.take(by_key)
+        return out.take(by_key)
     del by_key, keys_sorted
     work = table.append_column("__row", pa.array(np.arange(n, dtype=np.int64)))
     sort_keys = [(key, "ascending")]
@@ -515,4 +519,4 @@ def dedupe_table(
     first = np.ones(n, dtype=bool)
     if n > 1:
         first[1:] = pc.not_equal(sorted_keys[1:], sorted_keys[:-1]).to_numpy(zero_copy_only=False)
-    return table.take(pc.filter(order, pa.array(first)))
+    return out.take(pc.filter(order, pa.array(first)))

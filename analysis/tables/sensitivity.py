@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.tables.measurements import RULES, MergedCells, merge_cells
+from analysis.tables.measurements import RULES, MergedCells, merge_cells, merge_view
 from analysis.tables.models import model_table
 
 SENSITIVITY_SCHEMA = pa.schema([
@@ -52,11 +52,6 @@ def _share_perfect(merged: pa.Table) -> float:
     return int(pc.sum(perfect.cast(pa.int64())).as_py() or 0) / merged.num_rows
 
 
-# what merging and the model tables read: the variants' merged copies stay small
-_MERGE_COLUMNS = ("panel", "campaign", "model", "prompt_sha256", "budget_max_tokens", "included",
-                  "runs_ok", "mean_jaccard", "id_stability", "node_set_perfect", "mean_nodes",
-                  "std_nodes")
-
 
 def sensitivity_table(cells: pa.Table, budget: dict[str, int], time: dict[str, int], *,
                       merge_rule: str, min_runs: int, min_prompts: int,
@@ -69,7 +64,7 @@ def sensitivity_table(cells: pa.Table, budget: dict[str, int], time: dict[str, i
     its model tables are kept, so memory stays at about one merged copy of the cells."""
     grid = [(rule, mr, mp) for rule in RULES for mr in sorted({2, 3, min_runs})
             for mp in sorted({1, 3, 5, min_prompts})]
-    slim = cells.select([c for c in _MERGE_COLUMNS if c in cells.column_names])
+    slim = merge_view(cells)
     shares: dict[tuple[str, int], float] = {}
     comparison = None
     tables = {}
