@@ -16,7 +16,7 @@ __all__ = ["ANALYZE_STAGES", "REPORT_STAGES", "Reporter", "Stage", "silent"]
 # the per-panel stages of ``irbench analyze``, in order
 ANALYZE_STAGES = ("cells", "merge", "intervals", "pairs", "run level", "sensitivity",
                   "write", "timeouts")
-REPORT_STAGES = ("load", "sections", "plots", "render")
+REPORT_STAGES = ("load", "document", "render")
 
 
 @dataclass(frozen=True)
