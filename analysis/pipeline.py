@@ -33,7 +33,7 @@ from analysis.outputs import (
 from analysis.tables.audit import RunLevel, corpus_index, correlations_table, run_level, score_matrix
 from analysis.tables.audit import with_intervals
 from analysis.tables.cells import build_cells
-from analysis.tables.families import family_map, load_families, pairs_table
+from analysis.tables.families import families_for, family_map, pairs_table
 from analysis.tables.measurements import (
     AUDIT_CELL_SCHEMA,
     chosen_flags,
@@ -173,7 +173,7 @@ def _run_analysis(data_dir: Path, out_dir: Path, options: AnalysisOptions,
             )
         panels = [options.panel]
     index = corpus_index(options.corpus_dirs)
-    families = load_families(options.families_path)
+    families, families_source = families_for(data_dir, options.families_path)
     override = load_precedence(options.precedence_path) if options.precedence_path else {}
 
     generated_at = now()
@@ -213,6 +213,7 @@ def _run_analysis(data_dir: Path, out_dir: Path, options: AnalysisOptions,
             summary = {**summary, "timeout_sensitivity": sensitivity.summary()}
         manifest["summary"] = summary
         manifest["skipped_corrupt_files"] = skipped
+        manifest["families_source"] = families_source
         manifest_path = write_manifest(manifest, pdir)
         results[panel] = PanelResult(
             panel=panel, directory=pdir, cells_path=paths["cells"],
