@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.annotations import parse_annotations
+from storage.annotations import parse_annotations
 from analysis.bootstrap import percentile_ci_many, percentile_ci_many_metrics
 from analysis.cells import SUCCESS_PARSE_OUTCOMES
 from analysis.correctness import emitted_from_json, model_means, score_run

@@ -24,18 +24,10 @@ leave ``workers/``.
 
 from __future__ import annotations
 
-from storage.errors import IrbenchError, StorageError
+from storage.errors import ConfigError, IrbenchError, StorageError
 from storage.records import Outcome
 
 __all__ = ["IrbenchError", "StorageError", "ConfigError", "ProviderError"]
-
-
-class ConfigError(IrbenchError):
-    """Bad configuration. ``problems`` lists one human-readable line per problem."""
-
-    def __init__(self, message: str, problems: list[str] | None = None) -> None:
-        self.problems = problems or [message]
-        super().__init__(message if problems is None else message + "\n" + "\n".join(f"  - {p}" for p in self.problems))
 
 
 class ProviderError(IrbenchError):
