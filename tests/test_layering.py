@@ -86,6 +86,7 @@ class Edge:
     imported: str  # dotted module (or package) name, resolved against the repo
     names: tuple[str, ...]  # names taken with ``from x import a, b`` (empty for ``import x``)
     where: str  # path:line, for the failure message
+    type_only: bool = False  # under ``if TYPE_CHECKING:``: a layering edge, not a runtime one
 
     @property
     def importer_top(self) -> str:
@@ -117,16 +118,31 @@ def _resolve_relative(importer: str, is_package: bool, level: int, module: str |
     return ".".join(parts + ([module] if module else []))
 
 
+def _type_checking_imports(tree: ast.AST) -> set[int]:
+    """ids of the import nodes inside ``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``)."""
+    found: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            test = node.test
+            name = test.id if isinstance(test, ast.Name) else test.attr if isinstance(test, ast.Attribute) else ""
+            if name == "TYPE_CHECKING":
+                for stmt in node.body:
+                    found.update(id(n) for n in ast.walk(stmt) if isinstance(n, (ast.Import, ast.ImportFrom)))
+    return found
+
+
 def _edges_of(path: Path) -> list[Edge]:
     importer = _module_name(path)
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    type_only = _type_checking_imports(tree)
     out: list[Edge] = []
     rel = path.relative_to(REPO)
     for node in ast.walk(tree):
         where = f"{rel}:{getattr(node, 'lineno', 0)}"
+        t = id(node) in type_only
         if isinstance(node, ast.Import):
             for alias in node.names:
-                out.append(Edge(importer, alias.name, (), where))
+                out.append(Edge(importer, alias.name, (), where, t))
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = _resolve_relative(importer, path.name == "__init__.py", node.level, node.module)
@@ -136,10 +152,10 @@ def _edges_of(path: Path) -> list[Edge]:
             # ``from pkg import sub`` imports the submodule ``pkg.sub`` when it is one.
             subs = [n for n in names if base.split(".")[0] in OURS and _is_module(f"{base}.{n}")]
             for n in subs:
-                out.append(Edge(importer, f"{base}.{n}", (), where))
+                out.append(Edge(importer, f"{base}.{n}", (), where, t))
             rest = tuple(n for n in names if n not in subs)
             if rest or not subs:
-                out.append(Edge(importer, base, rest, where))
+                out.append(Edge(importer, base, rest, where, t))
     return out
 
 
@@ -174,6 +190,8 @@ def test_the_reader_sees_imports_of_every_kind() -> None:
     assert _resolve_relative("workers.limits.memory", False, 1, "base") == "workers.limits.base"
     assert _resolve_relative("workers.limits", True, 1, None) == "workers.limits"
     assert _resolve_relative("workers.limits.memory", False, 2, "errors") == "workers.errors"
+    # ``if TYPE_CHECKING:`` imports are seen, and marked type-only
+    assert any(e.importer == "workers.errors" and e.imported == "workers.limits.memory" and e.type_only for e in EDGES)
     assert len(OUR_EDGES) > 200
 
 
@@ -212,9 +230,10 @@ def test_no_package_reaches_into_another_packages_privates() -> None:
 
 
 def _graph() -> dict[str, set[str]]:
+    """Runtime imports between our modules (type-only imports load nothing)."""
     graph: dict[str, set[str]] = {}
     for e in OUR_EDGES:
-        if e.imported != e.importer and _is_module(e.imported):
+        if e.imported != e.importer and not e.type_only and _is_module(e.imported):
             graph.setdefault(e.importer, set()).add(e.imported)
     return graph
 
@@ -242,7 +261,7 @@ def test_the_run_engine_reaches_no_celery_or_redis() -> None:
         parent = _closure(start, graph)
         for mod in parent:
             for e in EDGES:
-                if e.importer == mod and e.imported_top in ENGINE_FORBIDDEN:
+                if e.importer == mod and e.imported_top in ENGINE_FORBIDDEN and not e.type_only:
                     chain = [mod]
                     while parent[chain[-1]]:
                         chain.append(parent[chain[-1]])
