@@ -4,7 +4,7 @@ A probe file is an ordinary campaign TOML (``orchestrator.spec``) with at least 
 ``budgets`` (e.g. ``[1500, 8000]``) and a generous ``total_timeout_s`` for every model — above
 the reference timeout being audited, so slow answers are measured instead of cut off. Its runs
 are stored like any campaign's (``runs/``, so ``irbench status`` and resume work); the summary
-(``analysis.probes``) goes to the ``probes/`` dataset and to a flat ``probes.parquet``.
+(``analysis.tables.probes``) goes to the ``probes/`` dataset and to a flat ``probes.parquet``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from rich.table import Table
 
-from analysis.probes import ProbeSettings, probe_input_from_runs, probe_table
+from analysis.tables.probes import ProbeSettings, probe_input_from_runs, probe_table
 from orchestrator.campaign import PreparedCampaign, prepare, resolve_secrets, run_campaign_local
 from orchestrator.local import ProgressCallback
 from orchestrator.spec import CampaignSpec, load_campaign

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.analyze import partial_cells, read_run_files, run_analysis
-from analysis.cells import build_cells
+from analysis.pipeline import partial_cells, read_run_files, run_analysis
+from analysis.tables.cells import build_cells
 from analysis.options import AnalysisOptions
 from orchestrator.analysis_jobs import (
     AnalysisJobError,

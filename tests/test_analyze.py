@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
-from analysis.analyze import NoRunsError, panel_dirname, run_analysis
+from analysis.pipeline import NoRunsError, panel_dirname, run_analysis
 from analysis.options import AnalysisOptions
 from storage.errors import StorageError
 from storage.records import Outcome, ParseOutcome, RunRecord

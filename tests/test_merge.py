@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.merge import (
+from analysis.tables.merge import (
     CellRow,
     compare_merges,
     merge_earliest_then_top_up,
@@ -114,7 +114,7 @@ import datetime as dt  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
-from analysis.measurements import (  # noqa: E402
+from analysis.tables.measurements import (  # noqa: E402
     AUDIT_CELL_SCHEMA,
     chosen_flags,
     measurement_cells,
@@ -143,7 +143,7 @@ def _random_cells(seed: int, n: int = 400) -> pa.Table:
 
 
 def _reference_merge(cells: pa.Table, budget, time):
-    """The previous row-wise implementation: CellRow objects through analysis.merge."""
+    """The previous row-wise implementation: CellRow objects through analysis.tables.merge."""
     rows = [r for r in cells.to_pylist() if r["included"]]
     best = {}
     for i, r in enumerate(rows):

@@ -1,4 +1,4 @@
-"""Render a :class:`analysis.report_doc.Document` as Markdown (GitHub-flavoured pipe tables).
+"""Render a :class:`analysis.report.doc.Document` as Markdown (GitHub-flavoured pipe tables).
 
 Figures are written as PNG files into ``figures_dir`` and linked relative to the Markdown file
 (which lives in ``figures_dir``'s parent). Highlighted table rows are marked with "**›**" in an
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from analysis.report_doc import Block, Document, Figure, Heading, Note, Paragraph, Table
+from analysis.report.doc import Block, Document, Figure, Heading, Note, Paragraph, Table
 
 NOTE_PREFIX = {"missing": "ℹ️ ", "warning": "⚠️ ", "info": ""}
 

@@ -9,12 +9,12 @@ whether it supplies the merged cell under each rule (``chosen_highest_budget_fir
 Outputs, per panel, under ``out_dir/<panel>/`` (panel name percent-quoted when it is not a
 safe file name):
 
-* ``cells.parquet``    one row per cell (:data:`analysis.cells.CELL_SCHEMA`);
-* ``models.parquet``   the model table (:mod:`analysis.tables`);
+* ``cells.parquet``    one row per cell (:data:`analysis.tables.cells.CELL_SCHEMA`);
+* ``models.parquet``   the model table (:mod:`analysis.tables.models`);
 * ``excluded.parquet`` models below the inclusion thresholds, with the reason;
 * ``pairs``, ``sensitivity``, ``drift``, ``stabilisation``, ``correctness``, ``correlations``,
-  ``normalised`` ``.parquet`` (:mod:`analysis.audit`, :mod:`analysis.sensitivity`,
-  :mod:`analysis.families`);
+  ``normalised`` ``.parquet`` (:mod:`analysis.tables.audit`, :mod:`analysis.tables.sensitivity`,
+  :mod:`analysis.tables.families`);
 * ``manifest.json``    seed, replicates, every option with its unit, the data window (first
   and last measurement date), package version, input row counts, ``generated_at`` (UTC).
 
@@ -40,11 +40,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from analysis.audit import RunLevel, corpus_index, correlations_table, run_level, score_matrix
-from analysis.audit import with_intervals
-from analysis.cells import MIN_RUNS_METADATA_KEY, REQUIRED_COLUMNS, build_cells
-from analysis.families import family_map, load_families, pairs_table
-from analysis.measurements import (
+from analysis.tables.audit import RunLevel, corpus_index, correlations_table, run_level, score_matrix
+from analysis.tables.audit import with_intervals
+from analysis.tables.cells import MIN_RUNS_METADATA_KEY, REQUIRED_COLUMNS, build_cells
+from analysis.tables.families import family_map, load_families, pairs_table
+from analysis.tables.measurements import (
     AUDIT_CELL_SCHEMA,
     chosen_flags,
     complete_excluded,
@@ -55,9 +55,9 @@ from analysis.measurements import (
     run_cells,
 )
 from analysis.options import AnalysisOptions
-from analysis.sensitivity import sensitivity_table
-from analysis.tables import ModelTable, model_table
-from analysis.timeouts import analyze_timeouts
+from analysis.tables.sensitivity import sensitivity_table
+from analysis.tables.models import ModelTable, model_table
+from analysis.tables.timeouts import analyze_timeouts
 from storage.errors import StorageError
 
 MANIFEST_VERSION = 1

@@ -12,7 +12,7 @@ so for a hypothetical total timeout ``T`` (seconds), per run:
 * every other failed run fails under any ``T`` (a read or connect timeout does not depend on
   the total deadline).
 
-Inclusion follows the stability table (``analysis.cells`` / ``analysis.tables``): a cell
+Inclusion follows the stability table (``analysis.tables.cells`` / ``analysis.tables.models``): a cell
 (panel, campaign, model, prompt, budget) is included with ≥ ``min_runs`` successful runs; a
 model with ≥ ``min_prompts`` distinct prompts among its included cells. A model is *flagged*
 when its inclusion under some ``T`` differs from its inclusion as recorded.
@@ -227,7 +227,7 @@ def analyze_timeouts(
     panel_runs: pa.Table, out_dir: Path, *, min_runs: int, min_prompts: int,
     timeouts_s: Sequence[float] = DEFAULT_TIMEOUTS_S,
 ) -> tuple[TimeoutSensitivity, dict[str, Path]]:
-    """What ``analysis.analyze.run_analysis`` calls per panel: compute, write
+    """What ``analysis.pipeline.run_analysis`` calls per panel: compute, write
     ``timeouts.parquet`` and ``timeout_flags.parquet`` into ``out_dir``, return the result and
     the paths (manifest: ``result.summary()``)."""
     result = timeout_sensitivity(panel_runs, timeouts_s, min_runs=min_runs, min_prompts=min_prompts)

@@ -1,14 +1,14 @@
 """Imported cell measurements → cell rows, campaign precedence, and merging one panel's cells.
 
 * :func:`measurement_cells`: rows of the ``cells/`` dataset (``storage.cells``) → a table with
-  :data:`analysis.cells.CELL_SCHEMA` columns plus ``source``. ``runs_total = runs_ok =
+  :data:`analysis.tables.cells.CELL_SCHEMA` columns plus ``source``. ``runs_total = runs_ok =
   successful_runs``; ``included`` = ``successful_runs >= min_runs`` and both metrics finite (a
   NaN metric is never included); ``node_set_perfect`` = Jaccard == 1 and ID-stability == 1 *as
   stored* (published values are rounded to 3 decimals); count agreement is unknown (null).
 * :func:`precedence`: campaign → (budget_rank, time_order) for the campaigns of a panel.
 * :func:`merge_cells`: one row per (model, prompt_sha256) under a rule, with exactly the
-  semantics of :mod:`analysis.merge` (ties → the first row), plus the comparison of the two
-  rules (:class:`analysis.merge.MergeComparison`); computed with sorts over integer codes.
+  semantics of :mod:`analysis.tables.merge` (ties → the first row), plus the comparison of the two
+  rules (:class:`analysis.tables.merge.MergeComparison`); computed with sorts over integer codes.
 All functions work column-wise (pyarrow compute / numpy): no Python loop over rows.
 """
 
@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.cells import CELL_SCHEMA, MIN_RUNS_METADATA_KEY
-from analysis.merge import CellChange, CellRow, MergeComparison
+from analysis.tables.cells import CELL_SCHEMA, MIN_RUNS_METADATA_KEY
+from analysis.tables.merge import CellChange, CellRow, MergeComparison
 
 RULES = ("highest-budget-first", "earliest-then-top-up")
 AUDIT_CELL_SCHEMA = CELL_SCHEMA.append(pa.field("source", pa.string(), nullable=False))
@@ -203,8 +203,8 @@ def merge_cells(cells: pa.Table, budget_rank: dict[str, int],
                 time_order: dict[str, int]) -> MergedCells:
     """Merge the included cells of one panel under both rules (see module docstring).
 
-    Same semantics as :func:`analysis.merge.merge_highest_budget_first` /
-    :func:`~analysis.merge.merge_earliest_then_top_up` / :func:`~analysis.merge.compare_merges`
+    Same semantics as :func:`analysis.tables.merge.merge_highest_budget_first` /
+    :func:`~analysis.tables.merge.merge_earliest_then_top_up` / :func:`~analysis.tables.merge.compare_merges`
     on the rows as :class:`CellRow` (ties → the first row), computed with sorts over integer
     codes instead of Python loops over rows; chosen rows are sorted by (model, prompt_sha256).
     """
@@ -282,7 +282,7 @@ def _member(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def complete_excluded(table, cells: pa.Table):  # noqa: ANN001, ANN201 - ModelTable in and out
     """Add to ``table.excluded`` every model of ``cells`` with no included cell at all (merging
     keeps included cells only, so such models would otherwise vanish instead of being listed)."""
-    from analysis.tables import ModelTable
+    from analysis.tables.models import ModelTable
 
     listed = set(table.models) | set(table.excluded.column("model").to_pylist())
     runs_ok: dict[str, int] = {}

@@ -23,11 +23,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from analysis.report_doc import Document, Section
-from analysis.report_html import render_html
-from analysis.report_md import render_md
-from analysis.report_provenance import CELL_KEY, availability_blocks, provenance_blocks
-from analysis.report_sections import (
+from analysis.report.doc import Document, Section
+from analysis.report.html import render_html
+from analysis.report.md import render_md
+from analysis.report.provenance import CELL_KEY, availability_blocks, provenance_blocks
+from analysis.report.sections import (
     Availability, PanelData, ReportOptions, _correctness, _leaderboard, _pairs, _partition,
     _per_panel, _plots, _sensitivity,
 )
