@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from analysis.errors import AnalysisError
 from analysis.tables.audit import RunLevel, corpus_index, correlations_table, run_level, score_matrix
 from analysis.tables.audit import with_intervals
 from analysis.tables.cells import MIN_RUNS_METADATA_KEY, REQUIRED_COLUMNS, build_cells
@@ -491,7 +492,7 @@ def combine_partial_cells(parts: list[tuple[pa.Table, pa.Table]], min_runs: int)
     from storage.dataset import dedupe_table
 
     if not parts:
-        raise ValueError("combine_partial_cells needs at least one part")
+        raise AnalysisError("combine_partial_cells needs at least one part")
     feats = pa.concat_tables([f for _, f in parts])
     part_ids = pa.array([i for i, (_, f) in enumerate(parts) for _ in range(f.num_rows)], pa.int64())
     keyed = _cell_key(feats).append_column(PART_COLUMN, part_ids)

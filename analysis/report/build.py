@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from analysis.errors import ReportInputError
 from analysis.report.doc import Document, Section
 from analysis.report.html import render_html
 from analysis.report.md import render_md
@@ -40,10 +41,6 @@ SECTION_TITLES = (
     ("correctness", "Correctness versus stability"), ("availability", "Availability"),
     ("provenance", "Provenance"),
 )
-
-
-class ReportInputError(ValueError):
-    """The analysis directory holds no panel outputs; says where to point the report."""
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from analysis.errors import AnalysisError
 from storage.annotations import parse_annotations
 from analysis.stats.bootstrap import percentile_ci_many, percentile_ci_many_metrics
 from analysis.tables.cells import SUCCESS_PARSE_OUTCOMES
@@ -213,7 +214,7 @@ def corpus_index(dirs: Sequence[Path] | None) -> dict[str, Path]:
     out: dict[str, Path] = {}
     for d in dirs or ():
         if not Path(d).is_dir():
-            raise ValueError(f"corpus directory {d} does not exist; pass the folder holding the "
+            raise AnalysisError(f"corpus directory {d} does not exist; pass the folder holding the "
                              "campaign's prompt files")
         for p in sorted(Path(d).rglob("*")):
             if p.is_file():

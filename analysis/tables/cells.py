@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import pyarrow as pa
 
+from analysis.errors import AnalysisError
 from analysis.metrics.agreement import count_agreement, node_set_agreement
 
 SUCCESS_PARSE_OUTCOMES: frozenset[str] = frozenset({"ok", "repaired"})
@@ -112,7 +113,7 @@ class _Run:
 def _check_columns(runs: pa.Table) -> None:
     missing = [c for c in REQUIRED_COLUMNS if c not in runs.column_names]
     if missing:
-        raise ValueError(
+        raise AnalysisError(
             f"run table lacks column(s) {missing}; pass the table returned by "
             "storage.runs.RunStore.read_table"
         )
@@ -212,7 +213,7 @@ def cells_to_table(cells: Sequence[Cell], min_runs: int) -> pa.Table:
 def compute_cells(runs: pa.Table, min_runs: int = 2) -> list[Cell]:
     """Typed form of :func:`build_cells`; cells sorted by panel, campaign, model, name, budget."""
     if min_runs < 2:
-        raise ValueError(
+        raise AnalysisError(
             f"min_runs must be >= 2 (a stability value needs a pair of runs), got {min_runs}"
         )
     _check_columns(runs)
