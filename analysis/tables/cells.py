@@ -22,8 +22,7 @@ import pyarrow as pa
 
 from analysis.errors import AnalysisError
 from analysis.metrics.agreement import count_agreement, node_set_agreement
-
-SUCCESS_PARSE_OUTCOMES: frozenset[str] = frozenset({"ok", "repaired"})
+from storage.records import run_succeeded
 
 #: Columns build_cells reads; anything else in the input is ignored.
 REQUIRED_COLUMNS: tuple[str, ...] = (
@@ -138,7 +137,7 @@ def _group(runs: pa.Table) -> dict[CellKey, list[_Run]]:
             cols["prompt_sha256"][i],
             cols["budget_max_tokens"][i],
         )
-        ok = cols["ir_json"][i] is not None and cols["parse_outcome"][i] in SUCCESS_PARSE_OUTCOMES
+        ok = run_succeeded(cols["parse_outcome"][i], cols["ir_json"][i])
         groups.setdefault(key, []).append(
             _Run(
                 run_index=cols["run_index"][i],

@@ -35,9 +35,9 @@ import pyarrow.compute as pc
 
 from analysis.errors import AnalysisError
 from storage.probes import PROBE_SCHEMA, PROBE_SCHEMA_VERSION, probe_key
+from storage.records import succeeded_mask
 
 TIMEOUT_OUTCOMES = frozenset({"timeout_connect", "timeout_read", "timeout_total"})
-SUCCESS_PARSE_OUTCOMES = frozenset({"ok", "repaired"})
 INPUT_COLUMNS = ("model", "budget_max_tokens", "outcome", "succeeded", "latency_ms", "reasoning_chars", "answer_chars")
 
 
@@ -140,10 +140,7 @@ def probe_input_from_runs(runs: pa.Table) -> pa.Table:
     ``succeeded`` follows :attr:`storage.records.RunRecord.succeeded` (a parsed IR). A run that
     timed out keeps its elapsed time in ``latency_ms``.
     """
-    succeeded = pc.and_(
-        pc.is_in(runs.column("parse_outcome"), value_set=pa.array(sorted(SUCCESS_PARSE_OUTCOMES))),
-        pc.is_valid(runs.column("ir_json")),
-    )
+    succeeded = succeeded_mask(runs)
     return pa.table(
         {
             "model": runs.column("model"),

@@ -34,9 +34,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from analysis.errors import AnalysisError
+from storage.records import succeeded_mask
 
 DEFAULT_TIMEOUTS_S: tuple[float, ...] = (30.0, 60.0, 120.0, 300.0)
-SUCCESS_PARSE_OUTCOMES = ("ok", "repaired")
 REQUIRED_COLUMNS = (
     "run_id", "panel", "campaign", "model", "prompt_sha256", "budget_max_tokens", "outcome",
     "parse_outcome", "ir_json", "latency_ms", "total_timeout_s",
@@ -108,10 +108,7 @@ def _run_arrays(runs: pa.Table) -> dict[str, np.ndarray]:
     missing = [c for c in REQUIRED_COLUMNS if c not in runs.column_names]
     if missing:
         raise AnalysisError(f"timeout sensitivity needs run columns {missing}; read them from the run store")
-    ok = pc.and_(
-        pc.is_in(runs.column("parse_outcome"), value_set=pa.array(SUCCESS_PARSE_OUTCOMES)),
-        pc.is_valid(runs.column("ir_json")),
-    )
+    ok = succeeded_mask(runs)
 
     def floats(name: str) -> np.ndarray:
         col = pc.fill_null(runs.column(name).cast(pa.float64()), np.nan)

@@ -56,7 +56,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
-from workers.errors import LimiterError, LimiterUnavailable, ModelDisabled, WaitBudgetExceeded
+from workers.errors import LimiterError, ModelDisabled, WaitBudgetExceeded
 from workers.limits.base import Permit
 from workers.runtask import ModelLimits
 
