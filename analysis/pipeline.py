@@ -59,6 +59,7 @@ from analysis.options import AnalysisOptions
 from analysis.tables.sensitivity import sensitivity_table
 from analysis.tables.models import ModelTable, model_table
 from analysis.tables.timeouts import analyze_timeouts
+from storage.clock import utc_now
 from storage.errors import StorageError
 from storage.records import succeeded_mask
 
@@ -76,10 +77,6 @@ class NoRunsError(StorageError, ValueError):
     Also a ValueError: the input (directory/filters) is wrong, and callers that catch bad
     input as ValueError (the CLI) report it as a one-line error instead of a traceback.
     """
-
-
-def _utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 @dataclass(frozen=True)
@@ -339,7 +336,7 @@ def run_analysis(
     out_dir: Path,
     options: AnalysisOptions | None = None,
     *,
-    now: Callable[[], dt.datetime] = _utc_now,
+    now: Callable[[], dt.datetime] = utc_now,
     raw_cells: pa.Table | None = None,
 ) -> AnalysisResult:
     """Read the store, build and merge cells, write every per-panel table with a manifest.

@@ -25,6 +25,7 @@ from analysis.tables.probes import ProbeSettings, probe_input_from_runs, probe_t
 from orchestrator.campaign import PreparedCampaign, prepare, resolve_secrets, run_campaign_local
 from orchestrator.local import ProgressCallback
 from orchestrator.spec import CampaignSpec, load_campaign
+from storage.clock import utc_now
 from storage.probes import ProbeStore
 from storage.runs import RunStore
 from workers.errors import ConfigError
@@ -110,7 +111,7 @@ def run_probe(
     execute: Executor | None = None,
     on_progress: ProgressCallback | None = None,
     out_path: Path | None = None,
-    now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
+    now: Callable[[], dt.datetime] = utc_now,
 ) -> ProbeResult:
     """Run (or resume) the probe at ``probe_spec_path`` and summarise it.
 

@@ -32,6 +32,7 @@ from analysis.report.sections import (
     Availability, PanelData, ReportOptions, _correctness, _leaderboard, _pairs, _partition,
     _per_panel, _plots, _sensitivity,
 )
+from storage.clock import utc_now
 
 OUTPUT_TABLES = ("cells", "models", "excluded", "pairs", "sensitivity", "drift", "stabilisation",
                  "correctness", "correlations", "normalised")
@@ -52,10 +53,6 @@ class ReportPaths:
     figures: tuple[Path, ...]
     html_bytes: int
     md_bytes: int
-
-
-def _utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 # ------------------------------------------------------------------ loading
@@ -192,7 +189,7 @@ def build_document(panels: list[PanelData], avail: Availability, opts: ReportOpt
 
 
 def build_report(analysis_dir: Path, out_dir: Path, *, data_dir: Path | None = None,
-                 now: Callable[[], dt.datetime] = _utc_now,
+                 now: Callable[[], dt.datetime] = utc_now,
                  options: ReportOptions | None = None) -> ReportPaths:
     """Write ``report.html``, ``report.md`` and ``figures/`` into ``out_dir``; see module doc.
 
