@@ -136,7 +136,3 @@ def campaign_status(prepared: PreparedCampaign, store: RunStore) -> CampaignStat
         planned_by_model=dict(Counter(t.model for t in prepared.tasks)),
         stored_by_model={m: dict(c) for m, c in stored.items()},
     )
-
-
-def default_data_dir(spec_path: Path) -> Path:
-    return spec_path.parent / "data"
