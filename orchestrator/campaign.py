@@ -11,7 +11,6 @@ import os
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import structlog
 
