@@ -7,7 +7,7 @@ Why map tasks return cells *and* run-level features: a cell's runs can sit in se
 (a campaign crossing midnight UTC, a resume on a later day), and its Jaccard/ID-stability need
 every pair of its runs, so partial cell aggregates do not merge. Each part's cells are kept for
 cells that live in that part only; the reduce rebuilds cells seen in two or more parts from the
-parts' run-level features (``analysis.pipeline.combine_partial_cells``), which gives exactly the
+parts' run-level features (``analysis.tables.partial.combine_partial_cells``), which gives exactly the
 local ``build_cells`` table.
 
 Planning needs the dataset root at the same path as the workers see it (as for campaigns).
@@ -27,7 +27,7 @@ from typing import Any
 import structlog
 from celery import Celery
 
-from analysis.pipeline import AnalysisResult, PanelResult, panel_dirname
+from analysis.outputs import AnalysisResult, PanelResult, panel_dirname
 from analysis.options import AnalysisOptions
 from analysis.tables.models import ModelTable
 from storage.clock import utc_now

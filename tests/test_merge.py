@@ -1,5 +1,6 @@
 """Merge precedence rules: unit cases and the published per-campaign tables (NOTES.md figures)."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -191,6 +192,10 @@ def test_vectorised_merge_cells_equals_rowwise_rules(seed):
         expect = [tuple(r[k] for k in ("campaign", "model", "prompt_sha256",
                                        "budget_max_tokens", "source")) in keys for r in rows]
         assert flags[rule].tolist() == expect
+    # the source-row shortcut and the key lookup agree (and the lookup still works alone)
+    by_key = chosen_flags(cells, dataclasses.replace(got, source_rows=None))
+    assert {r: f.tolist() for r, f in by_key.items()} == {r: f.tolist() for r, f in flags.items()}
+    assert got.source_rows is not None and all(f.any() for f in flags.values())
 
 
 def test_merge_cells_names_a_campaign_missing_from_the_mapping():

@@ -147,6 +147,9 @@ class MergedCells:
     comparison: MergeComparison
     budget_rank: dict[str, int]
     time_order: dict[str, int]
+    # per rule, the row of the input ``cells`` table each chosen row came from (aligned with
+    # ``tables[rule]``); what :func:`chosen_flags` marks
+    source_rows: dict[str, np.ndarray] | None = None
 
 
 def _codes(col: pa.ChunkedArray) -> tuple[np.ndarray, list]:
@@ -172,17 +175,18 @@ def _first_per_group(keys: list[np.ndarray], tie_keys: list[np.ndarray]) -> np.n
     return order[start]
 
 
-def _one_per_campaign(included: pa.Table) -> pa.Table:
+def _one_per_campaign(included: pa.Table) -> tuple[pa.Table, np.ndarray | None]:
     """Within one campaign keep one cell per (model, prompt): the largest token budget
-    (a null budget counts as −1; ties → the first row)."""
+    (a null budget counts as −1; ties → the first row). Also the kept rows of ``included``
+    (None: all of them, in order)."""
     if included.num_rows == 0:
-        return included
+        return included, None
     budget = pc.fill_null(included.column("budget_max_tokens"), -1).to_numpy()
     keys = [_codes(included.column(c))[0] for c in ("campaign", "model", "prompt_sha256")]
     keep = np.sort(_first_per_group(keys, [-budget.astype(np.int64)]))
     if keep.size == included.num_rows:  # nothing to drop: skip copying the table
-        return included
-    return included.take(pa.array(keep, pa.int64()))
+        return included, None
+    return included.take(pa.array(keep, pa.int64())), keep
 
 
 def _take_if_needed(table: pa.Table, rows: np.ndarray) -> pa.Table:
@@ -211,8 +215,12 @@ def merge_cells(cells: pa.Table, budget_rank: dict[str, int],
     """
     included = pc.fill_null(cells.column("included"), False)
     # copies of a 10⁶-row table are the memory peak: filter/take only when rows really change
-    inc = _one_per_campaign(cells if pc.all(included).as_py() is not False
-                            else cells.filter(included))
+    everything = pc.all(included).as_py() is not False
+    base = (np.arange(cells.num_rows) if everything
+            else np.flatnonzero(included.to_numpy(zero_copy_only=False)))
+    inc, kept = _one_per_campaign(cells if everything else cells.filter(included))
+    if kept is not None:
+        base = base[kept]
     camp, names = _codes(inc.column("campaign"))
     for mapping in (budget_rank, time_order):
         missing = [c for c in names if c not in mapping]
@@ -244,7 +252,8 @@ def merge_cells(cells: pa.Table, budget_rank: dict[str, int],
                     for a, b in zip(rows_h, rows_e))
     comparison = MergeComparison(RULES[0], RULES[1], changes, shares[0], shares[1],
                                  shares[1] - shares[0], len(pick_h), len(pick_e))
-    return MergedCells(tables, comparison, budget_rank, time_order)
+    return MergedCells(tables, comparison, budget_rank, time_order,
+                       {RULES[0]: base[pick_h], RULES[1]: base[pick_e]})
 
 
 _KEY_COLUMNS = ("campaign", "model", "prompt_sha256", "budget_max_tokens", "source")
@@ -252,7 +261,15 @@ _KEY_COLUMNS = ("campaign", "model", "prompt_sha256", "budget_max_tokens", "sour
 
 def chosen_flags(cells: pa.Table, merged: MergedCells) -> dict[str, np.ndarray]:
     """Per rule, a bool per row of ``cells``: this row supplies its cell under that rule
-    (its (campaign, model, prompt, budget, source) key is among the rule's chosen rows)."""
+    (its (campaign, model, prompt, budget, source) key is among the rule's chosen rows).
+    When ``merged`` came from ``merge_cells(cells, ...)`` its source rows are marked directly."""
+    if merged.source_rows is not None and not _has_duplicate_keys(cells):
+        out = {}
+        for rule, rows in merged.source_rows.items():
+            flags = np.zeros(cells.num_rows, dtype=bool)
+            flags[rows] = True
+            out[rule] = flags
+        return out
     tables = list(merged.tables.items())
     sizes = [cells.num_rows] + [t.num_rows for _, t in tables]
     key = np.zeros(sum(sizes), dtype=np.int64)
@@ -268,6 +285,12 @@ def chosen_flags(cells: pa.Table, merged: MergedCells) -> dict[str, np.ndarray]:
     bounds = np.cumsum(sizes)
     return {rule: _member(key[:bounds[0]], key[bounds[i]:bounds[i + 1]])
             for i, (rule, _) in enumerate(tables)}
+
+
+def _has_duplicate_keys(cells: pa.Table) -> bool:
+    """Do two rows of ``cells`` share a chosen-flag key (then both are flagged by key)?"""
+    cols = list(_KEY_COLUMNS)
+    return cells.select(cols).group_by(cols).aggregate([]).num_rows != cells.num_rows
 
 
 def _member(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -22,8 +22,6 @@ Input: a runs table (``storage.runs.RunStore.read_table``). Output: pyarrow Tabl
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +29,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
+
+from storage.atomic import write_parquet_atomic
 
 from analysis.errors import AnalysisError
 from storage.records import succeeded_mask
@@ -234,12 +233,7 @@ def analyze_timeouts(
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"timeouts": out_dir / "timeouts.parquet", "timeout_flags": out_dir / "timeout_flags.parquet"}
     for table, path in ((result.losses, paths["timeouts"]), (result.flags, paths["timeout_flags"])):
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        try:
-            pq.write_table(table, tmp)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_parquet_atomic(table, path)
     return result, paths
 
 
