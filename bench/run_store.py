@@ -31,7 +31,7 @@ def write_run_store(data_dir: Path, *, models: int, prompts: int, runs: int,
     """Write ``models × prompts × runs`` successful runs (campaign ``bench``, panel ``bench``)
     under ``data_dir``; returns the number of runs written. Prompt ``i`` reuses the annotations
     of example prompt ``i mod 12`` under its own name and sha256 (the analysis keys on those)."""
-    from analysis.metrics.annotations import parse_annotations
+    from storage.annotations import parse_annotations
     from simulator.config import SimModel
     from simulator.model import inferred_pool, render_answer, simulate_ir
     from storage.ir import IRDocument
