@@ -143,8 +143,17 @@ def _head(c: _RawCell) -> dict[str, Any]:
 def drift_table(cells: list[_RawCell]) -> tuple[pa.Table, dict[str, Any]]:
     """One row per raw cell (pair counts per drift class) and the three aggregate views."""
     rows, drifts = [], []
+    parsed: dict[str, Any] = {}  # identical IR texts (common for stable models) parse once
     for c in cells:
-        d = cell_drift([run_ir_from_json(r["ir_json"]) for r in c.runs])
+        irs = []
+        for r in c.runs:
+            text = r["ir_json"]
+            ir = parsed.get(text)
+            if ir is None:
+                ir = parsed[text] = run_ir_from_json(text)
+            irs.append(ir)
+        parsed.clear()  # texts rarely repeat across cells; keep the cache per cell
+        d = cell_drift(irs)
         drifts.append(d)
         rows.append({**_head(c), "pairs": d.n_pairs, "count_drift": int(d.counts[0]),
                      "id_drift": int(d.counts[1]), "metadata_drift": int(d.counts[2]),
