@@ -325,12 +325,14 @@ class ParquetDataset:
         filters: Mapping[str, Any] | None = None,
         columns: Sequence[str] | None = None,
         dedupe: bool = True,
+        sort_by_key: bool = True,
     ) -> pa.Table:
         """Rows in ``[date_from, date_to]`` matching ``filters``, one per key if ``dedupe``.
 
         ``columns`` projects (default: all, in schema order). Deduplicated output is sorted
         by key; the surviving row is the one with the smallest ``order_col``, ties broken by
-        file name, then row position.
+        file name, then row position. ``sort_by_key=False``: when no key repeats, the rows come
+        in file order without the sorted copy (the memory peak of a large read).
         """
         columns = list(columns) if columns is not None else list(self.spec.schema.names)
         unknown = [c for c in columns if c not in self.spec.schema.names]
@@ -340,7 +342,7 @@ class ParquetDataset:
         for attempt in range(self.read_retries + 1):
             files = self.data_files(date_from, date_to)
             try:
-                return self._read_files(files, expr, columns, dedupe)
+                return self._read_files(files, expr, columns, dedupe, sort_by_key)
             except FileNotFoundError as exc:  # a compaction deleted an input we had listed
                 # its outputs were published before the delete, so re-listing finds the rows;
                 # back off so a reader is not starved by back-to-back compactions
@@ -362,7 +364,8 @@ class ParquetDataset:
         return self._read_files(list(files), None, columns, dedupe)
 
     def _read_files(
-        self, files: list[Path], expr: ds.Expression | None, columns: list[str], dedupe: bool
+        self, files: list[Path], expr: ds.Expression | None, columns: list[str], dedupe: bool,
+        sort_by_key: bool = True,
     ) -> pa.Table:
         schema = self.spec.schema
         if not files:
@@ -394,7 +397,7 @@ class ParquetDataset:
         self._check_required(table)
         if dedupe:
             table = dedupe_table(table, self.spec.key, self.spec.order_col, FILENAME_COLUMN,
-                                 columns=columns)
+                                 columns=columns, sort_by_key=sort_by_key)
         return table.select(columns)
 
     def _check_versions(self, table: pa.Table) -> None:
@@ -489,14 +492,17 @@ def _link_first_wins(tmp: Path, target: Path) -> bool:
 
 def dedupe_table(
     table: pa.Table, key: str, order_col: str | None, file_col: str | None = None,
-    columns: Sequence[str] | None = None,
+    columns: Sequence[str] | None = None, sort_by_key: bool = True,
 ) -> pa.Table:
     """Keep one row per ``key``: smallest ``order_col``, then ``file_col``, then position.
 
     Returns the surviving rows sorted by key (nulls in ``order_col`` sort last); only
-    ``columns`` of them when given (the copy is the memory peak of a large read).
+    ``columns`` of them when given (the copy is the memory peak of a large read). With
+    ``sort_by_key=False`` and no repeated key, ``table`` itself (no copy, file order).
     """
     out = table.select(list(columns)) if columns is not None else table
+    if not sort_by_key and pc.count_distinct(table[key]).as_py() == table.num_rows:
+        return out
     n = table.num_rows
     if n == 0:
         return table

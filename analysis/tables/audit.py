@@ -252,9 +252,10 @@ def correctness_table(runs: pa.Table, index: dict[str, Path]) -> tuple[pa.Table,
     cache: dict[str, frozenset | None] = {}
     rows = []
     if runs.num_rows:
-        cols = ["campaign", "model", "prompt_name", "prompt_sha256", "run_index",
+        cols = ["run_id", "campaign", "model", "prompt_name", "prompt_sha256", "run_index",
                 "parse_outcome", "ir_json", "prompt_source"]
-        for r in runs.select(cols).to_pylist():
+        # rows in run_id order whatever order the store returned them in
+        for r in sorted(runs.select(cols).to_pylist(), key=lambda r: r["run_id"]):
             if not run_succeeded(r["parse_outcome"], r["ir_json"]):
                 continue
             truth = _truth(r["prompt_sha256"], r["prompt_source"], index, cache)
