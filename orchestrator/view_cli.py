@@ -1,0 +1,63 @@
+"""``irbench view``: the command function (the CLI module registers it with
+``app.command("view")(view_command)``)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+
+def view_command(
+    data: Annotated[Path, typer.Option("--data", help="Dataset root (runs under DATA/runs/).")] = Path("data"),
+    analysis: Annotated[Optional[Path], typer.Option(
+        "--analysis", help="`irbench analyze` output directory; default: DATA/../out, "
+        "DATA/../analysis or DATA/out when one exists.")] = None,
+    host: Annotated[str, typer.Option(help="Interface to listen on (loopback by default; the "
+                                      "viewer has no authentication).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port (0 picks a free one).")] = 8000,
+    page_size: Annotated[int, typer.Option(help="Runs per list page.")] = 50,
+    threads: Annotated[int, typer.Option(help="Query threads.")] = 2,
+) -> None:
+    """Serve a read-only web viewer of the runs: leaderboard → cells → runs side by side.
+
+    Example: irbench view --data data/ --analysis out/
+    """
+    import uvicorn
+
+    from storage.errors import StorageError
+    from viewer import AnalysisOutputs, RunIndex, ViewerConfig, create_app, find_analysis_dir
+
+    console, err = Console(), Console(stderr=True)
+    if not (data / "runs").is_dir():
+        err.print(f"[bold red]error:[/] {data / 'runs'} does not exist; pass --data with the "
+                  "directory `irbench run --data` wrote")
+        raise typer.Exit(code=2)
+    if analysis is not None and not analysis.is_dir():
+        err.print(f"[bold red]error:[/] --analysis {analysis} is not a directory")
+        raise typer.Exit(code=2)
+    try:
+        config = ViewerConfig(data_dir=data, analysis_dir=analysis or find_analysis_dir(data),
+                              page_size=page_size, threads=threads)
+        started = time.monotonic()
+        outputs = AnalysisOutputs.load(config.analysis_dir)
+        index = RunIndex.load(config.data_dir, outputs, threads=config.threads)
+    except (StorageError, ValueError, OSError) as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(code=2) from None
+    console.print(f"loaded {index.n_runs} runs in {time.monotonic() - started:.1f} s; analysis: "
+                  f"{config.analysis_dir or 'none found (pass --analysis OUT)'}")
+    try:  # bind first, so port 0 can be reported and a taken port is a one-line error
+        sock = socket.create_server((host, port))
+    except OSError as exc:
+        err.print(f"[bold red]error:[/] cannot listen on {host}:{port}: {exc}")
+        raise typer.Exit(code=2) from None
+    bound = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(index, config), log_level="warning",
+                                           access_log=False))
+    console.print(f"serving http://{host}:{bound}/ (Ctrl-C stops)")
+    server.run(sockets=[sock])
