@@ -22,17 +22,20 @@ def view_command(
     port: Annotated[int, typer.Option(help="TCP port (0 picks a free one).")] = 8000,
     page_size: Annotated[int, typer.Option(help="Runs per list page.")] = 50,
     threads: Annotated[int, typer.Option(help="Query threads.")] = 2,
+    memory_limit_mb: Annotated[int, typer.Option(help="Memory cap of the query engine (MB); its "
+                                                 "index file is paged beyond it.")] = 1024,
 ) -> None:
     """Serve a read-only web viewer of the runs: leaderboard → cells → runs side by side.
 
     Example: irbench view --data data/ --analysis out/
     """
+    import duckdb
     import uvicorn
 
     from storage.errors import StorageError
     from viewer import AnalysisOutputs, RunIndex, ViewerConfig, create_app, find_analysis_dir
 
-    console, err = Console(), Console(stderr=True)
+    console, err = Console(soft_wrap=True), Console(stderr=True, soft_wrap=True)
     if not (data / "runs").is_dir():
         err.print(f"[bold red]error:[/] {data / 'runs'} does not exist; pass --data with the "
                   "directory `irbench run --data` wrote")
@@ -42,11 +45,13 @@ def view_command(
         raise typer.Exit(code=2)
     try:
         config = ViewerConfig(data_dir=data, analysis_dir=analysis or find_analysis_dir(data),
-                              page_size=page_size, threads=threads)
+                              page_size=page_size, threads=threads,
+                              memory_limit_mb=memory_limit_mb)
         started = time.monotonic()
         outputs = AnalysisOutputs.load(config.analysis_dir)
-        index = RunIndex.load(config.data_dir, outputs, threads=config.threads)
-    except (StorageError, ValueError, OSError) as exc:
+        index = RunIndex.load(config.data_dir, outputs, threads=config.threads,
+                              memory_limit_mb=config.memory_limit_mb, work_dir=config.work_dir)
+    except (StorageError, ValueError, OSError, duckdb.Error) as exc:
         err.print(f"[bold red]error:[/] {exc}")
         raise typer.Exit(code=2) from None
     console.print(f"loaded {index.n_runs} runs in {time.monotonic() - started:.1f} s; analysis: "
@@ -60,4 +65,7 @@ def view_command(
     server = uvicorn.Server(uvicorn.Config(create_app(index, config), log_level="warning",
                                            access_log=False))
     console.print(f"serving http://{host}:{bound}/ (Ctrl-C stops)")
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    finally:
+        index.close()

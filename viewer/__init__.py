@@ -14,5 +14,6 @@ __all__ = ["AnalysisOutputs", "QueryError", "RunIndex", "RunPage", "RunQuery", "
 def build_app(config: ViewerConfig):
     """Load the store and outputs named by ``config`` and return the ASGI app."""
     outputs = AnalysisOutputs.load(config.analysis_dir)
-    index = RunIndex.load(config.data_dir, outputs, threads=config.threads)
+    index = RunIndex.load(config.data_dir, outputs, threads=config.threads,
+                          memory_limit_mb=config.memory_limit_mb, work_dir=config.work_dir)
     return create_app(index, config)

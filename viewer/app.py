@@ -70,12 +70,20 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def _ts(value: Any) -> str:
+    """A UTC instant to the second (the JSON API keeps the full precision)."""
+    if isinstance(value, dt.datetime):
+        return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return _fmt(value)
+
+
 def _environment() -> Environment:
     env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
                       autoescape=select_autoescape(default=True, default_for_string=True),
                       trim_blocks=True, lstrip_blocks=True)
     env.filters["seg"] = seg
     env.filters["fmt"] = _fmt
+    env.filters["ts"] = _ts
     return env
 
 

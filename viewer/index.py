@@ -4,12 +4,14 @@ Why DuckDB rather than per-request pyarrow scans: a 100k-run store is tens of fi
 columns must be searched, grouped (health percentiles) and paged; re-reading Parquet per request
 costs seconds, while one load at startup (through :class:`storage.runs.RunStore`, so the
 store's own one-execution-per-run_id rule applies) leaves every query a columnar scan over
-memory that answers in milliseconds (``bench/viewer_latency.py``).
+data that answers in milliseconds (``bench/viewer_latency.py``). The database is a file in a
+temporary directory (DuckDB compresses and pages it), so memory stays under a set limit.
 
 The ``runs`` table holds every RunRecord column plus derived ones: ``row_no`` (default order:
 campaign, model, prompt, budget, run index), ``n_attempts``, ``n_429`` (attempts answered 429 or
 classed rate_limited), ``retry_after_total_s`` (sum of Retry-After waits announced),
-``truncated`` (outcome truncated or finish_reason length), ``succeeded`` (a parseable IR).
+``truncated`` (outcome truncated or finish_reason length), ``succeeded`` (a parseable IR),
+``search_text`` (the response lower-cased once, so a search is one substring scan).
 Analysis outputs, when given, are loaded beside it as ``models``, ``excluded`` and ``cells``.
 
 All values reach SQL as bound parameters; results come back as Arrow (tz-aware timestamps).
@@ -18,8 +20,10 @@ All values reach SQL as bound parameters; results come back as Arrow (tz-aware t
 from __future__ import annotations
 
 import datetime as dt
+import tempfile
 import threading
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,7 @@ import duckdb
 import pyarrow as pa
 
 from storage.runs import RunStore
+from storage.schema import RUN_SCHEMA
 from viewer.outputs import AnalysisOutputs
 from viewer.query import RunQuery
 
@@ -45,7 +50,8 @@ _DERIVED = """
     coalesce(list_sum(list_transform(attempts, lambda a: coalesce(a.retry_after_s, 0.0))), 0.0)
         AS retry_after_total_s,
     (outcome = 'truncated' OR coalesce(finish_reason = 'length', false)) AS truncated,
-    (ir_json IS NOT NULL AND parse_outcome IN ('ok', 'repaired')) AS succeeded
+    (ir_json IS NOT NULL AND parse_outcome IN ('ok', 'repaired')) AS succeeded,
+    lower(response_text) AS search_text
 """
 
 
@@ -60,17 +66,40 @@ class RunPage:
 class RunIndex:
     """Read-only queries over the runs (and analysis outputs) loaded at construction.
 
-    ``threads``: DuckDB worker threads. Thread-safe: each query runs on its own cursor.
+    ``chunks``: Arrow tables of run records (any order; a run_id in several chunks keeps its
+    row with the earliest ``measured_at``, as the store's reader does within a chunk);
+    ``threads``: DuckDB worker threads; ``memory_limit_mb``: DuckDB's memory cap — the
+    database lives in a file under ``work_dir`` (a fresh temporary directory by default,
+    removed by :meth:`close`), compressed and paged, so a large store does not have to fit in
+    memory. Thread-safe: each thread queries through its own cursor.
     """
 
-    def __init__(self, runs: pa.Table, outputs: AnalysisOutputs | None = None, *,
-                 threads: int = 2) -> None:
-        self._con = duckdb.connect(":memory:", config={"threads": threads})
+    def __init__(self, chunks: Iterable[pa.Table], outputs: AnalysisOutputs | None = None, *,
+                 threads: int = 2, memory_limit_mb: int = 1024,
+                 work_dir: Path | None = None) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="irbench-view-", dir=work_dir)
+        self._finalizer = weakref.finalize(self, self._tmp.cleanup)
+        db = Path(self._tmp.name) / "index.duckdb"
+        self._con = duckdb.connect(str(db), config={
+            "threads": threads, "memory_limit": f"{memory_limit_mb}MB",
+            "temp_directory": str(Path(self._tmp.name) / "spill")})
         self._local = threading.local()
-        self._con.register("arrow_runs", runs)
-        self._con.execute(f"CREATE TABLE runs AS SELECT *, {_DERIVED} FROM arrow_runs "
-                          "ORDER BY row_no")
-        self._con.unregister("arrow_runs")
+        first = True
+        for chunk in chunks:  # one partition at a time keeps the peak memory to one chunk
+            self._con.register("chunk", chunk)
+            self._con.execute("CREATE TABLE staging AS SELECT * FROM chunk" if first
+                              else "INSERT INTO staging SELECT * FROM chunk")
+            self._con.unregister("chunk")
+            first = False
+        if first:
+            self._con.register("chunk", RUN_SCHEMA.empty_table())
+            self._con.execute("CREATE TABLE staging AS SELECT * FROM chunk")
+            self._con.unregister("chunk")
+        self._con.execute(
+            "CREATE TABLE runs AS WITH d AS (SELECT * FROM staging QUALIFY row_number() OVER "
+            "(PARTITION BY run_id ORDER BY measured_at, measurement_date) = 1) "
+            f"SELECT *, {_DERIVED} FROM d ORDER BY row_no")
+        self._con.execute("DROP TABLE staging")
         self._con.execute("CREATE UNIQUE INDEX runs_id ON runs(run_id)")
         self.outputs = outputs or AnalysisOutputs.empty()
         for name, table in (("models", self.outputs.models), ("excluded", self.outputs.excluded),
@@ -78,14 +107,25 @@ class RunIndex:
             self._con.register(f"arrow_{name}", table)
             self._con.execute(f"CREATE TABLE {name} AS SELECT * FROM arrow_{name}")
             self._con.unregister(f"arrow_{name}")
-        self.n_runs = self.scalar("SELECT count(*) FROM runs")
+        self._con.execute("CHECKPOINT")
+        self.n_runs = int(self.scalar("SELECT count(*) FROM runs"))
 
     @classmethod
     def load(cls, data_dir: Path, outputs: AnalysisOutputs | None = None, *,
-             threads: int = 2) -> RunIndex:
-        """Read every run of ``data_dir`` once (deduplicated by the store's rule)."""
-        table = RunStore(Path(data_dir), fsync=False).read_table()
-        return cls(table, outputs, threads=threads)
+             threads: int = 2, memory_limit_mb: int = 1024,
+             work_dir: Path | None = None) -> RunIndex:
+        """Read every run of ``data_dir`` once, one measurement date at a time, through the
+        store's reader (so its one-row-per-run_id rule applies within each date)."""
+        store = RunStore(Path(data_dir), fsync=False)
+        chunks = (store.read_table(date_from=day, date_to=day)
+                  for day in store.dataset.partitions())
+        return cls(chunks, outputs, threads=threads, memory_limit_mb=memory_limit_mb,
+                   work_dir=work_dir)
+
+    def close(self) -> None:
+        """Close the database and delete its directory."""
+        self._con.close()
+        self._finalizer()
 
     # ------------------------------------------------------------------ plumbing
     def _cursor(self) -> duckdb.DuckDBPyConnection:
@@ -106,14 +146,18 @@ class RunIndex:
     def runs(self, query: RunQuery, *, with_snippet: bool = False) -> RunPage:
         """The page ``query.offset .. offset+limit`` of matching runs, in default order."""
         where, params = query.where()
-        total = self.scalar(f"SELECT count(*) FROM runs {where}", params)
         cols = ", ".join(LIST_COLUMNS)
+        if not where:  # row_no is dense 1..n: a deep page is a range, not an OFFSET scan
+            rows = self.rows(f"SELECT {cols} FROM runs WHERE row_no > ? ORDER BY row_no LIMIT ?",
+                             [query.offset, query.limit])
+            return RunPage(self.n_runs, rows)
+        total = self.scalar(f"SELECT count(*) FROM runs {where}", params)
         snippet = ""
         snippet_params: list[Any] = []
         if with_snippet and query.q:
             # 160 characters around the first match, so a search result shows why it matched
-            snippet = (", substr(response_text, greatest(1, instr(lower(response_text), ?) - 60),"
-                       " 160) AS snippet")
+            snippet = (", substr(response_text, greatest(1, instr(search_text, ?) - 60), 160)"
+                       " AS snippet")
             snippet_params = [query.q.lower()]
         rows = self.rows(f"SELECT {cols}{snippet} FROM runs {where} ORDER BY row_no "
                          "LIMIT ? OFFSET ?", [*snippet_params, *params, query.limit, query.offset])
@@ -121,7 +165,7 @@ class RunIndex:
 
     def run(self, run_id: str) -> dict[str, Any] | None:
         """Every stored column of one run (None if unknown)."""
-        found = self.rows("SELECT * FROM runs WHERE run_id = ?", [run_id])
+        found = self.rows("SELECT * EXCLUDE (search_text) FROM runs WHERE run_id = ?", [run_id])
         return found[0] if found else None
 
     def cell_runs(self, campaign: str, model: str, prompt_sha256: str,
@@ -130,7 +174,8 @@ class RunIndex:
         params = [campaign, model, prompt_sha256]
         where = "WHERE campaign = ? AND model = ? AND prompt_sha256 = ?"
         total = self.scalar(f"SELECT count(*) FROM runs {where}", params)
-        rows = self.rows(f"SELECT * FROM runs {where} ORDER BY row_no LIMIT ?", [*params, limit])
+        rows = self.rows(f"SELECT * EXCLUDE (search_text) FROM runs {where} ORDER BY row_no LIMIT ?",
+                         [*params, limit])
         return int(total), rows
 
     def distinct(self, column: str, query: RunQuery | None = None) -> list[Any]:

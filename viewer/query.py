@@ -77,7 +77,7 @@ class RunQuery(BaseModel):
             terms.append("measurement_date <= ?")
             params.append(self.date_to)
         if self.q:
-            terms.append("contains(lower(response_text), ?)")
+            terms.append("contains(search_text, ?)")
             params.append(self.q.lower())
         return ("WHERE " + " AND ".join(terms) if terms else ""), params
 
