@@ -151,7 +151,6 @@ class RunIndex:
             rows = self.rows(f"SELECT {cols} FROM runs WHERE row_no > ? ORDER BY row_no LIMIT ?",
                              [query.offset, query.limit])
             return RunPage(self.n_runs, rows)
-        total = self.scalar(f"SELECT count(*) FROM runs {where}", params)
         snippet = ""
         snippet_params: list[Any] = []
         if with_snippet and query.q:
@@ -159,8 +158,17 @@ class RunIndex:
             snippet = (", substr(response_text, greatest(1, instr(search_text, ?) - 60), 160)"
                        " AS snippet")
             snippet_params = [query.q.lower()]
-        rows = self.rows(f"SELECT {cols}{snippet} FROM runs {where} ORDER BY row_no "
-                         "LIMIT ? OFFSET ?", [*snippet_params, *params, query.limit, query.offset])
+        # one scan of the filter columns serves both the total and the page
+        rows = self.rows(
+            f"WITH m AS MATERIALIZED (SELECT row_no FROM runs {where}) "
+            f"SELECT {cols}{snippet}, (SELECT count(*) FROM m) AS __total FROM runs "
+            "WHERE row_no IN (SELECT row_no FROM m ORDER BY row_no LIMIT ? OFFSET ?) "
+            "ORDER BY row_no", [*params, *snippet_params, query.limit, query.offset])
+        if not rows:  # past the last page (or nothing matches): the total alone
+            return RunPage(int(self.scalar(f"SELECT count(*) FROM runs {where}", params)), [])
+        total = rows[0]["__total"]
+        for row in rows:
+            del row["__total"]
         return RunPage(int(total), rows)
 
     def run(self, run_id: str) -> dict[str, Any] | None:
