@@ -1,13 +1,13 @@
 """``irbench analyze --executor celery``: the per-cell reduction of each date partition (or file
 group) runs as a map task on the workers, one reduce task merges the cell tables and writes the
-same outputs as the local path (``analysis.analyze.run_analysis``). Protocol and files:
+same outputs as the local path (``analysis.pipeline.run_analysis``). Protocol and files:
 ``workers.analysis_tasks``.
 
 Why map tasks return cells *and* run-level features: a cell's runs can sit in several partitions
 (a campaign crossing midnight UTC, a resume on a later day), and its Jaccard/ID-stability need
 every pair of its runs, so partial cell aggregates do not merge. Each part's cells are kept for
 cells that live in that part only; the reduce rebuilds cells seen in two or more parts from the
-parts' run-level features (``analysis.analyze.combine_partial_cells``), which gives exactly the
+parts' run-level features (``analysis.tables.partial.combine_partial_cells``), which gives exactly the
 local ``build_cells`` table.
 
 Planning needs the dataset root at the same path as the workers see it (as for campaigns).
@@ -27,9 +27,9 @@ from typing import Any
 import structlog
 from celery import Celery
 
-from analysis.analyze import AnalysisResult, PanelResult, panel_dirname
+from analysis.outputs import AnalysisResult, PanelResult, panel_dirname
 from analysis.options import AnalysisOptions
-from analysis.tables import ModelTable
+from analysis.tables.models import ModelTable
 from storage.runs import RunStore
 from workers.analysis_tasks import MAP_TASK, REDUCE_TASK, done_path, error_path, jobs_dir, parts_done, scratch_dir
 from workers.celery_app import DEFAULT_QUEUE, make_celery_app
@@ -228,7 +228,7 @@ def analyze_with_executor(
 ) -> AnalysisResult:
     """What ``irbench analyze`` calls: ``executor`` 'local' (in-process) or 'celery' (needs
     ``broker_url``). Raises ``ValueError`` subclasses for bad input, like ``run_analysis``."""
-    from analysis.analyze import run_analysis
+    from analysis.pipeline import run_analysis
     from workers.errors import ConfigError
 
     if executor == "local":

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analysis.merge import read_cell_csv
+from analysis.tables.merge import read_cell_csv
 from storage.cells import CellMeasurement, CellStore, measurement_id
 from storage.records import Outcome, ParseOutcome, RunRecord
 from storage.runs import RunStore

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from analysis.probes import ProbeSettings, probe_input_from_study_csv, probe_table
+from analysis.tables.probes import ProbeSettings, probe_input_from_study_csv, probe_table
 from orchestrator.spec import CampaignSpec
 from storage.availability import Availability, AvailabilityRecord, AvailabilityStore
 from storage.probes import ProbeStore

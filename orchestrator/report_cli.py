@@ -30,10 +30,10 @@ def report_command(
     Example: irbench report --data data/ --out report/
     Example: irbench report --data data/ --analysis out/ --out report/
     """
-    from analysis.analyze import run_analysis
+    from analysis.pipeline import run_analysis
     from analysis.options import AnalysisOptions
-    from analysis.report import ReportInputError, build_report
-    from analysis.report_sections import ReportOptions
+    from analysis.report.build import ReportInputError, build_report
+    from analysis.report.sections import ReportOptions
     from workers.errors import IrbenchError
 
     console, err = Console(), Console(stderr=True)

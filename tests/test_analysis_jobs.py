@@ -17,8 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.analyze import partial_cells, read_run_files, run_analysis
-from analysis.cells import build_cells
+from analysis.inputs import read_run_files
+from analysis.pipeline import run_analysis
+from analysis.tables.partial import partial_cells
+from analysis.tables.cells import build_cells
 from analysis.options import AnalysisOptions
 from orchestrator.analysis_jobs import (
     AnalysisJobError,

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from analysis.bootstrap import (
+from analysis.stats.bootstrap import (
     bca_ci,
     bootstrap_means,
     expanded_percentile_ci,
@@ -117,7 +117,7 @@ def test_coverage_simulation_known_mean():
 
 # ---------------------------------------------------------------- shared-stream scheme (large panels)
 
-from analysis.bootstrap import percentile_ci_many_metrics, shared_bootstrap_means  # noqa: E402
+from analysis.stats.bootstrap import percentile_ci_many_metrics, shared_bootstrap_means  # noqa: E402
 
 
 def test_shared_scheme_resamples_exactly_n_values_multinomially():

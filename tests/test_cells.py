@@ -14,9 +14,9 @@ import pyarrow as pa
 import pytest
 from rich.console import Console
 
-from analysis.cells import CELL_SCHEMA, MIN_RUNS_METADATA_KEY, build_cells
-from analysis.render import excluded_lines, models_rich_table
-from analysis.tables import model_table
+from analysis.tables.cells import CELL_SCHEMA, MIN_RUNS_METADATA_KEY, build_cells
+from analysis.report.terminal import excluded_lines, models_rich_table
+from analysis.tables.models import model_table
 
 ARTIFACT = Path("/work/shared/paper-artifact/results")
 D1 = dt.date(2026, 3, 1)

@@ -8,7 +8,7 @@ import pytest
 
 from tests.support.paths import ARTIFACT
 
-from analysis.correctness import (
+from analysis.metrics.correctness import (
     emitted_from_json,
     model_means,
     score_run,
@@ -82,10 +82,10 @@ def test_real_prompt_and_ir():
     assert {"RULE:ROLE", "CONDITION:LANGUAGE"} <= emitted & explicit
 
 
-# --- correlations (analysis/correlations.py) -------------------------------------------------
+# --- correlations (analysis/stats/correlations.py) -------------------------------------------------
 from scipy import stats  # noqa: E402
 
-from analysis.correlations import correlate, leave_one_out, stability_vs_correctness  # noqa: E402
+from analysis.stats.correlations import correlate, leave_one_out, stability_vs_correctness  # noqa: E402
 
 
 def test_correlate_matches_scipy_and_handles_degenerate():

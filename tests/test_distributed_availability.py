@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.probes import ProbeSettings
+from analysis.tables.probes import ProbeSettings
 from orchestrator.campaign import prepare
 from orchestrator.celery_executor import (
     AVAILABILITY_MARK,

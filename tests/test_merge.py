@@ -1,10 +1,11 @@
 """Merge precedence rules: unit cases and the published per-campaign tables (NOTES.md figures)."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from analysis.merge import (
+from analysis.tables.merge import (
     CellRow,
     compare_merges,
     merge_earliest_then_top_up,
@@ -114,7 +115,7 @@ import datetime as dt  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
-from analysis.measurements import (  # noqa: E402
+from analysis.tables.measurements import (  # noqa: E402
     AUDIT_CELL_SCHEMA,
     chosen_flags,
     measurement_cells,
@@ -143,7 +144,7 @@ def _random_cells(seed: int, n: int = 400) -> pa.Table:
 
 
 def _reference_merge(cells: pa.Table, budget, time):
-    """The previous row-wise implementation: CellRow objects through analysis.merge."""
+    """The previous row-wise implementation: CellRow objects through analysis.tables.merge."""
     rows = [r for r in cells.to_pylist() if r["included"]]
     best = {}
     for i, r in enumerate(rows):
@@ -190,6 +191,10 @@ def test_vectorised_merge_cells_equals_rowwise_rules(seed):
         expect = [tuple(r[k] for k in ("campaign", "model", "prompt_sha256",
                                        "budget_max_tokens", "source")) in keys for r in rows]
         assert flags[rule].tolist() == expect
+    # the source-row shortcut and the key lookup agree (and the lookup still works alone)
+    by_key = chosen_flags(cells, dataclasses.replace(got, source_rows=None))
+    assert {r: f.tolist() for r, f in by_key.items()} == {r: f.tolist() for r, f in flags.items()}
+    assert got.source_rows is not None and all(f.any() for f in flags.values())
 
 
 def test_merge_cells_names_a_campaign_missing_from_the_mapping():

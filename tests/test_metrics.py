@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis.metrics import (
+from analysis.metrics.agreement import (
     count_agreement,
     id_stability,
     is_node_set_perfect,

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from analysis.pairs import paired_comparison, rank_biserial
+from analysis.stats.pairs import paired_comparison, rank_biserial
 
 CURETON = np.array([6, 8, 14, 16, 23, 24, 28, 29, 41, -48, 49, 56, 60, -67, 75], dtype=float)
 

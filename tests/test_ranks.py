@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from analysis.ranks import (
+from analysis.stats.ranks import (
     RankSet,
     joint_cluster_bootstrap,
     min_ranks,
@@ -191,7 +191,7 @@ def test_bad_point_order_rejected():
 def test_pairwise_pvalues_match_scipy_ttest_rel_and_holm():
     from scipy import stats
 
-    from analysis.ranks import pairwise_rank_set
+    from analysis.stats.ranks import pairwise_rank_set
 
     rng = np.random.default_rng(13)
     s, _ = _panel(rng, 4, 10, gap=0.08)
@@ -226,7 +226,7 @@ def test_maxt_variant_is_reported_and_bounded():
 
 def test_maxt_blocks_equal_the_whole_array_computation():
     # Memory blocks (pairs for σ, replicates for max-|t|) must not change any value.
-    from analysis.ranks import _max_abs_t, _pair_sd
+    from analysis.stats.ranks import _max_abs_t, _pair_sd
 
     rng = np.random.default_rng(3)
     ts = rng.normal(size=(500, 12))

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from analysis.stabilisation import (
+from analysis.metrics.stabilisation import (
     stabilisation_index,
     stabilisation_ragged,
     summarise_stabilisation,

@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from analysis.drift import classify_pair, run_ir_from_json
+from analysis.metrics.drift import classify_pair, run_ir_from_json
 
 UNPARSED = "unparsed"
 _RANGE_KEYS = ("start_line", "start_col", "end_line", "end_col")

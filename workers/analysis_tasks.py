@@ -5,7 +5,7 @@ Only small JSON goes through Redis: the job description (paths, options), the pa
 names and the part index. Data moves through the shared filesystem (every worker sees the same
 dataset root, as for campaigns):
 
-* map ``i`` reads its files (``analysis.analyze.read_run_files``), reduces them to the part's
+* map ``i`` reads its files (``analysis.inputs.read_run_files``), reduces them to the part's
   cell table and run-level features (``partial_cells``) and writes them to the job's scratch
   directory ``OUT/.jobs/<job_id>/part-<i>.{cells,feats}.parquet``, then ``part-<i>.json`` last
   (the part's done marker). The map that finds every part done sends the reduce, once (a Redis
@@ -74,7 +74,7 @@ def _utc_now() -> str:
 
 def write_error(job: dict[str, Any], stage: str, exc: BaseException) -> None:
     """Record the job's first failure (later ones are consequences; the first says what to fix)."""
-    from analysis.analyze import write_json_atomic
+    from storage.atomic import write_json_atomic
 
     path = error_path(job)
     if path.exists():
@@ -93,7 +93,9 @@ def _options(job: dict[str, Any]) -> Any:
 
 def run_map(job: dict[str, Any], index: int, files: list[str]) -> dict[str, Any]:
     """Reduce part ``index`` (``files``) to its partial cell table and features; idempotent."""
-    from analysis.analyze import partial_cells, read_run_files, write_json_atomic, write_parquet_atomic
+    from analysis.inputs import read_run_files
+    from analysis.tables.partial import partial_cells
+    from storage.atomic import write_json_atomic, write_parquet_atomic
 
     cells_p, feats_p, marker = part_paths(job, index)
     if marker.exists():
@@ -114,7 +116,9 @@ def run_reduce(job: dict[str, Any]) -> dict[str, Any]:
     """Combine the parts and write every output of ``run_analysis``; idempotent."""
     import pyarrow.parquet as pq
 
-    from analysis.analyze import combine_partial_cells, run_analysis, write_json_atomic
+    from analysis.pipeline import run_analysis
+    from analysis.tables.partial import combine_partial_cells
+    from storage.atomic import write_json_atomic
 
     if done_path(job).exists():
         return json.loads(done_path(job).read_text(encoding="utf-8"))

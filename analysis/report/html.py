@@ -1,4 +1,4 @@
-"""Render a :class:`analysis.report_doc.Document` as one self-contained HTML page.
+"""Render a :class:`analysis.report.doc.Document` as one self-contained HTML page.
 
 Self-contained: CSS and one small script inline, figures as ``data:image/png;base64`` URIs, no
 external assets (it opens offline). The script sorts a table when its header is clicked (by each
@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 from html import escape
 
-from analysis.report_doc import Block, Document, Figure, Heading, Note, Paragraph, Section, Table
+from analysis.report.doc import Block, Document, Figure, Heading, Note, Paragraph, Section, Table
 
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;font-size:16px;

@@ -12,7 +12,7 @@ so for a hypothetical total timeout ``T`` (seconds), per run:
 * every other failed run fails under any ``T`` (a read or connect timeout does not depend on
   the total deadline).
 
-Inclusion follows the stability table (``analysis.cells`` / ``analysis.tables``): a cell
+Inclusion follows the stability table (``analysis.tables.cells`` / ``analysis.tables.models``): a cell
 (panel, campaign, model, prompt, budget) is included with ≥ ``min_runs`` successful runs; a
 model with ≥ ``min_prompts`` distinct prompts among its included cells. A model is *flagged*
 when its inclusion under some ``T`` differs from its inclusion as recorded.
@@ -22,8 +22,6 @@ Input: a runs table (``storage.runs.RunStore.read_table``). Output: pyarrow Tabl
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +29,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
+
+from storage.atomic import write_parquet_atomic
 
 DEFAULT_TIMEOUTS_S: tuple[float, ...] = (30.0, 60.0, 120.0, 300.0)
 SUCCESS_PARSE_OUTCOMES = ("ok", "repaired")
@@ -227,7 +226,7 @@ def analyze_timeouts(
     panel_runs: pa.Table, out_dir: Path, *, min_runs: int, min_prompts: int,
     timeouts_s: Sequence[float] = DEFAULT_TIMEOUTS_S,
 ) -> tuple[TimeoutSensitivity, dict[str, Path]]:
-    """What ``analysis.analyze.run_analysis`` calls per panel: compute, write
+    """What ``analysis.pipeline.run_analysis`` calls per panel: compute, write
     ``timeouts.parquet`` and ``timeout_flags.parquet`` into ``out_dir``, return the result and
     the paths (manifest: ``result.summary()``)."""
     result = timeout_sensitivity(panel_runs, timeouts_s, min_runs=min_runs, min_prompts=min_prompts)
@@ -235,12 +234,7 @@ def analyze_timeouts(
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"timeouts": out_dir / "timeouts.parquet", "timeout_flags": out_dir / "timeout_flags.parquet"}
     for table, path in ((result.losses, paths["timeouts"]), (result.flags, paths["timeout_flags"])):
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        try:
-            pq.write_table(table, tmp)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_parquet_atomic(table, path)
     return result, paths
 
 

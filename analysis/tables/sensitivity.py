@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.measurements import RULES, merge_cells
-from analysis.tables import model_table
+from analysis.tables.measurements import RULES, merge_cells
+from analysis.tables.models import model_table
 
 SENSITIVITY_SCHEMA = pa.schema([
     ("variant", pa.string()), ("axis", pa.string()), ("merge_rule", pa.string()),

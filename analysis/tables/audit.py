@@ -1,8 +1,8 @@
 """Per-panel assembly of the audit outputs beyond cells/models/excluded (``irbench analyze``).
 
-Inputs: one panel's merged cell table (one row per model × prompt, :mod:`analysis.measurements`),
+Inputs: one panel's merged cell table (one row per model × prompt, :mod:`analysis.tables.measurements`),
 its raw run table (may be empty for an import-only panel) and :class:`AnalysisOptions`.
-Outputs (:class:`PanelAudit`), written by :mod:`analysis.analyze`:
+Outputs (:class:`PanelAudit`), written by :mod:`analysis.pipeline`:
 
 * models with intervals and ranks — ``jaccard_ci_low/high``, ``id_ci_low/high`` (percentile
   bootstrap over the model's prompts, ``level``, ``replicates``, ``seed``; bit-equal to scipy on
@@ -27,17 +27,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.annotations import parse_annotations
-from analysis.bootstrap import percentile_ci_many, percentile_ci_many_metrics
-from analysis.cells import SUCCESS_PARSE_OUTCOMES
-from analysis.correctness import emitted_from_json, model_means, score_run
-from analysis.correlations import stability_vs_correctness
-from analysis.drift import CLASSES, cell_drift, run_ir_from_json, summarise_drift
-from analysis.metrics import count_agreement, node_set_agreement, normalised_jaccard
+from analysis.metrics.annotations import parse_annotations
+from analysis.stats.bootstrap import percentile_ci_many, percentile_ci_many_metrics
+from analysis.tables.cells import SUCCESS_PARSE_OUTCOMES
+from analysis.metrics.correctness import emitted_from_json, model_means, score_run
+from analysis.stats.correlations import stability_vs_correctness
+from analysis.metrics.drift import CLASSES, cell_drift, run_ir_from_json, summarise_drift
+from analysis.metrics.agreement import count_agreement, node_set_agreement, normalised_jaccard
 from analysis.options import AnalysisOptions
-from analysis.ranks import RankBootstrap, joint_cluster_bootstrap, partition
-from analysis.stabilisation import stabilisation_ragged, summarise_stabilisation
-from analysis.tables import ModelTable
+from analysis.stats.ranks import RankBootstrap, joint_cluster_bootstrap, partition
+from analysis.metrics.stabilisation import stabilisation_ragged, summarise_stabilisation
+from analysis.tables.models import ModelTable
 
 
 def score_matrix(merged: pa.Table, models: Sequence[str], column: str = "mean_jaccard"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analysis.annotations import parse_annotations
+from analysis.metrics.annotations import parse_annotations
 
 __all__ = ["RunScore", "ModelCorrectness", "truth_ids", "emitted_from_json", "score_run",
            "score_runs", "model_means"]

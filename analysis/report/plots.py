@@ -1,7 +1,7 @@
 """Report figures: matplotlib (Agg canvas, no pyplot state) → PNG bytes with a one-line caption.
 
 Every function takes analysis output tables (pyarrow) exactly as written by ``irbench analyze``
-and returns a :class:`analysis.report_doc.Figure`, or ``None`` when the columns it needs are
+and returns a :class:`analysis.report.doc.Figure`, or ``None`` when the columns it needs are
 absent. Nothing here estimates anything: plotted values are read from the tables; the only
 arithmetic is display aggregation that the caption states (pooled shares from pair counts,
 cumulative shares of stabilised cells, averaging adjacent prompts when a heatmap is too wide).
@@ -23,7 +23,7 @@ from matplotlib.figure import Figure as MplFigure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from analysis.report_doc import Figure
+from analysis.report.doc import Figure
 
 OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7",
              "#000000")

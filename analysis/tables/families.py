@@ -7,7 +7,7 @@ lower-cased: ``gpt-oss:20b`` and ``gpt-oss:120b`` → ``gpt-oss``; ``minimax-m2.
 ``[families]`` ``"model name" = "family"`` overrides it per model.
 
 Pairs: for every two models of one family (scope "family") or every two models (scope "all"),
-:func:`analysis.pairs.paired_comparison` on their common prompts' merged mean Jaccard, with
+:func:`analysis.stats.pairs.paired_comparison` on their common prompts' merged mean Jaccard, with
 model_a < model_b by name and ``mean_diff`` = b − a.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from analysis.pairs import paired_comparison
+from analysis.stats.pairs import paired_comparison
 
 _VERSIONISH = re.compile(r"^[a-z]?\d+(\.\d+)*[bmk]?$")
 

@@ -23,14 +23,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from analysis.report_doc import Document, Section
-from analysis.report_html import render_html
-from analysis.report_md import render_md
-from analysis.report_provenance import CELL_KEY, availability_blocks, provenance_blocks
-from analysis.report_sections import (
+from analysis.report.doc import Document, Section
+from analysis.report.html import render_html
+from analysis.report.md import render_md
+from analysis.report.provenance import CELL_KEY, availability_blocks, provenance_blocks
+from analysis.report.sections import (
     Availability, PanelData, ReportOptions, _correctness, _leaderboard, _pairs, _partition,
     _per_panel, _plots, _sensitivity,
 )
+from storage.atomic import write_text_atomic
 
 OUTPUT_TABLES = ("cells", "models", "excluded", "pairs", "sensitivity", "drift", "stabilisation",
                  "correctness", "correlations", "normalised")
@@ -221,13 +222,7 @@ def build_report(analysis_dir: Path, out_dir: Path, *, data_dir: Path | None = N
     html_path, md_path, fig_dir = out_dir / "report.html", out_dir / "report.md", out_dir / "figures"
     html = render_html(doc)
     md, figures = render_md(doc, fig_dir)
-    _write_text(html_path, html)
-    _write_text(md_path, md)
+    write_text_atomic(html, html_path)
+    write_text_atomic(md, md_path)
     return ReportPaths(html_path, md_path, figures, html_path.stat().st_size,
                        md_path.stat().st_size)
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)

@@ -1,4 +1,4 @@
-"""Render a :class:`analysis.report_doc.Document` as Markdown (GitHub-flavoured pipe tables).
+"""Render a :class:`analysis.report.doc.Document` as Markdown (GitHub-flavoured pipe tables).
 
 Figures are written as PNG files into ``figures_dir`` and linked relative to the Markdown file
 (which lives in ``figures_dir``'s parent). Highlighted table rows are marked with "**›**" in an
@@ -7,10 +7,10 @@ extra first column; notes become block quotes.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from analysis.report_doc import Block, Document, Figure, Heading, Note, Paragraph, Table
+from analysis.report.doc import Block, Document, Figure, Heading, Note, Paragraph, Table
+from storage.atomic import write_bytes_atomic
 
 NOTE_PREFIX = {"missing": "ℹ️ ", "warning": "⚠️ ", "info": ""}
 
@@ -39,9 +39,7 @@ def _write_figure(f: Figure, figures_dir: Path, used: dict[str, int]) -> Path:
     n = used.get(f.name, 0)
     used[f.name] = n + 1
     path = figures_dir / (f"{f.name}.png" if n == 0 else f"{f.name}-{n + 1}.png")
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(f.png)
-    os.replace(tmp, path)
+    write_bytes_atomic(f.png, path)
     return path
 
 

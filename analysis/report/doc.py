@@ -1,8 +1,8 @@
-"""The report as a small document tree, rendered by :mod:`analysis.report_html` and
-:mod:`analysis.report_md`.
+"""The report as a small document tree, rendered by :mod:`analysis.report.html` and
+:mod:`analysis.report.md`.
 
 Blocks are frozen dataclasses holding already-formatted text plus, for table cells, the raw
-value used for sorting (``Cell.sort``). Section builders (:mod:`analysis.report_sections`)
+value used for sorting (``Cell.sort``). Section builders (:mod:`analysis.report.sections`)
 produce blocks; renderers never compute statistics, they only lay the blocks out.
 """
 

@@ -1,7 +1,7 @@
 """Run records → one row per cell with its stability metrics.
 
 A *cell* is one (panel, campaign, model, prompt_sha256, budget_max_tokens); campaigns are
-merged later (``analysis.merge``), so here each campaign's measurement stays separate.
+merged later (``analysis.tables.merge``), so here each campaign's measurement stays separate.
 A *successful run* has ``parse_outcome`` in (ok, repaired) and a non-null ``ir_json``
 (the same rule as :attr:`storage.records.RunRecord.succeeded`).
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import pyarrow as pa
 
-from analysis.metrics import count_agreement, node_set_agreement
+from analysis.metrics.agreement import count_agreement, node_set_agreement
 
 SUCCESS_PARSE_OUTCOMES: frozenset[str] = frozenset({"ok", "repaired"})
 

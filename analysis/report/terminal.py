@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from analysis.tables import ModelTable
+from analysis.tables.models import ModelTable
 
 
 def _fmt(x: float | None, digits: int = 3) -> str:

@@ -1,14 +1,14 @@
 """Imported cell measurements → cell rows, campaign precedence, and merging one panel's cells.
 
 * :func:`measurement_cells`: rows of the ``cells/`` dataset (``storage.cells``) → a table with
-  :data:`analysis.cells.CELL_SCHEMA` columns plus ``source``. ``runs_total = runs_ok =
+  :data:`analysis.tables.cells.CELL_SCHEMA` columns plus ``source``. ``runs_total = runs_ok =
   successful_runs``; ``included`` = ``successful_runs >= min_runs`` and both metrics finite (a
   NaN metric is never included); ``node_set_perfect`` = Jaccard == 1 and ID-stability == 1 *as
   stored* (published values are rounded to 3 decimals); count agreement is unknown (null).
 * :func:`precedence`: campaign → (budget_rank, time_order) for the campaigns of a panel.
 * :func:`merge_cells`: one row per (model, prompt_sha256) under a rule, with exactly the
-  semantics of :mod:`analysis.merge` (ties → the first row), plus the comparison of the two
-  rules (:class:`analysis.merge.MergeComparison`); computed with sorts over integer codes.
+  semantics of :mod:`analysis.tables.merge` (ties → the first row), plus the comparison of the two
+  rules (:class:`analysis.tables.merge.MergeComparison`); computed with sorts over integer codes.
 All functions work column-wise (pyarrow compute / numpy): no Python loop over rows.
 """
 
@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.cells import CELL_SCHEMA, MIN_RUNS_METADATA_KEY
-from analysis.merge import CellChange, CellRow, MergeComparison
+from analysis.tables.cells import CELL_SCHEMA, MIN_RUNS_METADATA_KEY
+from analysis.tables.merge import CellChange, CellRow, MergeComparison
 
 RULES = ("highest-budget-first", "earliest-then-top-up")
 AUDIT_CELL_SCHEMA = CELL_SCHEMA.append(pa.field("source", pa.string(), nullable=False))
@@ -146,6 +146,9 @@ class MergedCells:
     comparison: MergeComparison
     budget_rank: dict[str, int]
     time_order: dict[str, int]
+    # per rule, the row of the input ``cells`` table each chosen row came from (aligned with
+    # ``tables[rule]``); what :func:`chosen_flags` marks
+    source_rows: dict[str, np.ndarray] | None = None
 
 
 def _codes(col: pa.ChunkedArray) -> tuple[np.ndarray, list]:
@@ -171,17 +174,18 @@ def _first_per_group(keys: list[np.ndarray], tie_keys: list[np.ndarray]) -> np.n
     return order[start]
 
 
-def _one_per_campaign(included: pa.Table) -> pa.Table:
+def _one_per_campaign(included: pa.Table) -> tuple[pa.Table, np.ndarray | None]:
     """Within one campaign keep one cell per (model, prompt): the largest token budget
-    (a null budget counts as −1; ties → the first row)."""
+    (a null budget counts as −1; ties → the first row). Also the kept rows of ``included``
+    (None: all of them, in order)."""
     if included.num_rows == 0:
-        return included
+        return included, None
     budget = pc.fill_null(included.column("budget_max_tokens"), -1).to_numpy()
     keys = [_codes(included.column(c))[0] for c in ("campaign", "model", "prompt_sha256")]
     keep = np.sort(_first_per_group(keys, [-budget.astype(np.int64)]))
     if keep.size == included.num_rows:  # nothing to drop: skip copying the table
-        return included
-    return included.take(pa.array(keep, pa.int64()))
+        return included, None
+    return included.take(pa.array(keep, pa.int64())), keep
 
 
 def _take_if_needed(table: pa.Table, rows: np.ndarray) -> pa.Table:
@@ -203,15 +207,19 @@ def merge_cells(cells: pa.Table, budget_rank: dict[str, int],
                 time_order: dict[str, int]) -> MergedCells:
     """Merge the included cells of one panel under both rules (see module docstring).
 
-    Same semantics as :func:`analysis.merge.merge_highest_budget_first` /
-    :func:`~analysis.merge.merge_earliest_then_top_up` / :func:`~analysis.merge.compare_merges`
+    Same semantics as :func:`analysis.tables.merge.merge_highest_budget_first` /
+    :func:`~analysis.tables.merge.merge_earliest_then_top_up` / :func:`~analysis.tables.merge.compare_merges`
     on the rows as :class:`CellRow` (ties → the first row), computed with sorts over integer
     codes instead of Python loops over rows; chosen rows are sorted by (model, prompt_sha256).
     """
     included = pc.fill_null(cells.column("included"), False)
     # copies of a 10⁶-row table are the memory peak: filter/take only when rows really change
-    inc = _one_per_campaign(cells if pc.all(included).as_py() is not False
-                            else cells.filter(included))
+    everything = pc.all(included).as_py() is not False
+    base = (np.arange(cells.num_rows) if everything
+            else np.flatnonzero(included.to_numpy(zero_copy_only=False)))
+    inc, kept = _one_per_campaign(cells if everything else cells.filter(included))
+    if kept is not None:
+        base = base[kept]
     camp, names = _codes(inc.column("campaign"))
     for mapping in (budget_rank, time_order):
         missing = [c for c in names if c not in mapping]
@@ -243,7 +251,8 @@ def merge_cells(cells: pa.Table, budget_rank: dict[str, int],
                     for a, b in zip(rows_h, rows_e))
     comparison = MergeComparison(RULES[0], RULES[1], changes, shares[0], shares[1],
                                  shares[1] - shares[0], len(pick_h), len(pick_e))
-    return MergedCells(tables, comparison, budget_rank, time_order)
+    return MergedCells(tables, comparison, budget_rank, time_order,
+                       {RULES[0]: base[pick_h], RULES[1]: base[pick_e]})
 
 
 _KEY_COLUMNS = ("campaign", "model", "prompt_sha256", "budget_max_tokens", "source")
@@ -251,7 +260,15 @@ _KEY_COLUMNS = ("campaign", "model", "prompt_sha256", "budget_max_tokens", "sour
 
 def chosen_flags(cells: pa.Table, merged: MergedCells) -> dict[str, np.ndarray]:
     """Per rule, a bool per row of ``cells``: this row supplies its cell under that rule
-    (its (campaign, model, prompt, budget, source) key is among the rule's chosen rows)."""
+    (its (campaign, model, prompt, budget, source) key is among the rule's chosen rows).
+    When ``merged`` came from ``merge_cells(cells, ...)`` its source rows are marked directly."""
+    if merged.source_rows is not None and not _has_duplicate_keys(cells):
+        out = {}
+        for rule, rows in merged.source_rows.items():
+            flags = np.zeros(cells.num_rows, dtype=bool)
+            flags[rows] = True
+            out[rule] = flags
+        return out
     tables = list(merged.tables.items())
     sizes = [cells.num_rows] + [t.num_rows for _, t in tables]
     key = np.zeros(sum(sizes), dtype=np.int64)
@@ -269,6 +286,12 @@ def chosen_flags(cells: pa.Table, merged: MergedCells) -> dict[str, np.ndarray]:
             for i, (rule, _) in enumerate(tables)}
 
 
+def _has_duplicate_keys(cells: pa.Table) -> bool:
+    """Do two rows of ``cells`` share a chosen-flag key (then both are flagged by key)?"""
+    cols = list(_KEY_COLUMNS)
+    return cells.select(cols).group_by(cols).aggregate([]).num_rows != cells.num_rows
+
+
 def _member(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``np.isin(a, b)`` by sort + binary search: O((|a|+|b|) log |b|) time and O(|b|) memory
     (``np.isin`` may pick a lookup table as large as the keys' value range)."""
@@ -282,7 +305,7 @@ def _member(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def complete_excluded(table, cells: pa.Table):  # noqa: ANN001, ANN201 - ModelTable in and out
     """Add to ``table.excluded`` every model of ``cells`` with no included cell at all (merging
     keeps included cells only, so such models would otherwise vanish instead of being listed)."""
-    from analysis.tables import ModelTable
+    from analysis.tables.models import ModelTable
 
     listed = set(table.models) | set(table.excluded.column("model").to_pylist())
     runs_ok: dict[str, int] = {}

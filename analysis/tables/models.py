@@ -1,6 +1,6 @@
 """Cells → the per-model stability table of one panel, and the models it leaves out.
 
-Input: a cell table from :func:`analysis.cells.build_cells` (one panel; one row per prompt
+Input: a cell table from :func:`analysis.tables.cells.build_cells` (one panel; one row per prompt
 once campaigns are merged). Output: :class:`ModelTable` with
 
 * ``included``: ``rank, model, n_prompts, n_cells, mean_jaccard, id_stability, perfect,
@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.cells import MIN_RUNS_METADATA_KEY
+from analysis.tables.cells import MIN_RUNS_METADATA_KEY
 
 INCLUDED_SCHEMA = pa.schema(
     [

@@ -1,7 +1,7 @@
 """The eight report sections, built from analysis outputs already loaded from disk.
 
 Input: one :class:`PanelData` per panel (tables read from ``OUT/<panel>/*.parquet`` and the
-manifest) and, optionally, the availability checks. Output: :class:`analysis.report_doc.Section`
+manifest) and, optionally, the availability checks. Output: :class:`analysis.report.doc.Section`
 objects in the order issue 6 fixes. A section whose file or columns are absent says so in one
 line ("not available: … (run irbench analyze)") instead of failing.
 """
@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis import report_plots as plots
-from analysis.report_doc import Block, Cell, Heading, Note, Paragraph, Section, Table
-from analysis.report_tables import (
+from analysis.report import plots
+from analysis.report.doc import Block, Cell, Heading, Note, Paragraph, Section, Table
+from analysis.report.tables import (
     absent_columns, fmt_interval, fmt_num, fmt_range, generic_table, is_missing, missing_note,
 )
 
@@ -313,7 +313,7 @@ def _pp(value: object) -> str:
 def _sensitivity(p: PanelData, opts: ReportOptions) -> list[Block]:
     """One summary row per variant (rows changed, headline and its shift in percentage points),
     then each variant's table with changed rows highlighted. ``headline_share_perfect`` is a
-    fraction and ``headline_shift`` is in fraction points (analysis.sensitivity)."""
+    fraction and ``headline_shift`` is in fraction points (analysis.tables.sensitivity)."""
     sens = p.table("sensitivity")
     if sens is None:
         return [_file_missing(p, "sensitivity")]

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from analysis.report_doc import Cell, Note, Table
+from analysis.report.doc import Cell, Note, Table
 
 DASH = "–"
 

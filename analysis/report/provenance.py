@@ -13,9 +13,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from analysis.report_doc import Block, Cell, Heading, Note, Paragraph, Table
-from analysis.report_sections import Availability, PanelData, ReportOptions
-from analysis.report_tables import fmt_num, generic_table, missing_note
+from analysis.report.doc import Block, Cell, Heading, Note, Paragraph, Table
+from analysis.report.sections import Availability, PanelData, ReportOptions
+from analysis.report.tables import fmt_num, generic_table, missing_note
 
 CELL_KEY = ("panel", "campaign", "model", "prompt_sha256", "budget_max_tokens")
 

@@ -1,0 +1,2 @@
+"""Tables built from runs: cells, imported measurements and their merge, model tables,
+families and pairs, sensitivity, timeouts, probes, and the per-panel audit tables."""
