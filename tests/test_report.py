@@ -315,21 +315,21 @@ def test_partition_lists_every_model_once_by_label(full_report) -> None:
         (m["model"], m["partition"]) for m in models)
 
 
-def test_sensitivity_highlights_changed_rows_and_headline_pp(full_report) -> None:
+def test_sensitivity_is_one_compact_table(full_report) -> None:
     _, _, html = full_report
     p = parse(html)
-    second = p.tables["sensitivity-synth-1"]
-    assert [c for c in second["classes"]].count("hl") == 1
-    assert second["classes"][1] == "hl"
-    assert p.tables["sensitivity-synth-0"]["classes"].count("hl") == 0
+    assert not [t for t in p.tables if t.startswith("sensitivity-synth-")]  # no per-variant tables
+    section = html.split('<section id="sensitivity">', 1)[1].split("</section>", 1)[0]
+    assert "<h3>" not in section  # no headings per variant
     summary = p.tables["sensitivity-summary-synth"]
     assert summary["head"] == ["variant", "axis", "rows changed", "node-set-perfect share",
-                               "headline shift"]
+                               "headline shift", "what changes"]
     assert [r[2][0] for r in summary["rows"]] == ["0/8", "1/8"]
     assert [r[4][0] for r in summary["rows"]] == ["+0.0 pp", "+4.5 pp"]
     assert summary["classes"] == ["", "hl"]
-    # variant-defining and all-null columns are not repeated per row
-    assert "merge_rule" not in second["head"] and "median_r_star" not in second["head"]
+    sens = pq.read_table(full_report[0] / "sensitivity.parquet").to_pylist()
+    moved = [r["model"] for r in sens if r["changed"]]
+    assert summary["rows"][0][5][0] == "—" and moved[0] in summary["rows"][1][5][0]
 
 
 def test_availability_status_since_and_share(full_report) -> None:
@@ -401,10 +401,19 @@ def test_empty_or_absent_analysis_dir_is_a_clear_error(tmp_path) -> None:
         build_report(tmp_path / "empty", tmp_path / "rep")
 
 
-def test_heatmap_shows_missing_cells_in_grey(tmp_path) -> None:
+def _heatmap_png(tmp_path, missing: float) -> tuple[np.ndarray, str]:
     from matplotlib.image import imread
 
-    from analysis.report.plots import MISSING_GREY
+    write_synthetic_analysis(tmp_path / "out", n_models=4, n_prompts=6, missing=missing)
+    html = build_report(tmp_path / "out", tmp_path / "rep").html.read_text(encoding="utf-8")
+    src = [s for s in parse(html).images][2]
+    return imread(io.BytesIO(base64.b64decode(src.split(",", 1)[1])), format="png"), html
+
+
+def test_heatmap_marks_missing_cells_and_has_no_greys(tmp_path) -> None:
+    from matplotlib import colormaps
+
+    from analysis.report.plots import HEATMAP_CMAP, MISSING_HATCH
     from analysis.report.sections import heatmap_matrix
 
     pdir = write_synthetic_analysis(tmp_path / "out", n_models=4, n_prompts=6, missing=0.4)
@@ -418,11 +427,19 @@ def test_heatmap_shows_missing_cells_in_grey(tmp_path) -> None:
             want = ref.get((mname, pname), np.nan)
             assert (np.isnan(want) and np.isnan(matrix[i, j])) or matrix[i, j] == want
     assert np.isnan(matrix).any()
-    html = build_report(tmp_path / "out", tmp_path / "rep").html.read_text(encoding="utf-8")
-    src = [s for s in parse(html).images][2]
-    img = imread(io.BytesIO(base64.b64decode(src.split(",", 1)[1])), format="png")
-    grey = np.array([int(MISSING_GREY[k:k + 2], 16) / 255 for k in (1, 3, 5)])
-    assert (np.abs(img[..., :3] - grey).max(axis=-1) < 0.01).sum() > 100
+    # the colormap has no grey anywhere: every sample has a clear hue (channel spread)
+    rgb = colormaps[HEATMAP_CMAP](np.linspace(0, 1, 256))[:, :3]
+    assert (rgb.max(axis=1) - rgb.min(axis=1)).min() > 0.1
+    hatch = np.array([int(MISSING_HATCH[k:k + 2], 16) / 255 for k in (1, 3, 5)])
+    img, html = _heatmap_png(tmp_path / "a", 0.4)
+    marked = (np.abs(img[..., :3] - hatch).max(axis=-1) < 0.06).sum()
+    assert marked > 100  # unmeasured cells are hatched in a hue the colormap never takes
+    full, _ = _heatmap_png(tmp_path / "b", 0.0)
+    present = np.isnan(heatmap_matrix(pq.read_table(tmp_path / "b" / "out" / "synth" /
+                                                    "cells.parquet"), order)[0]).any()
+    assert not present  # negative control: nothing unmeasured, so (almost) nothing hatched
+    assert (np.abs(full[..., :3] - hatch).max(axis=-1) < 0.06).sum() < marked / 10
+    assert "Each tile shows its value." in html and "hatched = not measured" in html
 
 
 def test_large_panel_stays_small_and_caps_provenance(tmp_path) -> None:
