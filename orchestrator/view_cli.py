@@ -17,6 +17,9 @@ def view_command(
     analysis: Annotated[Optional[Path], typer.Option(
         "--analysis", help="`irbench analyze` output directory; default: DATA/../out, "
         "DATA/../analysis or DATA/out when one exists.")] = None,
+    report: Annotated[Optional[Path], typer.Option(
+        "--report", help="`irbench report --out` directory to serve at /report (its leaderboard "
+        "links open this viewer); default: DATA/../report when it holds report.html.")] = None,
     host: Annotated[str, typer.Option(help="Interface to listen on (loopback by default; the "
                                       "viewer has no authentication).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port (0 picks a free one).")] = 8000,
@@ -33,18 +36,26 @@ def view_command(
     import uvicorn
 
     from storage.errors import StorageError
-    from viewer import AnalysisOutputs, RunIndex, ViewerConfig, create_app, find_analysis_dir
+    from viewer import (
+        AnalysisOutputs, RunIndex, ViewerConfig, create_app, find_analysis_dir, find_report,
+    )
 
     console, err = Console(soft_wrap=True), Console(stderr=True, soft_wrap=True)
     if not (data / "runs").is_dir():
         err.print(f"[bold red]error:[/] {data / 'runs'} does not exist; pass --data with the "
                   "directory `irbench run --data` wrote")
         raise typer.Exit(code=2)
+    if report is not None and not (report / "report.html").is_file():
+        err.print(f"[bold red]error:[/] --report {report} holds no report.html (write one with "
+                  "`irbench report --out DIR`)")
+        raise typer.Exit(code=2)
     if analysis is not None and not analysis.is_dir():
         err.print(f"[bold red]error:[/] --analysis {analysis} is not a directory")
         raise typer.Exit(code=2)
     try:
+        report_html = report / "report.html" if report is not None else find_report(data)
         config = ViewerConfig(data_dir=data, analysis_dir=analysis or find_analysis_dir(data),
+                              report_html=report_html,
                               page_size=page_size, threads=threads,
                               memory_limit_mb=memory_limit_mb)
         started = time.monotonic()

@@ -27,7 +27,7 @@ from analysis.report.sections import ReportOptions
 
 FIXED_NOW = dt.datetime(2026, 7, 1, 9, 30, tzinfo=dt.UTC)
 SECTION_IDS = ["partition", "leaderboard", "plots", "sensitivity", "pairs", "correctness",
-               "availability", "provenance"]
+               "availability", "health", "provenance"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -251,7 +251,7 @@ def test_sections_in_issue_order_with_dated_title(full_report) -> None:
     p = parse(html)
     assert [h.split(". ", 1)[1] for h in p.h2] == [
         "Headline partition", "Leaderboard", "Plots", "Sensitivity", "Pairs",
-        "Correctness versus stability", "Availability", "Provenance"]
+        "Correctness versus stability", "Availability", "Run health", "Provenance"]
     title = re.search(r"<h1>(.*?)</h1>", html).group(1)
     assert "2026-05-30 to 2026-06-11" in title and "reported 2026-07-01" in title
     # the partition comes before any sorted table
@@ -360,7 +360,7 @@ def test_markdown_has_the_same_sections_and_linked_figures(full_report) -> None:
     md = (report_dir / "report.md").read_text(encoding="utf-8")
     heads = re.findall(r"^## \d\. (.+)$", md, flags=re.M)
     assert heads == ["Headline partition", "Leaderboard", "Plots", "Sensitivity", "Pairs",
-                     "Correctness versus stability", "Availability", "Provenance"]
+                     "Correctness versus stability", "Availability", "Run health", "Provenance"]
     links = re.findall(r"!\[[^\]]*\]\((figures/[^)]+)\)", md)
     assert len(links) == 6
     for link in links:
@@ -549,3 +549,39 @@ def test_report_on_the_imported_artifact(tmp_path, artifact_dir) -> None:
     partition = html.split('<section id="partition">')[1].split("</section>")[0]
     assert "not available" not in partition
     assert paths.html_bytes < 20_000_000
+
+
+def test_run_health_section_matches_the_raw_runs(tmp_path) -> None:
+    from tests.support.viewer_store import MODELS, write_store
+
+    records = write_store(tmp_path / "data")  # panel "pan": retries, 429s, a truncation
+    write_synthetic_analysis(tmp_path / "out", panel="pan")
+    html = build_report(tmp_path / "out", tmp_path / "rep", data_dir=tmp_path / "data",
+                        now=lambda: FIXED_NOW).html.read_text(encoding="utf-8")
+    table = parse(html).tables["health-pan"]
+    assert table["head"][:4] == ["model", "runs", "outcomes", "retries / run"]
+    rows = {r[0][0]: [c[0] for c in r] for r in table["rows"]}
+    assert set(rows) == set(MODELS)
+    col = {name: i for i, name in enumerate(table["head"])}
+    for model in MODELS:
+        mine = [r for r in records if r.model == model]
+        row = rows[model]
+        assert row[col["runs"]] == str(len(mine))
+        assert row[col["429s"]] == str(sum(a.status_code == 429 for r in mine for a in r.attempts))
+        assert row[col["truncations"]] == str(sum(r.outcome == "truncated" for r in mine))
+        retries = np.mean([len(r.attempts) - 1 for r in mine])
+        assert float(row[col["retries / run"]]) == pytest.approx(retries, abs=0.005)
+        wait = sum(a.retry_after_s or 0 for r in mine for a in r.attempts)
+        assert float(row[col["Retry-After s"]]) == pytest.approx(wait, abs=0.005)
+        p50 = np.percentile([r.latency_ms for r in mine], 50)
+        assert float(row[col["latency p50 ms"]]) == pytest.approx(p50, abs=0.5)
+    assert len(parse(html).tables["health-dates-pan"]["rows"]) == 4
+
+
+def test_leaderboard_rows_link_to_the_viewer(full_report) -> None:
+    _, _, html = full_report
+    board = html.split('id="leaderboard-synth"', 1)[1].split("</table>", 1)[0]
+    links = re.findall(r'<a href="([^"]+)">([^<]+)</a>', board)
+    models = [m["model"] for m in pq.read_table(full_report[0] / "models.parquet").to_pylist()]
+    assert [text for _, text in links] == models
+    assert [href for href, _ in links] == [f"models/synth/{m}" for m in models]  # relative

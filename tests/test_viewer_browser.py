@@ -17,7 +17,8 @@ from urllib.parse import parse_qs, quote, urlsplit
 import pytest
 
 from tests.support.viewer_store import (
-    HOSTILE_IMG, HOSTILE_SCRIPT, MODELS, analyze, run_id_of, sha_of, start_viewer, write_store,
+    HOSTILE_IMG, HOSTILE_SCRIPT, MODELS, analyze, report, run_id_of, sha_of, start_viewer,
+    write_store,
 )
 
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -41,7 +42,8 @@ def site(tmp_path_factory):
     root = tmp_path_factory.mktemp("viewer-browser")
     write_store(root / "data")
     analyze(root / "data", root / "out")
-    proc = start_viewer(root / "data", root / "out")
+    report(root / "data", root / "out", root / "report")
+    proc = start_viewer(root / "data", root / "out", root / "report")
     try:
         yield proc.url, root
     finally:
@@ -147,6 +149,24 @@ def test_hostile_answers_are_inert(page, site) -> None:
     page.screenshot(path=str(root / "hostile.png"), full_page=True)
 
 
+def test_served_report_links_into_the_viewer(page, site) -> None:
+    """The static report at /report: its sorting script runs (allowed by hash), the warning
+    column is inside a 1400 px window, and a leaderboard row opens the model's viewer page."""
+    base, root = site
+    page.goto(base + "/report")
+    board = "table[id^=leaderboard]"
+    page.click(f"{board} thead th:nth-child(4)")  # the report's own script sorts the table
+    assert page.get_attribute(f"{board} thead th:nth-child(4)", "aria-sort") == "ascending"
+    right = page.evaluate(f"document.querySelector('{board} thead th:last-child')"
+                          ".getBoundingClientRect().right")
+    assert page.inner_text(f"{board} thead th:last-child") == "warning"
+    assert right <= 1400, right
+    page.screenshot(path=str(root / "report.png"))
+    nav(page, f'{board} a:text-is("{MODELS[1]}")')
+    assert path_of(page) == f"/models/pan/{quote(MODELS[1], safe='')}"
+    assert page.locator("#cells tbody tr").count() == 4
+
+
 def test_probes_detect_an_injected_image(chromium_path) -> None:
     """Negative control: unescaped markup makes the same probes fire."""
     with sync_api.sync_playwright() as pw:
@@ -156,3 +176,37 @@ def test_probes_detect_an_injected_image(chromium_path) -> None:
         pg.wait_for_function("window.__pwned === 'img'")
         assert pg.evaluate("document.images.length") == 1
         browser.close()
+
+
+def test_report_warning_column_fits_1400px_with_long_model_names(chromium_path, tmp_path) -> None:
+    """Hosted model names are long; the leaderboard's last column must still be on screen."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from analysis.report.build import build_report
+    from tests.test_report import FIXED_NOW, write_synthetic_analysis
+
+    pdir = write_synthetic_analysis(tmp_path / "out", n_models=8, n_prompts=30, small_models=2)
+    long = {f"model-{i:03d}": f"meta-llama/Llama-3.1-405B-Instruct-Turbo-variant-{i:03d}"
+            for i in range(8)}
+    for name in ("models", "cells"):
+        t = pq.read_table(pdir / f"{name}.parquet")
+        renamed = pa.array([long[m] for m in t.column("model").to_pylist()])
+        pq.write_table(t.set_column(t.column_names.index("model"), "model", renamed),
+                       pdir / f"{name}.parquet")
+    html = build_report(tmp_path / "out", tmp_path / "rep", now=lambda: FIXED_NOW).html
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path, args=["--no-sandbox"])
+        pg = browser.new_page(viewport={"width": 1400, "height": 900})
+        pg.goto(html.as_uri())
+        board = "table[id^=leaderboard]"
+        assert pg.inner_text(f"{board} thead th:last-child") == "warning"
+        right = pg.evaluate(f"document.querySelector('{board} thead th:last-child')"
+                            ".getBoundingClientRect().right")
+        wrap = pg.evaluate(f"(function(t){{return [t.scrollWidth, t.clientWidth];}})("
+                           f"document.querySelector('{board}').parentElement)")
+        pg.screenshot(path=str(tmp_path / "long-names.png"))
+        browser.close()
+    assert right <= 1400 and wrap[0] <= wrap[1], (right, wrap)
+    assert pc.sum(pc.equal(pq.read_table(pdir / "models.parquet").column("n_prompts"), 5)).as_py()

@@ -2,13 +2,13 @@
 (campaigns → leaderboard → a model's cells → one cell's runs side by side → one run)."""
 
 from viewer.app import create_app
-from viewer.config import ViewerConfig, find_analysis_dir
+from viewer.config import ViewerConfig, find_analysis_dir, find_report
 from viewer.index import RunIndex, RunPage
 from viewer.outputs import AnalysisOutputs
 from viewer.query import QueryError, RunQuery
 
 __all__ = ["AnalysisOutputs", "QueryError", "RunIndex", "RunPage", "RunQuery", "ViewerConfig",
-           "build_app", "create_app", "find_analysis_dir"]
+           "build_app", "create_app", "find_analysis_dir", "find_report"]
 
 
 def build_app(config: ViewerConfig):

@@ -9,6 +9,7 @@ URLs (path segments are percent-encoded; a model name may contain "/", sent as %
     /runs/{run_id}                            one run: response, reasoning, IR nodes, attempts
     /runs?campaign=&model=&...&q=             filtered, searchable run list (paged)
     /health?by=model|date&...                 run health
+    /report                                   the static report, when one is given
     /api/runs?... /api/runs/{run_id} /api/cells/{campaign}/{model}/{prompt_sha256} /api/health
 
 Only GET/HEAD are routed: every other method is answered 405. Every response carries a
@@ -18,7 +19,10 @@ templates' autoescaping of every stored string.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import hashlib
+import re
 import time
 from collections.abc import Awaitable, Callable
 from itertools import combinations
@@ -32,7 +36,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from viewer.config import ViewerConfig
@@ -113,7 +117,8 @@ class _Timing(BaseHTTPMiddleware):
         started = time.perf_counter()
         response = await call_next(request)
         response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1e3:.1f}"
-        response.headers.update(SECURITY_HEADERS)
+        for key, value in SECURITY_HEADERS.items():  # a handler may set a stricter/other CSP
+            response.headers.setdefault(key, value)
         return response
 
 
@@ -128,7 +133,8 @@ class Viewer:
     # ------------------------------------------------------------------ helpers
     def page(self, template: str, **context: Any) -> HTMLResponse:
         html = self.env.get_template(template).render(
-            outputs=self.index.outputs, n_runs=self.index.n_runs, **context)
+            outputs=self.index.outputs, n_runs=self.index.n_runs,
+            has_report=self.config.report_html is not None, **context)
         return HTMLResponse(html)
 
     def query(self, request: Request, ignore: tuple[str, ...] = ()) -> RunQuery:
@@ -263,6 +269,22 @@ class Viewer:
             "pairs_over_runs": len(paired),
             "pairs": [diff_runs(x, y).to_json() for x, y in combinations(paired, 2)]})
 
+    def report(self, request: Request) -> Response:
+        """The static report (``irbench report``), served at ``/report`` so its relative
+        leaderboard links (``models/...``) land on this viewer's pages. Its one inline script
+        is allowed by hash, nothing else."""
+        path = self.config.report_html
+        if path is None or not path.is_file():
+            raise HTTPException(404, "no report to serve: write one with `irbench report --out "
+                                "DIR` and start the viewer with --report DIR")
+        html = path.read_text(encoding="utf-8")
+        hashes = " ".join(
+            "'sha256-" + base64.b64encode(hashlib.sha256(body.encode()).digest()).decode() + "'"
+            for body in re.findall(r"<script>(.*?)</script>", html, flags=re.S))
+        csp = CSP.replace("default-src 'none';", f"default-src 'none'; script-src {hashes};"
+                          if hashes else "default-src 'none';")
+        return HTMLResponse(html, headers={"Content-Security-Policy": csp})
+
     def api_health(self, request: Request) -> Response:
         by = request.query_params.get("by", "model")
         if by not in ("model", "date"):
@@ -294,6 +316,9 @@ def create_app(index: RunIndex, config: ViewerConfig) -> Starlette:
         Route("/cells/{rest:path}", v.cell), Route("/runs/{rest:path}", v.run),
         Route("/api/runs", v.api_runs), Route("/api/runs/{rest:path}", v.api_run),
         Route("/api/cells/{rest:path}", v.api_cell), Route("/api/health", v.api_health),
+        Route("/report", v.report),
+        Route("/favicon.ico", lambda request: Response(status_code=204)),  # none, on purpose
+        Route("/report/", lambda request: RedirectResponse("/report", status_code=301)),
     ]
     return Starlette(routes=routes, middleware=[Middleware(_Timing)],
                      exception_handlers={HTTPException: _error_handler(v)})

@@ -11,7 +11,8 @@ class ViewerConfig:
     """Inputs and limits of one viewer process.
 
     data_dir: dataset root (runs under ``data_dir/runs/``); analysis_dir: ``irbench analyze``
-    output (one subdirectory per panel) or None; page_size / max_page_size: runs per list page
+    output (one subdirectory per panel) or None; report_html: an ``irbench report`` page served at
+    ``/report`` (None: not served); page_size / max_page_size: runs per list page
     and the cap on ``limit``; max_cell_runs: runs shown in full on one cell page; max_pair_runs: runs of a cell whose pairwise diffs
     ``/api/cells`` computes (n·(n−1)/2 pairs); max_diff_lines:
     lines of each side a text diff compares; max_text_chars: characters of one stored text
@@ -23,6 +24,7 @@ class ViewerConfig:
 
     data_dir: Path
     analysis_dir: Path | None = None
+    report_html: Path | None = None
     page_size: int = 50
     max_page_size: int = 500
     max_cell_runs: int = 200
@@ -50,3 +52,9 @@ def find_analysis_dir(data_dir: Path) -> Path | None:
         ).is_file():
             return candidate
     return None
+
+
+def find_report(data_dir: Path) -> Path | None:
+    """``DATA/../report/report.html`` (where ``irbench demo`` writes it), if present."""
+    candidate = Path(data_dir).parent / "report" / "report.html"
+    return candidate if candidate.is_file() else None

@@ -146,11 +146,22 @@ class ViewerProcess:
             self.proc.wait(timeout=20)
 
 
-def start_viewer(data: Path, analysis: Path | None = None, timeout_s: float = 120) -> ViewerProcess:
+def report(data: Path, analysis: Path, out: Path) -> None:
+    """The real ``irbench report`` of the store and its analysis."""
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "report", "--data",
+                           str(data), "--analysis", str(analysis), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def start_viewer(data: Path, analysis: Path | None = None, report_dir: Path | None = None,
+                 timeout_s: float = 120) -> ViewerProcess:
     """Start the real CLI on a free port (``--port 0``) and wait for its "serving" line."""
     args = [sys.executable, "-m", "orchestrator.cli", "view", "--data", str(data), "--port", "0"]
     if analysis is not None:
         args += ["--analysis", str(analysis)]
+    if report_dir is not None:
+        args += ["--report", str(report_dir)]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     for line in proc.stdout:  # type: ignore[union-attr]
