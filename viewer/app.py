@@ -174,12 +174,18 @@ class Viewer:
         if len(parts) < 2:
             raise HTTPException(404)
         panel, model = parts[0], "/".join(parts[1:])
-        cells = self.index.model_cells(panel, model)
-        if not cells:
+        try:
+            offset = max(0, int(request.query_params.get("offset", "0")))
+        except ValueError:
+            raise HTTPException(400, "bad query parameter 'offset': not an integer") from None
+        limit = self.config.cells_page_size
+        total = self.index.count_model_cells(panel, model)
+        if not total:
             raise HTTPException(404, f"no runs of model {model!r} in panel {panel!r}")
+        cells = self.index.model_cells(panel, model, limit, offset)
         board = [r for r in self.index.leaderboard(panel) if r["model"] == model]
-        return self.page("model.html", panel=panel, model=model, cells=cells,
-                         row=board[0] if board else None)
+        return self.page("model.html", panel=panel, model=model, cells=cells, total=total,
+                         offset=offset, limit=limit, row=board[0] if board else None)
 
     def _cell(self, campaign: str, model: str, sha: str) -> tuple[int, list[dict[str, Any]]]:
         total, runs = self.index.cell_runs(campaign, model, sha, self.config.max_cell_runs)
@@ -200,8 +206,6 @@ class Viewer:
         a, b = by_id[a_id], by_id[b_id]
         diff = diff_runs(parse_run(a_id, a["ir_json"]), parse_run(b_id, b["ir_json"]))
         lines = self.config.max_diff_lines
-        cell_rows = [c for c in self.index.model_cells(runs[0]["panel"], model)
-                     if c["campaign"] == campaign and c["prompt_sha256"] == sha]
         for r in runs:
             r["nodes"] = parse_nodes(r["ir_json"])
             r["response_shown"], r["response_clipped"] = self.clip(r["response_text"])
@@ -209,7 +213,7 @@ class Viewer:
         return self.page(
             "cell.html", campaign=campaign, model=model, sha=sha, runs=runs, total=total,
             panel=runs[0]["panel"], prompt_name=runs[0]["prompt_name"], a=a, b=b, diff=diff,
-            cell=cell_rows[0] if cell_rows else None,
+            cell=self.index.cell_metrics(runs[0]["panel"], campaign, model, sha),
             text_diff=text_diff(a["response_text"], b["response_text"], max_lines=lines),
             reasoning_diff=text_diff(a["reasoning_text"], b["reasoning_text"], max_lines=lines),
             ir_diff=text_diff(pretty_ir(a["ir_json"]), pretty_ir(b["ir_json"]), max_lines=lines))

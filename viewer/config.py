@@ -13,7 +13,7 @@ class ViewerConfig:
     data_dir: dataset root (runs under ``data_dir/runs/``); analysis_dir: ``irbench analyze``
     output (one subdirectory per panel) or None; report_html: an ``irbench report`` page served at
     ``/report`` (None: not served); page_size / max_page_size: runs per list page
-    and the cap on ``limit``; max_cell_runs: runs shown in full on one cell page; max_pair_runs: runs of a cell whose pairwise diffs
+    and the cap on ``limit``; cells_page_size: cells per page of a model's page; max_cell_runs: runs shown in full on one cell page; max_pair_runs: runs of a cell whose pairwise diffs
     ``/api/cells`` computes (n·(n−1)/2 pairs); max_diff_lines:
     lines of each side a text diff compares; max_text_chars: characters of one stored text
     shown on a page (the run page links the full text as plain text); threads: DuckDB worker
@@ -27,6 +27,7 @@ class ViewerConfig:
     report_html: Path | None = None
     page_size: int = 50
     max_page_size: int = 500
+    cells_page_size: int = 200
     max_cell_runs: int = 200
     max_pair_runs: int = 50
     max_diff_lines: int = 2000
@@ -36,7 +37,7 @@ class ViewerConfig:
     work_dir: Path | None = None
 
     def __post_init__(self) -> None:
-        for name in ("page_size", "max_page_size", "max_cell_runs", "max_pair_runs", "max_diff_lines",
+        for name in ("page_size", "max_page_size", "cells_page_size", "max_cell_runs", "max_pair_runs", "max_diff_lines",
                      "max_text_chars", "threads", "memory_limit_mb"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ViewerConfig.{name} must be >= 1")

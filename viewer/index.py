@@ -211,9 +211,21 @@ class RunIndex:
             "count(DISTINCT (campaign, prompt_sha256, budget_max_tokens)) AS cells "
             "FROM runs WHERE panel = ? GROUP BY model ORDER BY model", [panel])
 
-    def model_cells(self, panel: str, model: str) -> list[dict[str, Any]]:
-        """One model's cells of a panel: run counts from the store, metrics from the analysis
-        (null when the analysis does not cover the cell)."""
+    def cell_metrics(self, panel: str, campaign: str, model: str,
+                     prompt_sha256: str) -> dict[str, Any] | None:
+        """The analysis' metrics of one cell (None when the analysis does not cover it)."""
+        found = self.rows(
+            "SELECT any_value(included) AS included, avg(mean_jaccard) AS mean_jaccard, "
+            "avg(id_stability) AS id_stability, bool_and(node_set_perfect) AS node_set_perfect "
+            "FROM cells WHERE panel = ? AND campaign = ? AND model = ? AND prompt_sha256 = ? "
+            "HAVING count(*) > 0", [panel, campaign, model, prompt_sha256])
+        return found[0] if found else None
+
+    def model_cells(self, panel: str, model: str, limit: int | None = None,
+                    offset: int = 0) -> list[dict[str, Any]]:
+        """One model's cells of a panel (least stable first; page ``offset``..+``limit``): run
+        counts from the store, metrics from the analysis (null where it does not cover a cell)."""
+        page = "" if limit is None else f" LIMIT {int(limit)} OFFSET {int(offset)}"
         return self.rows(
             "WITH r AS (SELECT campaign, prompt_sha256, any_value(prompt_name) AS prompt_name, "
             "  count(*) AS runs, sum(succeeded::INT)::BIGINT AS runs_ok, "
@@ -226,8 +238,12 @@ class RunIndex:
             "  FROM cells WHERE panel = ? AND model = ? GROUP BY campaign, prompt_sha256) "
             "SELECT r.*, c.included, c.mean_jaccard, c.id_stability, c.node_set_perfect, "
             "c.mean_nodes FROM r LEFT JOIN c USING (campaign, prompt_sha256) "
-            "ORDER BY c.mean_jaccard ASC NULLS LAST, r.prompt_name, r.campaign",
+            "ORDER BY c.mean_jaccard ASC NULLS LAST, r.prompt_name, r.campaign" + page,
             [panel, model, panel, model])
+
+    def count_model_cells(self, panel: str, model: str) -> int:
+        return int(self.scalar("SELECT count(DISTINCT (campaign, prompt_sha256)) FROM runs "
+                               "WHERE panel = ? AND model = ?", [panel, model]))
 
     def leaderboard(self, panel: str) -> list[dict[str, Any]]:
         """The analysis' model table of a panel (rank order); empty without outputs."""
