@@ -10,8 +10,6 @@ test's tmp directory. A negative control shows the same probes catch an injected
 
 from __future__ import annotations
 
-import os
-import shutil
 from urllib.parse import parse_qs, quote, urlsplit
 
 import pytest
@@ -20,21 +18,10 @@ from tests.support.viewer_store import (
     HOSTILE_IMG, HOSTILE_SCRIPT, MODELS, analyze, report, run_id_of, sha_of, start_viewer,
     write_store,
 )
+from tests.test_report_browser import chromium  # noqa: F401  (the fixture: path or skip)
 
 sync_api = pytest.importorskip("playwright.sync_api")
-BROWSERS = ("chromium", "chromium-browser", "google-chrome")
-
-
-@pytest.fixture(scope="module")
-def chromium_path() -> str:
-    for name in BROWSERS:
-        path = shutil.which(name)
-        if path:
-            return path
-    msg = "headless Chromium not found; apt-get install -y chromium"
-    if os.environ.get("CI"):
-        pytest.fail(msg + " — .ci/run must install it")
-    pytest.skip(msg)
+pytestmark = pytest.mark.slow  # a real browser and a real server: ~1 min
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +38,10 @@ def site(tmp_path_factory):
 
 
 @pytest.fixture()
-def page(chromium_path, site):
+def page(chromium, site):
     errors: list[str] = []
     with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium_path,
+        browser = pw.chromium.launch(executable_path=chromium,
                                      args=["--no-sandbox", "--disable-gpu"])
         pg = browser.new_page(viewport={"width": 1400, "height": 900})
         pg.set_default_timeout(30_000)
@@ -167,10 +154,10 @@ def test_served_report_links_into_the_viewer(page, site) -> None:
     assert page.locator("#cells tbody tr").count() == 4
 
 
-def test_probes_detect_an_injected_image(chromium_path) -> None:
+def test_probes_detect_an_injected_image(chromium) -> None:
     """Negative control: unescaped markup makes the same probes fire."""
     with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium_path, args=["--no-sandbox"])
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
         pg = browser.new_page()
         pg.set_content(f"<pre>{HOSTILE_IMG}</pre>")
         pg.wait_for_function("window.__pwned === 'img'")
@@ -178,7 +165,7 @@ def test_probes_detect_an_injected_image(chromium_path) -> None:
         browser.close()
 
 
-def test_report_warning_column_fits_1400px_with_long_model_names(chromium_path, tmp_path) -> None:
+def test_report_warning_column_fits_1400px_with_long_model_names(chromium, tmp_path) -> None:
     """Hosted model names are long; the leaderboard's last column must still be on screen."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -197,7 +184,7 @@ def test_report_warning_column_fits_1400px_with_long_model_names(chromium_path, 
                        pdir / f"{name}.parquet")
     html = build_report(tmp_path / "out", tmp_path / "rep", now=lambda: FIXED_NOW).html
     with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium_path, args=["--no-sandbox"])
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
         pg = browser.new_page(viewport={"width": 1400, "height": 900})
         pg.goto(html.as_uri())
         board = "table[id^=leaderboard]"
