@@ -12,3 +12,5 @@ Where things live (each room's ``__init__`` says more):
   sensitivity, timeouts, probes, the per-panel audit;
 * ``report/``   — the Markdown/HTML report built from the analysis outputs.
 """
+
+__all__ = ["metrics", "options", "pipeline", "report", "stats", "tables"]

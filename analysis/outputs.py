@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 from analysis.options import AnalysisOptions
 from analysis.tables.models import ModelTable
 from storage.atomic import write_json_atomic, write_parquet_atomic
+from storage.records import succeeded_mask
 
 MANIFEST_VERSION = 1
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")
@@ -93,10 +94,7 @@ def build_manifest(*, panel: str, data_dir: Path, options: AnalysisOptions, runs
     dates = [d for d in runs.column("measurement_date").to_pylist()]
     dates += imported.column("measurement_date").to_pylist()
     dates += [d for d in imported.column("window_end").to_pylist() if d is not None]
-    ok_mask = pc.and_(
-        pc.is_in(runs.column("parse_outcome"), value_set=pa.array(["ok", "repaired"])),
-        pc.is_valid(runs.column("ir_json")),
-    )
+    ok_mask = succeeded_mask(runs)
     return {
         "manifest_version": MANIFEST_VERSION,
         "panel": panel,

@@ -46,12 +46,9 @@ from analysis.tables.measurements import (
 from analysis.tables.models import ModelTable, model_table
 from analysis.tables.sensitivity import sensitivity_table
 from analysis.tables.timeouts import analyze_timeouts
+from storage.clock import utc_now
 
 __all__ = ["AnalysisResult", "CorruptDataError", "NoRunsError", "PanelResult", "run_analysis"]
-
-
-def _utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 def _sum(mask: pa.ChunkedArray | pa.Array) -> int:
@@ -120,7 +117,7 @@ def run_analysis(
     out_dir: Path,
     options: AnalysisOptions | None = None,
     *,
-    now: Callable[[], dt.datetime] = _utc_now,
+    now: Callable[[], dt.datetime] = utc_now,
     raw_cells: pa.Table | None = None,
 ) -> AnalysisResult:
     """Read the store, build and merge cells, write every per-panel table with a manifest.

@@ -30,6 +30,7 @@ from celery import Celery
 from analysis.outputs import AnalysisResult, PanelResult, panel_dirname
 from analysis.options import AnalysisOptions
 from analysis.tables.models import ModelTable
+from storage.clock import utc_now
 from storage.runs import RunStore
 from workers.analysis_tasks import MAP_TASK, REDUCE_TASK, done_path, error_path, jobs_dir, parts_done, scratch_dir
 from workers.celery_app import DEFAULT_QUEUE, make_celery_app
@@ -100,7 +101,7 @@ def enqueue_analysis(
     if not data_dir.is_dir():
         raise AnalysisJobError(f"data directory {data_dir} does not exist; pass the dataset root the workers share")
     parts = plan_parts(data_dir, options, max_files_per_part)
-    job_id = job_id or dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:8]
+    job_id = job_id or utc_now().strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:8]
     message = {"job_id": job_id, "data_dir": str(data_dir), "out_dir": str(out_dir),
                "options": options.model_dump(mode="json"), "parts": len(parts), "queue": queue}
     jobs_dir(out_dir).mkdir(parents=True, exist_ok=True)
@@ -206,7 +207,7 @@ def enqueue_campaign_analysis(
     options: AnalysisOptions | None = None,
     app: Celery | None = None,
     queue: str = DEFAULT_QUEUE,
-    now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
+    now: Callable[[], dt.datetime] = utc_now,
 ) -> AnalysisJob:
     """Enqueue (not await) the analysis of ``campaign``'s runs: ``options`` (default options)
     restricted to this campaign, outputs in :func:`campaign_analysis_dir` of today (UTC)."""

@@ -23,6 +23,7 @@ from storage.atomic import write_parquet_atomic
 from orchestrator.campaign import PreparedCampaign, prepare, resolve_secrets, run_campaign_local
 from orchestrator.local import ProgressCallback
 from orchestrator.spec import CampaignSpec, load_campaign
+from storage.clock import utc_now
 from storage.probes import ProbeStore
 from storage.runs import RunStore
 from workers.errors import ConfigError
@@ -102,7 +103,7 @@ def run_probe(
     execute: Executor | None = None,
     on_progress: ProgressCallback | None = None,
     out_path: Path | None = None,
-    now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
+    now: Callable[[], dt.datetime] = utc_now,
 ) -> ProbeResult:
     """Run (or resume) the probe at ``probe_spec_path`` and summarise it.
 

@@ -36,8 +36,8 @@ from orchestrator.spec import load_campaign
 from simulator.config import SimConfig, SimModel
 from simulator.server import start_background
 from storage.runs import RunStore
-from tests.support.celery_workers import CeleryWorkers
-from tests.support.redis_server import RedisServer
+from deploy.celery_workers import CeleryWorkers
+from deploy.redis_server import RedisServer
 from tests.test_analyze import record
 from tests.test_distributed import WORKER_ENV, make_campaign
 

@@ -10,7 +10,7 @@ import pytest
 from scipy.stats import wilcoxon
 
 from analysis.pipeline import run_analysis
-from analysis.metrics.annotations import parse_annotations
+from storage.annotations import parse_annotations
 from analysis.tables.cells import build_cells
 from analysis.options import AnalysisOptions
 from orchestrator.artifact_import import import_artifact

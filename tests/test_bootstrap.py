@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from analysis.errors import AnalysisError
 from analysis.stats.bootstrap import (
     bca_ci,
     bootstrap_means,
@@ -82,11 +83,11 @@ def test_degenerate_data():
 
 
 def test_input_errors():
-    with pytest.raises(ValueError, match="NaN"):
+    with pytest.raises(AnalysisError, match="NaN"):
         percentile_ci(np.array([1.0, np.nan]), seed=0)
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(AnalysisError, match="empty"):
         percentile_ci(np.array([]), seed=0)
-    with pytest.raises(ValueError, match="level"):
+    with pytest.raises(AnalysisError, match="level"):
         percentile_ci(DATA, seed=0, level=1.5)
 
 

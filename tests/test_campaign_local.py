@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from analysis.pipeline import run_analysis
-from analysis.metrics.annotations import parse_annotations
+from storage.annotations import parse_annotations
 from analysis.options import AnalysisOptions
 from orchestrator.campaign import campaign_status, prepare, run_campaign_local
 from orchestrator.spec import load_campaign

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from analysis.errors import AnalysisError
 from tests.support.paths import ARTIFACT
 
 from analysis.metrics.correctness import (
@@ -65,7 +66,7 @@ def test_model_means_are_run_weighted():
     np.testing.assert_allclose(mm.recall, [0.25, 1.0])
     np.testing.assert_allclose(mm.all_precision, [0.5, 1.0])
     assert list(mm.no_explicit_runs) == [1, 0]
-    with pytest.raises(ValueError):
+    with pytest.raises(AnalysisError):
         score_runs([set()], [], [])
 
 

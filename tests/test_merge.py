@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from analysis.errors import AnalysisError
 from analysis.tables.merge import (
     CellRow,
     compare_merges,
@@ -50,13 +51,13 @@ def test_rules_on_small_panel_with_budget_tie():
 
 
 def test_validation_errors(tmp_path):
-    with pytest.raises(ValueError, match="no entry"):
+    with pytest.raises(AnalysisError, match="no entry"):
         merge_earliest_then_top_up([row("x")], {"y": 0})
-    with pytest.raises(ValueError, match="twice"):
+    with pytest.raises(AnalysisError, match="twice"):
         merge_earliest_then_top_up([row("x"), row("x")], {"x": 0})
     bad = tmp_path / "bad.csv"
     bad.write_text("prompt,model,successful_runs\r\np,m,three\r\n")
-    with pytest.raises(ValueError, match="bad.csv:2"):
+    with pytest.raises(AnalysisError, match="bad.csv:2"):
         read_cell_csv(bad)
 
 
@@ -199,7 +200,7 @@ def test_vectorised_merge_cells_equals_rowwise_rules(seed):
 
 def test_merge_cells_names_a_campaign_missing_from_the_mapping():
     cells = _random_cells(0, 40)
-    with pytest.raises(ValueError, match="no entry in the precedence mapping"):
+    with pytest.raises(AnalysisError, match="no entry in the precedence mapping"):
         merge_cells(cells, {"c0": 1}, {"c0": 0, "c1": 1, "c2": 2, "c3": 3})
     empty = merge_cells(cells.slice(0, 0), {}, {})
     assert all(t.num_rows == 0 for t in empty.tables.values())

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from analysis.errors import AnalysisError
 from analysis.stats.ranks import (
     RankSet,
     joint_cluster_bootstrap,
@@ -75,7 +76,7 @@ def test_usable_share_matches_closed_form():
 def test_empty_prompt_columns_are_not_in_the_panel_and_empty_models_rejected():
     s = np.array([[1.0, np.nan, 0.5], [0.8, np.nan, 0.7]])
     assert joint_cluster_bootstrap(s, replicates=50, seed=0).n_prompts == 2
-    with pytest.raises(ValueError, match="no measured prompt"):
+    with pytest.raises(AnalysisError, match="no measured prompt"):
         point_estimates(np.array([[1.0, 0.5], [np.nan, np.nan]]))
 
 
@@ -179,12 +180,12 @@ def test_partition_rule_and_validation():
                                       "undetermined"]
     assert list(partition(rs, 4, top_size=3)) == ["clearly reproducible"] * 2 + [
         "undetermined", "undetermined"]
-    with pytest.raises(ValueError):
+    with pytest.raises(AnalysisError):
         partition(rs, 5)
 
 
 def test_bad_point_order_rejected():
-    with pytest.raises(ValueError, match="permutation"):
+    with pytest.raises(AnalysisError, match="permutation"):
         joint_cluster_bootstrap(np.ones((2, 3)), replicates=10, seed=0, point_order=[0, 0])
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from analysis.errors import AnalysisError
 from analysis.tables.cells import build_cells
 from analysis.tables.models import model_table
 from analysis.tables.timeouts import analyze_timeouts, lost_runs, timeout_lines, timeout_sensitivity
@@ -130,9 +131,9 @@ def test_lost_runs_listing_and_wiring(runs_table, tmp_path: Path) -> None:
 
 
 def test_rejects_bad_timeouts(runs_table) -> None:
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(AnalysisError, match="positive"):
         timeout_sensitivity(runs_table, (0, 60))
-    with pytest.raises(ValueError, match="run columns"):
+    with pytest.raises(AnalysisError, match="run columns"):
         timeout_sensitivity(runs_table.drop_columns(["latency_ms"]))
 
 

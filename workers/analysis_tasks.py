@@ -22,7 +22,6 @@ a worker died) rewrites the same files; the analysis code is imported on a worke
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import shutil
@@ -31,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+
+from storage.clock import utc_now
 
 MAP_TASK = "irbench.analysis_map"
 REDUCE_TASK = "irbench.analysis_reduce"
@@ -68,10 +69,6 @@ def parts_done(job: dict[str, Any]) -> int:
         return 0
 
 
-def _utc_now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat()
-
-
 def write_error(job: dict[str, Any], stage: str, exc: BaseException) -> None:
     """Record the job's first failure (later ones are consequences; the first says what to fix)."""
     from storage.atomic import write_json_atomic
@@ -81,7 +78,7 @@ def write_error(job: dict[str, Any], stage: str, exc: BaseException) -> None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic({"job_id": job["job_id"], "stage": stage, "error_type": type(exc).__name__,
-                       "message": str(exc), "at": _utc_now(),
+                       "message": str(exc), "at": utc_now().isoformat(),
                        "traceback": "".join(traceback.format_exception(exc))[-4000:]}, path)
 
 
@@ -107,7 +104,7 @@ def run_map(job: dict[str, Any], index: int, files: list[str]) -> dict[str, Any]
     write_parquet_atomic(cells, cells_p)
     write_parquet_atomic(feats, feats_p)
     info = {"part": index, "files": len(files), "runs": runs.num_rows, "cells": cells.num_rows,
-            "skipped_corrupt_files": bad, "finished_at": _utc_now()}
+            "skipped_corrupt_files": bad, "finished_at": utc_now().isoformat()}
     write_json_atomic(info, marker)
     return info
 
@@ -134,7 +131,7 @@ def run_reduce(job: dict[str, Any]) -> dict[str, Any]:
     info = {"job_id": job["job_id"], "parts": n, "runs_read": result.runs_read,
             "cells_imported": result.cells_imported, "skipped_files": list(result.skipped_files),
             "panels": {name: str(p.directory) for name, p in result.panels.items()},
-            "raw_cells": None if raw is None else raw.num_rows, "finished_at": _utc_now()}
+            "raw_cells": None if raw is None else raw.num_rows, "finished_at": utc_now().isoformat()}
     write_json_atomic(info, done_path(job))
     shutil.rmtree(scratch_dir(job), ignore_errors=True)
     return info

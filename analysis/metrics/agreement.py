@@ -22,6 +22,8 @@ from typing import Literal
 
 import numpy as np
 
+from analysis.errors import AnalysisError
+
 NormaliserVariant = Literal["unicode", "ascii"]
 
 
@@ -43,7 +45,7 @@ def _membership(id_sets: Sequence[AbstractSet[str]]) -> np.ndarray:
 
 def _require_pairs(n: int, what: str) -> None:
     if n < 2:
-        raise ValueError(
+        raise AnalysisError(
             f"{what} needs at least 2 runs to form a pair, got {n}; "
             "cells with fewer than 2 successful runs have no stability value"
         )
@@ -95,7 +97,7 @@ def node_set_jaccard(id_sets: Sequence[AbstractSet[str]]) -> float:
     """Mean over all unordered pairs i<j of |A∩B|/|A∪B| (two empty sets score 1).
 
     Input: the id sets of R ≥ 2 successful runs. Output: a fraction in [0, 1].
-    Raises ValueError for fewer than 2 sets.
+    Raises AnalysisError for fewer than 2 sets.
     """
     return float(np.mean(pair_counts(id_sets).scores()))
 
@@ -107,7 +109,7 @@ def id_stability(id_sets: Sequence[AbstractSet[str]]) -> float:
     """
     sets = _as_sets(id_sets)
     if not sets:
-        raise ValueError("id_stability needs at least 1 run, got 0")
+        raise AnalysisError("id_stability needs at least 1 run, got 0")
     union = frozenset().union(*sets)
     if not union:
         return 1.0
@@ -161,7 +163,7 @@ def count_agreement(counts: Sequence[int]) -> tuple[float, float]:
     n = np.asarray(counts, dtype=np.int64)
     _require_pairs(len(n), "count agreement")
     if np.any(n < 0):
-        raise ValueError(f"node counts must be non-negative, got {n.tolist()}")
+        raise AnalysisError(f"node counts must be non-negative, got {n.tolist()}")
     iu = np.triu_indices(len(n), k=1)
     a, b = n[iu[0]], n[iu[1]]
     denom = np.maximum(1, np.maximum(a, b))
@@ -196,7 +198,7 @@ def normalise_id(id: str, variant: NormaliserVariant = "unicode") -> str:  # noq
     spellings of the same text agree.
     """
     if variant not in ("unicode", "ascii"):
-        raise ValueError(f"unknown normaliser variant {variant!r}; use 'unicode' or 'ascii'")
+        raise AnalysisError(f"unknown normaliser variant {variant!r}; use 'unicode' or 'ascii'")
     s = id
     while True:
         stripped = _PREFIX.sub("", s, count=1)

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analysis.metrics.annotations import parse_annotations
+from analysis.errors import AnalysisError
+from storage.annotations import parse_annotations
 
 __all__ = ["RunScore", "ModelCorrectness", "truth_ids", "emitted_from_json", "score_run",
            "score_runs", "model_means"]
@@ -87,7 +88,7 @@ def score_runs(truths: Sequence[frozenset], emitted: Sequence[frozenset],
     """Score many runs → (runs, 4) float array of [recall, explicit_precision, all_precision,
     f1] (columns in that order) — the input for :func:`model_means`."""
     if not (len(truths) == len(emitted) == len(explicit)):
-        raise ValueError("truths, emitted and explicit must have one entry per run")
+        raise AnalysisError("truths, emitted and explicit must have one entry per run")
     scores = [score_run(t, e, x) for t, e, x in zip(truths, emitted, explicit)]
     return np.array([[s.recall, s.explicit_precision, s.all_precision, s.f1] for s in scores],
                     dtype=float).reshape(len(scores), 4)

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from analysis.errors import AnalysisError
+
 __all__ = ["Stabilisation", "StabilisationSummary", "stabilisation_index",
            "stabilisation_ragged", "summarise_stabilisation"]
 
@@ -75,9 +77,9 @@ def stabilisation_index(counts: np.ndarray, *, tol_abs_nodes: float = 0.05,
     if x.ndim == 1:
         x = x[None, :]
     if x.ndim != 2 or x.shape[1] < 1:
-        raise ValueError(f"counts must be (R,) or (cells, R) with R >= 1; got {x.shape}")
+        raise AnalysisError(f"counts must be (R,) or (cells, R) with R >= 1; got {x.shape}")
     if not np.all(np.isfinite(x)):
-        raise ValueError("node counts must be finite: drop failed runs before computing r*")
+        raise AnalysisError("node counts must be finite: drop failed runs before computing r*")
     c, r = x.shape
     mean_all = x.mean(axis=1)
     r_abs = _r_star(x, np.full(c, float(tol_abs_nodes)))

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from analysis.errors import ReportInputError
 from analysis.report.doc import Document, Section
 from analysis.report.html import render_html
 from analysis.report.md import render_md
@@ -33,6 +34,7 @@ from analysis.report.sections import (
     _per_panel, _plots, _sensitivity,
 )
 from storage.atomic import write_text_atomic
+from storage.clock import utc_now
 
 OUTPUT_TABLES = ("cells", "models", "excluded", "pairs", "sensitivity", "drift", "stabilisation",
                  "correctness", "correlations", "normalised")
@@ -44,10 +46,6 @@ SECTION_TITLES = (
 )
 
 
-class ReportInputError(ValueError):
-    """The analysis directory holds no panel outputs; says where to point the report."""
-
-
 @dataclass(frozen=True)
 class ReportPaths:
     """Where the report went and how big it is (bytes)."""
@@ -57,10 +55,6 @@ class ReportPaths:
     figures: tuple[Path, ...]
     html_bytes: int
     md_bytes: int
-
-
-def _utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 # ------------------------------------------------------------------ loading
@@ -199,7 +193,7 @@ def build_document(panels: list[PanelData], avail: Availability, opts: ReportOpt
 
 
 def build_report(analysis_dir: Path, out_dir: Path, *, data_dir: Path | None = None,
-                 now: Callable[[], dt.datetime] = _utc_now,
+                 now: Callable[[], dt.datetime] = utc_now,
                  options: ReportOptions | None = None) -> ReportPaths:
     """Write ``report.html``, ``report.md`` and ``figures/`` into ``out_dir``; see module doc.
 

@@ -33,6 +33,8 @@ import numpy as np
 from scipy.special import ndtr, ndtri
 from scipy.stats import t as student_t
 
+from analysis.errors import AnalysisError
+
 __all__ = [
     "Interval",
     "bootstrap_means",
@@ -72,19 +74,19 @@ def _as_2d(values: np.ndarray) -> tuple[np.ndarray, bool]:
     if x.ndim == 1:
         return x[None, :], True
     if x.ndim != 2:
-        raise ValueError(f"values must be 1-D or 2-D (models × prompts); got shape {x.shape}")
+        raise AnalysisError(f"values must be 1-D or 2-D (models × prompts); got shape {x.shape}")
     return x, False
 
 
 def _check(x: np.ndarray, level: float, replicates: int) -> None:
     if x.shape[-1] < 1:
-        raise ValueError("cannot bootstrap an empty sample: pass at least one value per model")
+        raise AnalysisError("cannot bootstrap an empty sample: pass at least one value per model")
     if not np.all(np.isfinite(x)):
-        raise ValueError("values contain NaN/inf: drop missing cells before bootstrapping")
+        raise AnalysisError("values contain NaN/inf: drop missing cells before bootstrapping")
     if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be in (0, 1); got {level}")
+        raise AnalysisError(f"level must be in (0, 1); got {level}")
     if replicates < 2:
-        raise ValueError(f"replicates must be >= 2; got {replicates}")
+        raise AnalysisError(f"replicates must be >= 2; got {replicates}")
 
 
 def bootstrap_means(values: np.ndarray, *, replicates: int, seed: int) -> np.ndarray:
@@ -222,7 +224,7 @@ def shared_bootstrap_means(groups, *, replicates: int, seed: int, chunk: int | N
     xs = [np.atleast_2d(np.asarray(g, dtype=float)) for g in groups]
     k = xs[0].shape[0] if xs else 1
     if any(x.shape[0] != k for x in xs):
-        raise ValueError("every group must hold the same number of metrics (rows)")
+        raise AnalysisError("every group must hold the same number of metrics (rows)")
     sizes = np.array([x.shape[1] for x in xs], dtype=np.int64)
     if chunk is None:
         chunk = max(16, 2**19 // int(sizes.max(initial=1)))
@@ -267,7 +269,7 @@ def percentile_ci_many_metrics(metrics, *, replicates: int = 10_000, seed: int,
     sizes = [a.shape[0] for a in mets[0]]
     for groups in mets:
         if [a.shape[0] for a in groups] != sizes:
-            raise ValueError("every metric must have the same number of cells per model")
+            raise AnalysisError("every metric must have the same number of cells per model")
         for a in groups:
             _check(a[None, :], level, replicates)
     if scheme == "auto":
@@ -287,7 +289,7 @@ def percentile_ci_many_metrics(metrics, *, replicates: int = 10_000, seed: int,
             out.append(tuple(res))  # type: ignore[arg-type]
         return tuple(out)
     if scheme != "shared":
-        raise ValueError(f"scheme must be 'auto', 'exact' or 'shared'; got {scheme!r}")
+        raise AnalysisError(f"scheme must be 'auto', 'exact' or 'shared'; got {scheme!r}")
     stacked_groups = [np.stack([groups[m] for groups in mets]) for m in range(len(sizes))]
     theta_b = shared_bootstrap_means(stacked_groups, replicates=replicates, seed=seed,
                                      chunk=chunk)  # (K, models, B)

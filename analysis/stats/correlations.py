@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import pearsonr, spearmanr
 
+from analysis.errors import AnalysisError
+
 __all__ = ["Correlation", "LeaveOneOut", "MetricCorrelation", "correlate", "leave_one_out",
            "stability_vs_correctness"]
 
@@ -38,7 +40,7 @@ def correlate(x: np.ndarray, y: np.ndarray) -> Correlation:
     x = np.asarray(x, dtype=float)
     y = np.asarray(y, dtype=float)
     if x.shape != y.shape or x.ndim != 1:
-        raise ValueError(f"x and y must be aligned 1-D arrays; got {x.shape} and {y.shape}")
+        raise AnalysisError(f"x and y must be aligned 1-D arrays; got {x.shape} and {y.shape}")
     ok = np.isfinite(x) & np.isfinite(y)
     x, y = x[ok], y[ok]
     n = int(x.size)
@@ -93,7 +95,7 @@ def leave_one_out(x: np.ndarray, y: np.ndarray, models: Sequence[str], *,
     y = np.asarray(y, dtype=float)
     names = tuple(str(m) for m in models)
     if len(names) != x.size:
-        raise ValueError(f"models has {len(names)} names for {x.size} points")
+        raise AnalysisError(f"models has {len(names)} names for {x.size} points")
     full = correlate(x, y)
     keep = ~np.eye(x.size, dtype=bool)
     rows = [correlate(x[k], y[k]) for k in keep]  # one correlation per dropped model

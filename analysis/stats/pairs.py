@@ -34,6 +34,8 @@ import numpy as np
 from scipy.special import ndtri
 from scipy.stats import rankdata, wilcoxon
 
+from analysis.errors import AnalysisError
+
 __all__ = ["PairResult", "paired_comparison", "rank_biserial"]
 
 
@@ -76,7 +78,7 @@ def paired_comparison(a: np.ndarray, b: np.ndarray, *, alpha: float = 0.05,
     a = np.asarray(a, dtype=float)
     b = np.asarray(b, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
-        raise ValueError(f"a and b must be prompt-aligned 1-D arrays; got {a.shape}, {b.shape}")
+        raise AnalysisError(f"a and b must be prompt-aligned 1-D arrays; got {a.shape}, {b.shape}")
     common = np.isfinite(a) & np.isfinite(b)
     d = np.round(b[common] - a[common], 12)
     n = int(d.size)

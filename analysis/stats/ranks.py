@@ -53,6 +53,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from analysis.errors import AnalysisError
+
 __all__ = [
     "RankSet",
     "RankBootstrap",
@@ -118,13 +120,13 @@ class RankBootstrap:
 def _panel(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     s = np.asarray(scores, dtype=float)
     if s.ndim != 2:
-        raise ValueError(f"scores must be 2-D [model, prompt]; got shape {s.shape}")
+        raise AnalysisError(f"scores must be 2-D [model, prompt]; got shape {s.shape}")
     observed = np.isfinite(s)
     keep = observed.any(axis=0)  # prompts outside the union are not part of the panel
     s, observed = s[:, keep], observed[:, keep]
     empty = np.flatnonzero(~observed.any(axis=1))
     if empty.size:
-        raise ValueError(f"models {empty.tolist()} have no measured prompt: drop them first")
+        raise AnalysisError(f"models {empty.tolist()} have no measured prompt: drop them first")
     return s, observed
 
 
@@ -328,7 +330,7 @@ def joint_cluster_bootstrap(scores: np.ndarray, *, replicates: int = 10_000, see
     else:
         order = np.asarray(point_order, dtype=np.int64)
         if sorted(order.tolist()) != list(range(m)):
-            raise ValueError(f"point_order must be a permutation of range({m}); got {order}")
+            raise AnalysisError(f"point_order must be a permutation of range({m}); got {order}")
     point_position = np.empty(m, dtype=np.int64)
     point_position[order] = np.arange(1, m + 1)
     theta_star, _ = _draw_means(np.where(observed, s, 0.0), observed, replicates=replicates,
@@ -373,10 +375,10 @@ def partition(rank_sets: RankSet, n_models: int, *, top_size: int | None = None)
     low = np.asarray(rank_sets.low)
     high = np.asarray(rank_sets.high)
     if low.shape != (n_models,) or high.shape != (n_models,):
-        raise ValueError(f"rank_sets must hold {n_models} intervals; got {low.shape}")
+        raise AnalysisError(f"rank_sets must hold {n_models} intervals; got {low.shape}")
     tau = n_models // 2 if top_size is None else int(top_size)
     if not 0 <= tau <= n_models:
-        raise ValueError(f"top_size must be in 0..{n_models}; got {tau}")
+        raise AnalysisError(f"top_size must be in 0..{n_models}; got {tau}")
     labels = np.full(n_models, LABELS[2], dtype=object)
     labels[high <= tau] = LABELS[0]
     labels[low > tau] = LABELS[1]

@@ -27,9 +27,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.metrics.annotations import parse_annotations
+from analysis.errors import AnalysisError
+from storage.annotations import parse_annotations
+from storage.records import run_succeeded
 from analysis.stats.bootstrap import percentile_ci_many, percentile_ci_many_metrics
-from analysis.tables.cells import SUCCESS_PARSE_OUTCOMES
 from analysis.metrics.correctness import emitted_from_json, model_means, score_run
 from analysis.stats.correlations import stability_vs_correctness
 from analysis.metrics.drift import CLASSES, cell_drift, run_ir_from_json, summarise_drift
@@ -122,7 +123,7 @@ def _raw_cells(runs: pa.Table, min_runs: int) -> list[_RawCell]:
             "run_index", "parse_outcome", "ir_json", "node_ids", "node_count", "prompt_source"]
     groups: dict[tuple, list[dict]] = {}
     for r in runs.select(cols).to_pylist():
-        if r["ir_json"] is None or r["parse_outcome"] not in SUCCESS_PARSE_OUTCOMES:
+        if not run_succeeded(r["parse_outcome"], r["ir_json"]):
             continue
         key = (r["campaign"], r["model"], r["prompt_sha256"], r["budget_max_tokens"])
         groups.setdefault(key, []).append(r)
@@ -213,7 +214,7 @@ def corpus_index(dirs: Sequence[Path] | None) -> dict[str, Path]:
     out: dict[str, Path] = {}
     for d in dirs or ():
         if not Path(d).is_dir():
-            raise ValueError(f"corpus directory {d} does not exist; pass the folder holding the "
+            raise AnalysisError(f"corpus directory {d} does not exist; pass the folder holding the "
                              "campaign's prompt files")
         for p in sorted(Path(d).rglob("*")):
             if p.is_file():
@@ -242,7 +243,7 @@ def correctness_table(runs: pa.Table, index: dict[str, Path]) -> tuple[pa.Table,
         cols = ["campaign", "model", "prompt_name", "prompt_sha256", "run_index",
                 "parse_outcome", "ir_json", "prompt_source"]
         for r in runs.select(cols).to_pylist():
-            if r["ir_json"] is None or r["parse_outcome"] not in SUCCESS_PARSE_OUTCOMES:
+            if not run_succeeded(r["parse_outcome"], r["ir_json"]):
                 continue
             truth = _truth(r["prompt_sha256"], r["prompt_source"], index, cache)
             if truth is None:

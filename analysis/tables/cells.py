@@ -20,9 +20,9 @@ from dataclasses import dataclass, fields
 import numpy as np
 import pyarrow as pa
 
+from analysis.errors import AnalysisError
 from analysis.metrics.agreement import count_agreement, node_set_agreement
-
-SUCCESS_PARSE_OUTCOMES: frozenset[str] = frozenset({"ok", "repaired"})
+from storage.records import run_succeeded
 
 #: Columns build_cells reads; anything else in the input is ignored.
 REQUIRED_COLUMNS: tuple[str, ...] = (
@@ -112,7 +112,7 @@ class _Run:
 def _check_columns(runs: pa.Table) -> None:
     missing = [c for c in REQUIRED_COLUMNS if c not in runs.column_names]
     if missing:
-        raise ValueError(
+        raise AnalysisError(
             f"run table lacks column(s) {missing}; pass the table returned by "
             "storage.runs.RunStore.read_table"
         )
@@ -137,7 +137,7 @@ def _group(runs: pa.Table) -> dict[CellKey, list[_Run]]:
             cols["prompt_sha256"][i],
             cols["budget_max_tokens"][i],
         )
-        ok = cols["ir_json"][i] is not None and cols["parse_outcome"][i] in SUCCESS_PARSE_OUTCOMES
+        ok = run_succeeded(cols["parse_outcome"][i], cols["ir_json"][i])
         groups.setdefault(key, []).append(
             _Run(
                 run_index=cols["run_index"][i],
@@ -212,7 +212,7 @@ def cells_to_table(cells: Sequence[Cell], min_runs: int) -> pa.Table:
 def compute_cells(runs: pa.Table, min_runs: int = 2) -> list[Cell]:
     """Typed form of :func:`build_cells`; cells sorted by panel, campaign, model, name, budget."""
     if min_runs < 2:
-        raise ValueError(
+        raise AnalysisError(
             f"min_runs must be >= 2 (a stability value needs a pair of runs), got {min_runs}"
         )
     _check_columns(runs)

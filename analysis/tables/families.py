@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from analysis.errors import AnalysisError
 from analysis.stats.pairs import paired_comparison
 
 _VERSIONISH = re.compile(r"^[a-z]?\d+(\.\d+)*[bmk]?$")
@@ -57,11 +58,11 @@ def load_families(path: Path | None) -> dict[str, str]:
     try:
         raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ValueError(f"cannot read families file {path}: {exc}; expected a TOML table "
+        raise AnalysisError(f"cannot read families file {path}: {exc}; expected a TOML table "
                          '[families] with lines like "gpt-oss:20b" = "gpt-oss"') from exc
     fam = raw.get("families")
     if not isinstance(fam, dict):
-        raise ValueError(f"families file {path} has no [families] table")
+        raise AnalysisError(f"families file {path} has no [families] table")
     return {str(k): str(v) for k, v in fam.items()}
 
 
@@ -74,7 +75,7 @@ def pairs_table(scores: np.ndarray, models: Sequence[str], families: Mapping[str
                 scope: str = "family", *, alpha: float = 0.05) -> pa.Table:
     """scores: (M, P) merged mean Jaccard, NaN = not measured; one row per compared pair."""
     if scope not in ("family", "all"):
-        raise ValueError(f"pair scope must be 'family' or 'all', got {scope!r}")
+        raise AnalysisError(f"pair scope must be 'family' or 'all', got {scope!r}")
     order = sorted(range(len(models)), key=lambda i: models[i])
     rows = []
     for i, j in combinations(order, 2):

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from analysis.errors import AnalysisError
 from analysis.tables.cells import CELL_SCHEMA, MIN_RUNS_METADATA_KEY
 from analysis.tables.merge import CellChange, CellRow, MergeComparison
 
@@ -89,7 +90,7 @@ def load_precedence(path: Path) -> dict[str, tuple[int, int]]:
     try:
         raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ValueError(f"cannot read precedence file {path}: {exc}") from exc
+        raise AnalysisError(f"cannot read precedence file {path}: {exc}") from exc
     out: dict[str, tuple[int, int]] = {}
     entries = list(raw.get("campaign", [])) + [v for v in raw.values() if isinstance(v, dict)]
     for e in entries:
@@ -224,7 +225,7 @@ def merge_cells(cells: pa.Table, budget_rank: dict[str, int],
     for mapping in (budget_rank, time_order):
         missing = [c for c in names if c not in mapping]
         if missing:
-            raise ValueError(f"campaign {missing[0]!r} has no entry in the precedence "
+            raise AnalysisError(f"campaign {missing[0]!r} has no entry in the precedence "
                              f"mapping; add it (known: {sorted(mapping)})")
     br = np.array([budget_rank[c] for c in names], dtype=np.int64)[camp]
     to = np.array([time_order[c] for c in names], dtype=np.int64)[camp]

@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from analysis.errors import AnalysisError
+
 __all__ = ["CellRow", "Merged", "CellChange", "MergeComparison", "read_cell_csv",
            "merge_highest_budget_first", "merge_earliest_then_top_up", "compare_merges"]
 
@@ -69,7 +71,7 @@ def read_cell_csv(path: str | Path, campaign: str | None = None) -> tuple[CellRo
                     id_stability=float(rec["id_stability"]),
                     mean_confidence=float(rec["mean_confidence"])))
             except (KeyError, TypeError, ValueError) as exc:
-                raise ValueError(f"{p}:{i}: malformed cell row ({exc}); expected the columns "
+                raise AnalysisError(f"{p}:{i}: malformed cell row ({exc}); expected the columns "
                                  "prompt, model, successful_runs, mean_nodes, std_nodes, "
                                  "mean_jaccard, id_stability, mean_confidence") from exc
     return tuple(rows)
@@ -105,11 +107,11 @@ def _check(rows: Sequence[CellRow], *mappings: Mapping[str, int]) -> None:
     for r in rows:
         for m in mappings:
             if r.campaign not in m:
-                raise ValueError(f"campaign {r.campaign!r} has no entry in the precedence "
+                raise AnalysisError(f"campaign {r.campaign!r} has no entry in the precedence "
                                  f"mapping; add it (known: {sorted(m)})")
         k = (r.campaign, r.model, r.prompt)
         if k in seen:
-            raise ValueError(f"cell {r.model} × {r.prompt} appears twice in campaign "
+            raise AnalysisError(f"cell {r.model} × {r.prompt} appears twice in campaign "
                              f"{r.campaign!r}; deduplicate the campaign's table first")
         seen.add(k)
 

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from analysis.errors import AnalysisError
 from analysis.tables.cells import MIN_RUNS_METADATA_KEY
 
 INCLUDED_SCHEMA = pa.schema(
@@ -67,7 +68,7 @@ class ModelTable:
         for name, values in columns.items():
             arr = values if isinstance(values, pa.Array | pa.ChunkedArray) else pa.array(values)
             if len(arr) != table.num_rows:
-                raise ValueError(
+                raise AnalysisError(
                     f"column {name!r} has {len(arr)} values; the table has {table.num_rows} models"
                 )
             if name in table.column_names:
@@ -120,10 +121,10 @@ def model_table(cells: pa.Table, min_prompts: int = 3, min_runs: int | None = No
     the cell table's metadata (the threshold that decided ``included``).
     """
     if min_prompts < 1:
-        raise ValueError(f"min_prompts must be >= 1, got {min_prompts}")
+        raise AnalysisError(f"min_prompts must be >= 1, got {min_prompts}")
     panels = set(pc.unique(cells.column("panel")).to_pylist()) if cells.num_rows else set()
     if len(panels) > 1:
-        raise ValueError(
+        raise AnalysisError(
             f"model_table works on one panel at a time; got panels {sorted(panels)} "
             "(filter the cell table by panel first)"
         )

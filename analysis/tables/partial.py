@@ -7,6 +7,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from analysis.errors import AnalysisError
 from analysis.tables.cells import MIN_RUNS_METADATA_KEY, REQUIRED_COLUMNS, build_cells
 
 # A cell's runs can sit in several partitions (a campaign crossing midnight UTC, a resume on a
@@ -51,7 +52,7 @@ def combine_partial_cells(parts: list[tuple[pa.Table, pa.Table]], min_runs: int)
     from storage.dataset import dedupe_table
 
     if not parts:
-        raise ValueError("combine_partial_cells needs at least one part")
+        raise AnalysisError("combine_partial_cells needs at least one part")
     feats = pa.concat_tables([f for _, f in parts])
     part_ids = pa.array([i for i, (_, f) in enumerate(parts) for _ in range(f.num_rows)], pa.int64())
     keyed = _cell_key(feats).append_column(PART_COLUMN, part_ids)

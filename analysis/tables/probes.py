@@ -33,10 +33,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from analysis.errors import AnalysisError
 from storage.probes import PROBE_SCHEMA, PROBE_SCHEMA_VERSION, probe_key
+from storage.records import succeeded_mask
 
 TIMEOUT_OUTCOMES = frozenset({"timeout_connect", "timeout_read", "timeout_total"})
-SUCCESS_PARSE_OUTCOMES = frozenset({"ok", "repaired"})
 INPUT_COLUMNS = ("model", "budget_max_tokens", "outcome", "succeeded", "latency_ms", "reasoning_chars", "answer_chars")
 
 
@@ -65,9 +66,9 @@ class ProbeSettings:
 
     def __post_init__(self) -> None:
         if not self.reference_timeout_s > 0:
-            raise ValueError(f"reference_timeout_s must be > 0 s, got {self.reference_timeout_s}")
+            raise AnalysisError(f"reference_timeout_s must be > 0 s, got {self.reference_timeout_s}")
         if not 0 < self.works_min_share <= 1:
-            raise ValueError(f"works_min_share must be in (0, 1], got {self.works_min_share}")
+            raise AnalysisError(f"works_min_share must be in (0, 1], got {self.works_min_share}")
 
 
 @dataclass(frozen=True)
@@ -139,10 +140,7 @@ def probe_input_from_runs(runs: pa.Table) -> pa.Table:
     ``succeeded`` follows :attr:`storage.records.RunRecord.succeeded` (a parsed IR). A run that
     timed out keeps its elapsed time in ``latency_ms``.
     """
-    succeeded = pc.and_(
-        pc.is_in(runs.column("parse_outcome"), value_set=pa.array(sorted(SUCCESS_PARSE_OUTCOMES))),
-        pc.is_valid(runs.column("ir_json")),
-    )
+    succeeded = succeeded_mask(runs)
     return pa.table(
         {
             "model": runs.column("model"),
@@ -165,7 +163,7 @@ def summarise_cells(table: pa.Table, settings: ProbeSettings = ProbeSettings()) 
     """One :class:`ProbeCell` per (model, budget), sorted by model then budget (no cap last)."""
     missing = [c for c in INPUT_COLUMNS if c not in table.column_names]
     if missing:
-        raise ValueError(f"probe input lacks columns {missing}; build it with probe_input_from_runs()")
+        raise AnalysisError(f"probe input lacks columns {missing}; build it with probe_input_from_runs()")
     models = table.column("model").to_pylist()
     budgets = table.column("budget_max_tokens").to_pylist()
     outcomes = table.column("outcome").to_pylist()
@@ -208,7 +206,7 @@ def summarise_cells(table: pa.Table, settings: ProbeSettings = ProbeSettings()) 
 def attribute(cells: Sequence[ProbeCell]) -> tuple[Attribution, str]:
     """The attribution of one model from its cells (module docstring), with the evidence."""
     if not cells:
-        raise ValueError("attribute() needs at least one cell")
+        raise AnalysisError("attribute() needs at least one cell")
     ref = cells[0].settings.reference_timeout_s
     budgeted = sorted((c for c in cells if c.budget_max_tokens is not None), key=lambda c: c.budget_max_tokens)
     tight, room = (budgeted[0], budgeted[-1]) if len(budgeted) >= 2 else (None, None)
@@ -256,7 +254,7 @@ def probe_table(
 ) -> pa.Table:
     """Probe rows (:data:`storage.probes.PROBE_SCHEMA`), one per (model, budget) cell."""
     if computed_at.tzinfo is None:
-        raise ValueError("computed_at must be timezone-aware (UTC)")
+        raise AnalysisError("computed_at must be timezone-aware (UTC)")
     cells = summarise_cells(table, settings)
     by_model: dict[str, list[ProbeCell]] = {}
     for c in cells:
@@ -319,7 +317,7 @@ def probe_input_from_study_csv(path: Path) -> tuple[pa.Table, dt.date]:
     """The study's ``results/failure_attribution.csv`` as probe input, with its audit date.
 
     One run per (model, budget); ``succeeded`` = ``valid_json == 1``; ``latency_ms`` =
-    ``latency_s`` × 1000; ``answer_chars`` = ``content_chars``. Raises ``ValueError`` naming
+    ``latency_s`` × 1000; ``answer_chars`` = ``content_chars``. Raises ``AnalysisError`` naming
     the file when a column is missing or the file holds several audit dates.
     """
     path = Path(path)
@@ -328,10 +326,10 @@ def probe_input_from_study_csv(path: Path) -> tuple[pa.Table, dt.date]:
     need = {"audit_date", "budget", "model", "status", "finish_reason", "valid_json", "latency_s",
             "reasoning_chars", "content_chars"}
     if not rows or need - set(rows[0]):
-        raise ValueError(f"{path}: expected columns {sorted(need)}; got {sorted(rows[0]) if rows else 'no rows'}")
+        raise AnalysisError(f"{path}: expected columns {sorted(need)}; got {sorted(rows[0]) if rows else 'no rows'}")
     dates = {r["audit_date"] for r in rows}
     if len(dates) != 1:
-        raise ValueError(f"{path}: holds several audit dates {sorted(dates)}; split it per date")
+        raise AnalysisError(f"{path}: holds several audit dates {sorted(dates)}; split it per date")
 
     def num(text: str) -> float | None:
         return float(text) if text.strip() else None

@@ -32,8 +32,10 @@ import pyarrow.compute as pc
 
 from storage.atomic import write_parquet_atomic
 
+from analysis.errors import AnalysisError
+from storage.records import succeeded_mask
+
 DEFAULT_TIMEOUTS_S: tuple[float, ...] = (30.0, 60.0, 120.0, 300.0)
-SUCCESS_PARSE_OUTCOMES = ("ok", "repaired")
 REQUIRED_COLUMNS = (
     "run_id", "panel", "campaign", "model", "prompt_sha256", "budget_max_tokens", "outcome",
     "parse_outcome", "ir_json", "latency_ms", "total_timeout_s",
@@ -104,11 +106,8 @@ def _fmt_s(t: float) -> str:
 def _run_arrays(runs: pa.Table) -> dict[str, np.ndarray]:
     missing = [c for c in REQUIRED_COLUMNS if c not in runs.column_names]
     if missing:
-        raise ValueError(f"timeout sensitivity needs run columns {missing}; read them from the run store")
-    ok = pc.and_(
-        pc.is_in(runs.column("parse_outcome"), value_set=pa.array(SUCCESS_PARSE_OUTCOMES)),
-        pc.is_valid(runs.column("ir_json")),
-    )
+        raise AnalysisError(f"timeout sensitivity needs run columns {missing}; read them from the run store")
+    ok = succeeded_mask(runs)
 
     def floats(name: str) -> np.ndarray:
         col = pc.fill_null(runs.column(name).cast(pa.float64()), np.nan)
@@ -148,9 +147,9 @@ def timeout_sensitivity(
     """
     ts = tuple(sorted({float(t) for t in timeouts_s}))
     if not ts or ts[0] <= 0:
-        raise ValueError(f"timeouts_s must be positive seconds, got {list(timeouts_s)}")
+        raise AnalysisError(f"timeouts_s must be positive seconds, got {list(timeouts_s)}")
     if min_runs < 1 or min_prompts < 1:
-        raise ValueError(f"min_runs and min_prompts must be >= 1, got {min_runs}, {min_prompts}")
+        raise AnalysisError(f"min_runs and min_prompts must be >= 1, got {min_runs}, {min_prompts}")
     a = _run_arrays(runs)
     model_code, model_keys = _codes(list(zip(runs.column("panel").to_pylist(), runs.column("model").to_pylist())))
     prompt_code, _ = _codes(runs.column("prompt_sha256").to_pylist())

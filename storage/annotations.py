@@ -1,4 +1,6 @@
-"""Parse the explicit annotations of a prompt file: the ground truth of its structure.
+"""The corpus format: parse the explicit annotations of a prompt file, the ground truth of its
+structure. Part of the data contract (in ``storage`` so that the analysis scoring against it and
+the simulator answering from it read one grammar without importing each other).
 
 Grammar (``../shared/spec/ir.md``, "Annotation grammar"): one annotation per line comment
 ``// @<tag> <ID> [attributes]``, the line starting (after optional whitespace) with ``//``.

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 class CeleryWorkersError(RuntimeError):

@@ -11,19 +11,15 @@ Never uses the machine's shared Redis on 6379. Stops the server (SIGTERM, then S
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
 
+from deploy.local_cluster import free_port, redis_ping
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS reports free right now (it may be taken later; the caller retries)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+__all__ = ["RedisServer", "RedisServerError", "free_port"]
 
 
 class RedisServerError(RuntimeError):
@@ -70,12 +66,7 @@ class RedisServer:
         return argv + ["--daemonize", "no", "--logfile", str(self.data_dir / "redis.log"), *self.extra_args]
 
     def _ping(self) -> bool:
-        try:
-            with socket.create_connection((self.host, self.port), timeout=0.2) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
+        return redis_ping(self.host, self.port, timeout_s=0.2)
 
     def start(self) -> RedisServer:
         if self._proc is not None:
