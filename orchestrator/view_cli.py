@@ -35,7 +35,7 @@ def view_command(
     import duckdb
     import uvicorn
 
-    from storage.errors import StorageError
+    from storage.errors import IrbenchError
     from viewer import (
         AnalysisOutputs, RunIndex, ViewerConfig, create_app, find_analysis_dir, find_report,
     )
@@ -62,7 +62,7 @@ def view_command(
         outputs = AnalysisOutputs.load(config.analysis_dir)
         index = RunIndex.load(config.data_dir, outputs, threads=config.threads,
                               memory_limit_mb=config.memory_limit_mb, work_dir=config.work_dir)
-    except (StorageError, ValueError, OSError, duckdb.Error) as exc:
+    except (IrbenchError, ValueError, OSError, duckdb.Error) as exc:
         err.print(f"[bold red]error:[/] {exc}")
         raise typer.Exit(code=2) from None
     console.print(f"loaded {index.n_runs} runs in {time.monotonic() - started:.1f} s; analysis: "

@@ -9,13 +9,15 @@ from urllib.parse import urlencode
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from storage.errors import IrbenchError
+
 #: Filter fields in URL order; each is an equality filter except dates (inclusive) and ``q``.
 FILTER_FIELDS = ("campaign", "panel", "model", "prompt_sha256", "outcome", "date_from",
                  "date_to", "q")
 MAX_QUERY_CHARS = 500
 
 
-class QueryError(ValueError):
+class QueryError(IrbenchError, ValueError):
     """A query parameter does not parse; the message names it (answered as HTTP 400)."""
 
 
