@@ -34,7 +34,8 @@ from analysis.stats.bootstrap import percentile_ci_many, percentile_ci_many_metr
 from analysis.metrics.correctness import emitted_from_json, model_means, score_run
 from analysis.stats.correlations import stability_vs_correctness
 from analysis.metrics.drift import CLASSES, cell_drift, run_ir_from_json, summarise_drift
-from analysis.metrics.agreement import count_agreement, node_set_agreement, normalised_jaccard
+from analysis.metrics.agreement import normalise_id
+from analysis.metrics.batch import CellPairs, cell_pairs, count_agreement_many, set_agreement
 from analysis.options import AnalysisOptions
 from analysis.stats.ranks import RankBootstrap, joint_cluster_bootstrap, partition
 from analysis.metrics.stabilisation import stabilisation_ragged, summarise_stabilisation
@@ -198,27 +199,70 @@ def stabilisation_table(cells: list[_RawCell], options: AnalysisOptions
     return pa.Table.from_pylist(rows, schema=schema), summary
 
 
+def _distinct_entries(run_of: np.ndarray, code: np.ndarray, n_codes: int
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """(run, code) pairs with duplicates within a run removed (set semantics)."""
+    key = np.unique(run_of * max(n_codes, 1) + code)
+    return key // max(n_codes, 1), key % max(n_codes, 1)
+
+
+def _normalised_columns(pairs: CellPairs, run_of: np.ndarray, code: np.ndarray,
+                        vocab: list[str], variant: str, n_runs: int
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(mean normalised Jaccard, empty ids, colliding ids) per cell; each distinct id string is
+    normalised once."""
+    forms = [normalise_id(i, variant) for i in vocab]  # type: ignore[arg-type]
+    enc = pa.array(forms, pa.string()).dictionary_encode()
+    form_code = np.asarray(enc.indices.to_numpy(zero_copy_only=False), np.int64)
+    n_forms = len(enc.dictionary)
+    empty_form = enc.dictionary.to_pylist().index("") if "" in forms else -1
+    fc = form_code[code] if len(code) else np.zeros(0, np.int64)
+    run_cell = np.repeat(np.arange(len(pairs.runs), dtype=np.int64), pairs.runs)
+    n_cells = len(pairs.runs)
+    empty = np.bincount(run_cell[run_of[fc == empty_form]], minlength=n_cells)
+    # distinct raw ids per run sharing one normal form: each of them collides
+    key, counts = np.unique(run_of * max(n_forms, 1) + fc, return_counts=True)
+    krun = key // max(n_forms, 1)
+    colliding = np.bincount(run_cell[krun], weights=np.where(counts > 1, counts, 0),
+                            minlength=n_cells).astype(np.int64)
+    agg = set_agreement(pairs, krun, key % max(n_forms, 1), n_runs)
+    return agg.mean_jaccard_max1, empty.astype(np.int64), colliding
+
+
 def normalised_table(cells: list[_RawCell]) -> pa.Table:
     """Exact and normalised (ASCII and Unicode) Jaccard, count agreement, empty/collision ids."""
-    rows = []
-    ascii_forms: dict[str, str] = {}
-    unicode_forms: dict[str, str] = {}
-    for c in cells:
-        sets = [frozenset(r["node_ids"] or ()) for r in c.runs]
-        exact = node_set_agreement(sets)
-        asc = normalised_jaccard(sets, "ascii", ascii_forms)
-        uni = normalised_jaccard(sets, "unicode", unicode_forms)
-        ca, eq = count_agreement([r["node_count"] for r in c.runs])
-        rows.append({**_head(c), "jaccard_exact": exact.mean_jaccard,
-                     "id_stability": exact.id_stability,
-                     "jaccard_norm_ascii": asc.mean_jaccard,
-                     "jaccard_norm_unicode": uni.mean_jaccard, "count_agreement": ca,
-                     "count_equal_share": eq, "empty_ids_ascii": asc.empty_ids,
-                     "empty_ids_unicode": uni.empty_ids, "collisions_ascii": asc.colliding_ids,
-                     "collisions_unicode": uni.colliding_ids})
-    return pa.Table.from_pylist(rows) if rows else pa.table({
-        "campaign": pa.array([], pa.string()), "model": pa.array([], pa.string()),
-        "prompt": pa.array([], pa.string())})
+    if not cells:
+        return pa.table({"campaign": pa.array([], pa.string()),
+                         "model": pa.array([], pa.string()),
+                         "prompt": pa.array([], pa.string())})
+    runs_per_cell = np.array([len(c.runs) for c in cells], np.int64)
+    run_cell = np.repeat(np.arange(len(cells), dtype=np.int64), runs_per_cell)
+    n_runs = len(run_cell)
+    pairs = cell_pairs(run_cell, len(cells))
+    id_lists = [r["node_ids"] or [] for c in cells for r in c.runs]
+    flat = pa.array(id_lists, pa.list_(pa.string()))
+    run_of = np.asarray(pc.list_parent_indices(flat).to_numpy(zero_copy_only=False), np.int64)
+    enc = pc.list_flatten(flat).dictionary_encode()
+    vocab = enc.dictionary.to_pylist()
+    run_of, code = _distinct_entries(
+        run_of, np.asarray(enc.indices.to_numpy(zero_copy_only=False), np.int64), len(vocab))
+    exact = set_agreement(pairs, run_of, code, n_runs)
+    asc, empty_a, coll_a = _normalised_columns(pairs, run_of, code, vocab, "ascii", n_runs)
+    uni, empty_u, coll_u = _normalised_columns(pairs, run_of, code, vocab, "unicode", n_runs)
+    counts = np.array([r["node_count"] for c in cells for r in c.runs], np.int64)
+    ca, eq = count_agreement_many(pairs, counts)
+    return pa.table({
+        "campaign": pa.array([c.campaign for c in cells], pa.string()),
+        "model": pa.array([c.model for c in cells], pa.string()),
+        "prompt": pa.array([c.prompt for c in cells], pa.string()),
+        "prompt_sha256": pa.array([c.sha for c in cells], pa.string()),
+        "runs": pa.array(runs_per_cell, pa.int64()),
+        "jaccard_exact": exact.mean_jaccard, "id_stability": exact.id_stability,
+        "jaccard_norm_ascii": asc, "jaccard_norm_unicode": uni,
+        "count_agreement": ca, "count_equal_share": eq,
+        "empty_ids_ascii": empty_a, "empty_ids_unicode": empty_u,
+        "collisions_ascii": coll_a, "collisions_unicode": coll_u,
+    })
 
 
 def corpus_index(dirs: Sequence[Path] | None) -> dict[str, Path]:
