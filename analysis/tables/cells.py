@@ -12,17 +12,13 @@ has fewer than 2 successful runs. Typed dataclasses inside, a Table at the bound
 
 from __future__ import annotations
 
-import datetime as dt
-from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, fields
-
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from analysis.errors import AnalysisError
-from analysis.metrics.agreement import count_agreement, node_set_agreement
-from storage.records import run_succeeded
+from analysis.metrics.batch import cell_pairs, count_agreement_many, set_agreement
+from storage.records import succeeded_mask
 
 #: Columns build_cells reads; anything else in the input is ignored.
 REQUIRED_COLUMNS: tuple[str, ...] = (
@@ -68,47 +64,6 @@ CELL_SCHEMA = pa.schema(
     ]
 )
 
-CellKey = tuple[str, str, str, str, int | None]
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One cell's row; field order equals :data:`CELL_SCHEMA`.
-
-    ``mean_nodes``/``std_nodes`` are in nodes (std = population SD, ddof=0) over successful
-    runs; ``first_date``/``last_date`` span all of the cell's runs, failures included.
-    """
-
-    panel: str
-    campaign: str
-    model: str
-    prompt_sha256: str
-    prompt_name: str
-    budget_max_tokens: int | None
-    runs_total: int
-    runs_ok: int
-    included: bool
-    mean_jaccard: float | None
-    id_stability: float | None
-    node_set_perfect: bool | None
-    mean_nodes: float | None
-    std_nodes: float | None
-    count_agreement: float | None
-    count_equal_share: float | None
-    first_date: dt.date
-    last_date: dt.date
-
-
-@dataclass(frozen=True)
-class _Run:
-    run_index: int
-    prompt_name: str
-    ok: bool
-    node_ids: tuple[str, ...]
-    node_count: int
-    date: dt.date
-
-
 def _check_columns(runs: pa.Table) -> None:
     missing = [c for c in REQUIRED_COLUMNS if c not in runs.column_names]
     if missing:
@@ -118,116 +73,34 @@ def _check_columns(runs: pa.Table) -> None:
         )
 
 
-def _dedupe_last(run_ids: Sequence[str]) -> list[int]:
+def _codes(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, int]:
+    """Integer codes of a column's values (nulls get their own code) and how many there are."""
+    enc = pc.dictionary_encode(col, null_encoding="encode")
+    if isinstance(enc, pa.ChunkedArray):
+        enc = enc.unify_dictionaries().combine_chunks() if enc.num_chunks else pa.array(
+            [], pa.dictionary(pa.int32(), col.type))
+    return np.asarray(enc.indices.to_numpy(zero_copy_only=False), np.int64), len(enc.dictionary)
+
+
+def _last_of_each_run_id(run_id: pa.ChunkedArray) -> np.ndarray:
     """Row indices keeping the last row of each run_id (a redelivered task rewrote it)."""
-    last: dict[str, int] = {}
-    for i, rid in enumerate(run_ids):
-        last[rid] = i
-    return sorted(last.values())
+    codes, _ = _codes(run_id)
+    _, first_rev = np.unique(codes[::-1], return_index=True)
+    return np.sort(len(codes) - 1 - first_rev)
 
 
-def _group(runs: pa.Table) -> dict[CellKey, list[_Run]]:
-    cols = {c: runs.column(c).to_pylist() for c in REQUIRED_COLUMNS}
-    groups: dict[CellKey, list[_Run]] = {}
-    for i in _dedupe_last(cols["run_id"]):
-        key: CellKey = (
-            cols["panel"][i],
-            cols["campaign"][i],
-            cols["model"][i],
-            cols["prompt_sha256"][i],
-            cols["budget_max_tokens"][i],
-        )
-        ok = run_succeeded(cols["parse_outcome"][i], cols["ir_json"][i])
-        groups.setdefault(key, []).append(
-            _Run(
-                run_index=cols["run_index"][i],
-                prompt_name=cols["prompt_name"][i],
-                ok=ok,
-                node_ids=tuple(cols["node_ids"][i] or ()),
-                node_count=int(cols["node_count"][i] or 0),
-                date=cols["measurement_date"][i],
-            )
-        )
-    return groups
-
-
-def _cell(key: CellKey, runs: list[_Run], min_runs: int) -> Cell:
-    runs = sorted(runs, key=lambda r: r.run_index)
-    ok = [r for r in runs if r.ok]
-    # The name is display-only; the sha256 identifies the prompt. Prefer the most common.
-    name = Counter(r.prompt_name for r in runs).most_common(1)[0][0]
-    dates = [r.date for r in runs]
-    metrics: dict[str, float | bool | None] = dict.fromkeys(
-        (
-            "mean_jaccard",
-            "id_stability",
-            "node_set_perfect",
-            "mean_nodes",
-            "std_nodes",
-            "count_agreement",
-            "count_equal_share",
-        )
-    )
-    if len(ok) >= 2:
-        agg = node_set_agreement([frozenset(r.node_ids) for r in ok])
-        counts = np.array([r.node_count for r in ok], dtype=np.float64)
-        ca, eq = count_agreement([r.node_count for r in ok])
-        metrics.update(
-            mean_jaccard=agg.mean_jaccard,
-            id_stability=agg.id_stability,
-            node_set_perfect=agg.node_set_perfect,
-            mean_nodes=float(counts.mean()),
-            std_nodes=float(counts.std(ddof=0)),
-            count_agreement=ca,
-            count_equal_share=eq,
-        )
-    panel, campaign, model, sha, budget = key
-    return Cell(
-        panel=panel,
-        campaign=campaign,
-        model=model,
-        prompt_sha256=sha,
-        prompt_name=name,
-        budget_max_tokens=budget,
-        runs_total=len(runs),
-        runs_ok=len(ok),
-        included=len(ok) >= min_runs,
-        first_date=min(dates),
-        last_date=max(dates),
-        **metrics,  # type: ignore[arg-type]
-    )
-
-
-def cells_to_table(cells: Sequence[Cell], min_runs: int) -> pa.Table:
-    """Cells → Table with :data:`CELL_SCHEMA`; ``min_runs`` is recorded in schema metadata."""
-    names = [f.name for f in fields(Cell)]
-    arrays = [
-        pa.array([getattr(c, name) for c in cells], type=CELL_SCHEMA.field(name).type)
-        for name in names
-    ]
-    schema = CELL_SCHEMA.with_metadata({MIN_RUNS_METADATA_KEY: str(min_runs).encode()})
-    return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def compute_cells(runs: pa.Table, min_runs: int = 2) -> list[Cell]:
-    """Typed form of :func:`build_cells`; cells sorted by panel, campaign, model, name, budget."""
-    if min_runs < 2:
-        raise AnalysisError(
-            f"min_runs must be >= 2 (a stability value needs a pair of runs), got {min_runs}"
-        )
-    _check_columns(runs)
-    cells = [_cell(k, v, min_runs) for k, v in _group(runs).items()]
-    cells.sort(
-        key=lambda c: (
-            c.panel,
-            c.campaign,
-            c.model,
-            c.prompt_name,
-            c.prompt_sha256,
-            -1 if c.budget_max_tokens is None else c.budget_max_tokens,
-        )
-    )
-    return cells
+def _rows_mean_std(values: np.ndarray, starts: np.ndarray, sizes: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and population SD of each group ``values[starts[k]:starts[k]+sizes[k]]`` (NaN when
+    empty), one ``np.mean``/``np.std`` per row of a matrix per distinct group size."""
+    mean = np.full(len(sizes), np.nan)
+    std = np.full(len(sizes), np.nan)
+    for r in np.unique(sizes[sizes > 0]):
+        rows = np.flatnonzero(sizes == r)
+        m = values[starts[rows][:, None] + np.arange(int(r))[None, :]]
+        mean[rows] = m.mean(axis=1)
+        std[rows] = m.std(axis=1, ddof=0)
+    return mean, std
 
 
 def build_cells(runs: pa.Table, min_runs: int = 2) -> pa.Table:
@@ -235,7 +108,100 @@ def build_cells(runs: pa.Table, min_runs: int = 2) -> pa.Table:
 
     ``included`` = ``runs_ok >= min_runs`` (successful runs). Metrics (Jaccard, ID-stability,
     node-set-perfect, node-count mean/population SD in nodes, count agreement and the share
-    of equal-count pairs) are null when ``runs_ok < 2``. Rows sharing a ``run_id`` are
-    collapsed to the last one, so a store that was not yet deduplicated cannot double-count.
+    of equal-count pairs) are null when ``runs_ok < 2``; they are computed over the successful
+    runs in run-index order. ``prompt_name`` is the cell's most common name (first in run
+    order on ties; display only, the sha256 identifies the prompt); the dates span all the
+    cell's runs, failures included. Rows sharing a ``run_id`` are collapsed to the last one,
+    so a store that was not yet deduplicated cannot double-count. Rows are sorted by panel,
+    campaign, model, prompt name, sha256, budget (none first). All cells at once on integer
+    codes (:mod:`analysis.metrics.batch`).
     """
-    return cells_to_table(compute_cells(runs, min_runs), min_runs)
+    if min_runs < 2:
+        raise AnalysisError(
+            f"min_runs must be >= 2 (a stability value needs a pair of runs), got {min_runs}"
+        )
+    _check_columns(runs)
+    schema = CELL_SCHEMA.with_metadata({MIN_RUNS_METADATA_KEY: str(min_runs).encode()})
+    if runs.num_rows == 0:
+        return schema.empty_table()
+    t = runs.select(list(REQUIRED_COLUMNS))
+    t = t.take(pa.array(_last_of_each_run_id(t.column("run_id"))))
+    n = t.num_rows
+    # cell of each row, numbered in order of first appearance
+    key = np.zeros(n, np.int64)
+    for name in ("panel", "campaign", "model", "prompt_sha256", "budget_max_tokens"):
+        codes, k = _codes(t.column(name))
+        key = key * (k + 1) + codes
+    _, first_row, row_cell = np.unique(key, return_index=True, return_inverse=True)
+    appearance = np.argsort(first_row, kind="stable")
+    rank = np.empty_like(appearance)
+    rank[appearance] = np.arange(len(appearance))
+    row_cell = rank[row_cell.ravel()]
+    first_row = first_row[appearance]
+    n_cells = len(first_row)
+    run_index = np.asarray(t.column("run_index").to_numpy(), np.int64)
+    order = np.lexsort((np.arange(n), run_index, row_cell))  # by cell, then run order
+    cell_sorted = row_cell[order]
+    runs_total = np.bincount(row_cell, minlength=n_cells)
+    starts = np.zeros(n_cells, np.int64)
+    np.cumsum(runs_total[:-1], out=starts[1:])
+    # most common prompt name, the first in run order on ties (Counter.most_common)
+    name_codes, n_names = _codes(t.column("prompt_name"))
+    nk = cell_sorted * n_names + name_codes[order]
+    groups, gfirst, gcount = np.unique(nk, return_index=True, return_counts=True)
+    gcell = groups // n_names
+    best = np.lexsort((gfirst, -gcount, gcell))
+    keep = np.ones(len(best), bool)
+    keep[1:] = gcell[best][1:] != gcell[best][:-1]
+    name_row = order[gfirst[best][keep]]  # one row per cell, cells ascending
+    dates = np.asarray(pc.cast(t.column("measurement_date"), pa.int32()).to_numpy(), np.int64)
+    ds = dates[order]
+    first_date = np.minimum.reduceat(ds, starts)
+    last_date = np.maximum.reduceat(ds, starts)
+    # successful runs, in run order within each cell
+    ok = np.asarray(succeeded_mask(t).to_numpy(), bool)
+    ok_rows = order[ok[order]]
+    ok_cell = row_cell[ok_rows]
+    runs_ok = np.bincount(ok_cell, minlength=n_cells)
+    pairs = cell_pairs(ok_cell, n_cells)
+    ids = t.column("node_ids").take(pa.array(ok_rows)).combine_chunks()
+    entry_run = np.asarray(pc.list_parent_indices(ids).to_numpy(), np.int64)
+    id_codes, n_ids = _codes(pc.list_flatten(ids))
+    dedup = np.unique(entry_run * max(n_ids, 1) + id_codes)
+    agg = set_agreement(pairs, dedup // max(n_ids, 1), dedup % max(n_ids, 1), len(ok_rows))
+    counts = np.asarray(pc.fill_null(t.column("node_count"), 0).to_numpy(), np.int64)[ok_rows]
+    ca, eq = count_agreement_many(pairs, counts)
+    mean_nodes, std_nodes = _rows_mean_std(counts.astype(np.float64), pairs.first_run, runs_ok)
+    null = runs_ok < 2
+
+    def metric(values: np.ndarray, typ: pa.DataType) -> pa.Array:
+        return pa.array(values, typ, mask=null)
+
+    cols = {
+        "panel": t.column("panel").take(pa.array(first_row)),
+        "campaign": t.column("campaign").take(pa.array(first_row)),
+        "model": t.column("model").take(pa.array(first_row)),
+        "prompt_sha256": t.column("prompt_sha256").take(pa.array(first_row)),
+        "prompt_name": t.column("prompt_name").take(pa.array(name_row)),
+        "budget_max_tokens": t.column("budget_max_tokens").take(pa.array(first_row)),
+        "runs_total": pa.array(runs_total, pa.int64()),
+        "runs_ok": pa.array(runs_ok, pa.int64()),
+        "included": pa.array(runs_ok >= min_runs, pa.bool_()),
+        "mean_jaccard": metric(agg.mean_jaccard, pa.float64()),
+        "id_stability": metric(agg.id_stability, pa.float64()),
+        "node_set_perfect": metric(agg.node_set_perfect, pa.bool_()),
+        "mean_nodes": metric(mean_nodes, pa.float64()),
+        "std_nodes": metric(std_nodes, pa.float64()),
+        "count_agreement": metric(ca, pa.float64()),
+        "count_equal_share": metric(eq, pa.float64()),
+        "first_date": pa.array(first_date.astype(np.int32), pa.int32()).cast(pa.date32()),
+        "last_date": pa.array(last_date.astype(np.int32), pa.int32()).cast(pa.date32()),
+    }
+    cells = pa.table({k: (v.combine_chunks() if isinstance(v, pa.ChunkedArray) else v)
+                      for k, v in cols.items()})
+    cells = cells.append_column("_budget_key", pc.fill_null(cells.column("budget_max_tokens"), -1))
+    cells = cells.append_column("_first", pa.array(np.arange(n_cells)))
+    idx = pc.sort_indices(cells, sort_keys=[(c, "ascending") for c in (
+        "panel", "campaign", "model", "prompt_name", "prompt_sha256", "_budget_key", "_first")])
+    cells = cells.take(idx).drop_columns(["_budget_key", "_first"])
+    return pa.Table.from_arrays(cells.columns, schema=schema)
