@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import combinations
 from types import MappingProxyType
 
@@ -52,13 +53,30 @@ class RunIR:
     node_count: number of nodes including duplicates;
     nodes_by_id: id → sorted tuple of (range tuple, canonical meta JSON) of its nodes;
     labels_by_id: id → sorted tuple of its nodes' label texts.
+    The last two are built on first use: most pairs are told apart by count, kinds or ids,
+    and the per-node canonical JSON is the costly part of parsing.
     """
 
     ids: frozenset
     kinds: tuple
     node_count: int
-    nodes_by_id: Mapping = field(hash=False)
-    labels_by_id: Mapping = field(hash=False)
+    nodes: tuple = field(repr=False, compare=False)  # the IR's node objects
+
+    @cached_property
+    def nodes_by_id(self) -> Mapping:
+        entries: dict[str, list] = {}
+        for n in self.nodes:
+            meta = json.dumps(n.get("meta"), sort_keys=True, ensure_ascii=True, default=str)
+            entries.setdefault(str(n.get("id", "")), []).append((_range(n), meta))
+        key = repr  # None-safe sort key for range tuples
+        return MappingProxyType({k: tuple(sorted(v, key=key)) for k, v in entries.items()})
+
+    @cached_property
+    def labels_by_id(self) -> Mapping:
+        labels: dict[str, list] = {}
+        for n in self.nodes:
+            labels.setdefault(str(n.get("id", "")), []).append(str(n.get("label", "")))
+        return MappingProxyType({k: tuple(sorted(v)) for k, v in labels.items()})
 
 
 def _range(node: Mapping) -> Range:
@@ -79,23 +97,12 @@ def run_ir_from_json(ir_json: str) -> RunIR:
     nodes = doc.get("nodes") if isinstance(doc, Mapping) else None
     if not isinstance(nodes, list):
         nodes = []
-    nodes = [n for n in nodes if isinstance(n, Mapping)]
-    entries: dict[str, list] = {}
-    labels: dict[str, list] = {}
-    kinds = []
-    for n in nodes:
-        nid = str(n.get("id", ""))
-        kinds.append(str(n.get("kind", "")))
-        meta = json.dumps(n.get("meta"), sort_keys=True, ensure_ascii=True, default=str)
-        entries.setdefault(nid, []).append((_range(n), meta))
-        labels.setdefault(nid, []).append(str(n.get("label", "")))
-    key = repr  # None-safe sort key for range tuples
+    nodes = tuple(n for n in nodes if isinstance(n, Mapping))
     return RunIR(
-        ids=frozenset(entries),
-        kinds=tuple(sorted(kinds)),
+        ids=frozenset(str(n.get("id", "")) for n in nodes),
+        kinds=tuple(sorted(str(n.get("kind", "")) for n in nodes)),
         node_count=len(nodes),
-        nodes_by_id=MappingProxyType({k: tuple(sorted(v, key=key)) for k, v in entries.items()}),
-        labels_by_id=MappingProxyType({k: tuple(sorted(v)) for k, v in labels.items()}),
+        nodes=nodes,
     )
 
 
