@@ -16,7 +16,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["CellPairs", "cell_pairs", "SetAgreement", "set_agreement", "count_agreement_many"]
+__all__ = ["distinct_entries", "CellPairs", "cell_pairs", "SetAgreement", "set_agreement", "count_agreement_many"]
+
+
+def distinct_entries(entry_run: np.ndarray, code: np.ndarray, n_codes: int
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Distinct (run, code) entries sorted by run then code, and how often each occurred.
+
+    Entries come grouped by run (a flattened list column), so the combined key is nearly
+    sorted and a stable (merge) sort is much cheaper than ``np.unique``'s quicksort."""
+    width = max(n_codes, 1)
+    key = np.sort(entry_run * width + code, kind="stable")
+    if len(key) == 0:
+        return key, key.copy(), np.zeros(0, np.int64)
+    new = np.empty(len(key), bool)
+    new[0] = True
+    np.not_equal(key[1:], key[:-1], out=new[1:])
+    starts = np.flatnonzero(new)
+    counts = np.diff(np.append(starts, len(key)))
+    uniq = key[starts]
+    return uniq // width, uniq % width, counts
 
 
 @dataclass(frozen=True, eq=False)

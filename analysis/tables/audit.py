@@ -35,7 +35,8 @@ from analysis.metrics.correctness import emitted_from_json, model_means, score_r
 from analysis.stats.correlations import stability_vs_correctness
 from analysis.metrics.drift import CLASSES, cell_drift, run_ir_from_json, summarise_drift
 from analysis.metrics.agreement import normalise_id
-from analysis.metrics.batch import CellPairs, cell_pairs, count_agreement_many, set_agreement
+from analysis.metrics.batch import (CellPairs, cell_pairs, count_agreement_many, distinct_entries,
+                                    set_agreement)
 from analysis.options import AnalysisOptions
 from analysis.stats.ranks import RankBootstrap, joint_cluster_bootstrap, partition
 from analysis.metrics.stabilisation import stabilisation_ragged, summarise_stabilisation
@@ -199,13 +200,6 @@ def stabilisation_table(cells: list[_RawCell], options: AnalysisOptions
     return pa.Table.from_pylist(rows, schema=schema), summary
 
 
-def _distinct_entries(run_of: np.ndarray, code: np.ndarray, n_codes: int
-                      ) -> tuple[np.ndarray, np.ndarray]:
-    """(run, code) pairs with duplicates within a run removed (set semantics)."""
-    key = np.unique(run_of * max(n_codes, 1) + code)
-    return key // max(n_codes, 1), key % max(n_codes, 1)
-
-
 def _normalised_columns(pairs: CellPairs, run_of: np.ndarray, code: np.ndarray,
                         vocab: list[str], variant: str, n_runs: int
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -221,11 +215,10 @@ def _normalised_columns(pairs: CellPairs, run_of: np.ndarray, code: np.ndarray,
     n_cells = len(pairs.runs)
     empty = np.bincount(run_cell[run_of[fc == empty_form]], minlength=n_cells)
     # distinct raw ids per run sharing one normal form: each of them collides
-    key, counts = np.unique(run_of * max(n_forms, 1) + fc, return_counts=True)
-    krun = key // max(n_forms, 1)
+    krun, kform, counts = distinct_entries(run_of, fc, n_forms)
     colliding = np.bincount(run_cell[krun], weights=np.where(counts > 1, counts, 0),
                             minlength=n_cells).astype(np.int64)
-    agg = set_agreement(pairs, krun, key % max(n_forms, 1), n_runs)
+    agg = set_agreement(pairs, krun, kform, n_runs)
     return agg.mean_jaccard_max1, empty.astype(np.int64), colliding
 
 
@@ -244,7 +237,7 @@ def normalised_table(cells: list[_RawCell]) -> pa.Table:
     run_of = np.asarray(pc.list_parent_indices(flat).to_numpy(zero_copy_only=False), np.int64)
     enc = pc.list_flatten(flat).dictionary_encode()
     vocab = enc.dictionary.to_pylist()
-    run_of, code = _distinct_entries(
+    run_of, code, _ = distinct_entries(
         run_of, np.asarray(enc.indices.to_numpy(zero_copy_only=False), np.int64), len(vocab))
     exact = set_agreement(pairs, run_of, code, n_runs)
     asc, empty_a, coll_a = _normalised_columns(pairs, run_of, code, vocab, "ascii", n_runs)

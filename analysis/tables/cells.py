@@ -17,7 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.errors import AnalysisError
-from analysis.metrics.batch import cell_pairs, count_agreement_many, set_agreement
+from analysis.metrics.batch import (cell_pairs, count_agreement_many, distinct_entries,
+                                    set_agreement)
 from storage.records import succeeded_mask
 
 #: Columns build_cells reads; anything else in the input is ignored.
@@ -75,10 +76,9 @@ def _check_columns(runs: pa.Table) -> None:
 
 def _codes(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, int]:
     """Integer codes of a column's values (nulls get their own code) and how many there are."""
+    if isinstance(col, pa.ChunkedArray):  # one chunk: chunked dictionaries with nulls
+        col = col.combine_chunks()      # cannot be unified
     enc = pc.dictionary_encode(col, null_encoding="encode")
-    if isinstance(enc, pa.ChunkedArray):
-        enc = enc.unify_dictionaries().combine_chunks() if enc.num_chunks else pa.array(
-            [], pa.dictionary(pa.int32(), col.type))
     return np.asarray(enc.indices.to_numpy(zero_copy_only=False), np.int64), len(enc.dictionary)
 
 
@@ -125,7 +125,8 @@ def build_cells(runs: pa.Table, min_runs: int = 2) -> pa.Table:
     if runs.num_rows == 0:
         return schema.empty_table()
     t = runs.select(list(REQUIRED_COLUMNS))
-    t = t.take(pa.array(_last_of_each_run_id(t.column("run_id"))))
+    if pc.count_distinct(t.column("run_id")).as_py() < t.num_rows:
+        t = t.take(pa.array(_last_of_each_run_id(t.column("run_id"))))
     n = t.num_rows
     # cell of each row, numbered in order of first appearance
     key = np.zeros(n, np.int64)
@@ -167,8 +168,8 @@ def build_cells(runs: pa.Table, min_runs: int = 2) -> pa.Table:
     ids = t.column("node_ids").take(pa.array(ok_rows)).combine_chunks()
     entry_run = np.asarray(pc.list_parent_indices(ids).to_numpy(), np.int64)
     id_codes, n_ids = _codes(pc.list_flatten(ids))
-    dedup = np.unique(entry_run * max(n_ids, 1) + id_codes)
-    agg = set_agreement(pairs, dedup // max(n_ids, 1), dedup % max(n_ids, 1), len(ok_rows))
+    er, ec, _ = distinct_entries(entry_run, id_codes, n_ids)
+    agg = set_agreement(pairs, er, ec, len(ok_rows))
     counts = np.asarray(pc.fill_null(t.column("node_count"), 0).to_numpy(), np.int64)[ok_rows]
     ca, eq = count_agreement_many(pairs, counts)
     mean_nodes, std_nodes = _rows_mean_std(counts.astype(np.float64), pairs.first_run, runs_ok)
