@@ -32,6 +32,7 @@ from analysis.outputs import (
 )
 from analysis.tables.audit import RunLevel, corpus_index, correlations_table, run_level, score_matrix
 from analysis.tables.audit import with_intervals
+from analysis.memory import release_freed_memory
 from analysis.tables.cells import build_cells
 from analysis.tables.families import families_for, family_map, pairs_table
 from analysis.tables.measurements import (
@@ -158,7 +159,7 @@ def _run_analysis(data_dir: Path, out_dir: Path, options: AnalysisOptions,
                   progress: Reporter) -> AnalysisResult:
     progress(Stage("read", count=None, unit=str(data_dir)))
     runs, imported, skipped = read_inputs(data_dir, options)
-    pa.default_memory_pool().release_unused()
+    release_freed_memory()
     runs_read = runs.num_rows
     panels = sorted(set(runs.column("panel").to_pylist())
                     | set(imported.column("panel").to_pylist()))
@@ -182,8 +183,8 @@ def _run_analysis(data_dir: Path, out_dir: Path, options: AnalysisOptions,
         total = len(ANALYZE_STAGES)
 
         def step(name: str, count: int | None = None, unit: str = "", _panel: str = panel) -> None:
-            # hand the previous stage's freed temporaries back to the OS (mimalloc keeps them)
-            pa.default_memory_pool().release_unused()
+            # hand the previous stage's freed temporaries back to the OS (allocators keep them)
+            release_freed_memory()
             progress(Stage(name, _panel, ANALYZE_STAGES.index(name) + 1, total, count, unit))
 
         cells, models, tables, summary = _audit_panel(

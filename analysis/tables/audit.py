@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.errors import AnalysisError
+from analysis.memory import release_freed_memory
 from storage.annotations import parse_annotations
 from storage.records import run_succeeded
 from analysis.stats.bootstrap import percentile_ci_many, percentile_ci_many_metrics
@@ -376,5 +377,9 @@ def run_level(runs: pa.Table, options: AnalysisOptions, index: dict[str, Path]) 
     corr, missing = correctness_table(runs, index)
     cells = _raw_cells(runs, options.min_runs)
     drift, dsum = drift_table(cells)
+    for c in cells:  # the IR texts (most of the cells' memory) are not needed past drift
+        for r in c.runs:
+            r.pop("ir_json", None)
+    release_freed_memory()
     stab, ssum = stabilisation_table(cells, options)
     return RunLevel(drift, dsum, stab, ssum, normalised_table(cells), corr, missing)
