@@ -46,7 +46,9 @@ class StageProgress:
                 self._finish(other)
             label = f"{self._title} {key}" if stage.panel is not None else self._title
             self._tasks[key] = self._progress.add_task(label, total=stage.total or 1, what=what)
-        self._progress.update(self._tasks[key], completed=max(0, stage.index - 1), what=what)
+        # refresh now: a stage may end before the next timed refresh (then it never showed)
+        self._progress.update(self._tasks[key], completed=max(0, stage.index - 1), what=what,
+                              refresh=True)
 
     def _finish(self, task: TaskID) -> None:
         t = self._progress.tasks[self._progress.task_ids.index(task)]
