@@ -91,9 +91,12 @@ def _sum(mask: pa.ChunkedArray | pa.Array) -> int:
 def build_manifest(*, panel: str, data_dir: Path, options: AnalysisOptions, runs: pa.Table,
               runs_read: int, cells: pa.Table, models: ModelTable, generated_at: dt.datetime,
               imported: pa.Table) -> dict[str, Any]:
-    dates = [d for d in runs.column("measurement_date").to_pylist()]
-    dates += imported.column("measurement_date").to_pylist()
-    dates += [d for d in imported.column("window_end").to_pylist() if d is not None]
+    # min/max per column in Arrow (a to_pylist of 700k imported dates was 8 % of the panel's
+    # analyze); nulls skipped, as window_end's always were
+    bounds = [pc.min_max(col).as_py() for col in (runs.column("measurement_date"),
+              imported.column("measurement_date"), imported.column("window_end"))]
+    lows = [b["min"] for b in bounds if b["min"] is not None]
+    highs = [b["max"] for b in bounds if b["max"] is not None]
     ok_mask = succeeded_mask(runs)
     return {
         "manifest_version": MANIFEST_VERSION,
@@ -105,8 +108,8 @@ def build_manifest(*, panel: str, data_dir: Path, options: AnalysisOptions, runs
         "replicates": options.replicates,
         "options": options.described(),
         "data_window": {
-            "first_measurement_date": _date_str(min(dates) if dates else None),
-            "last_measurement_date": _date_str(max(dates) if dates else None),
+            "first_measurement_date": _date_str(min(lows) if lows else None),
+            "last_measurement_date": _date_str(max(highs) if highs else None),
             "unit": "UTC date",
             "includes_windows": bool(
                 _sum(runs.column("date_is_window")) if runs.num_rows else 0
