@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from analysis.metrics.agreement import count_agreement, node_set_agreement, normalised_jaccard
+from analysis.metrics.agreement import (
+    count_agreement,
+    node_set_agreement,
+    normalised_jaccard,
+)
 from analysis.metrics.batch import cell_pairs, count_agreement_many, set_agreement
 from analysis.tables.audit import _RawCell, normalised_table
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["distinct_entries", "CellPairs", "cell_pairs", "SetAgreement", "set_agreement", "count_agreement_many"]
+__all__ = ["CellPairs", "SetAgreement", "cell_pairs", "count_agreement_many", "distinct_entries", "set_agreement"]
 
 
 def distinct_entries(entry_run: np.ndarray, code: np.ndarray, n_codes: int

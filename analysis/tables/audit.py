@@ -29,19 +29,29 @@ import pyarrow.compute as pc
 
 from analysis.errors import AnalysisError
 from analysis.memory import release_freed_memory
+from analysis.metrics.agreement import normalise_id
+from analysis.metrics.batch import (
+    CellPairs,
+    cell_pairs,
+    count_agreement_many,
+    distinct_entries,
+    set_agreement,
+)
+from analysis.metrics.correctness import emitted_from_json, model_means, score_run
+from analysis.metrics.drift import (
+    CLASSES,
+    cell_drift,
+    run_ir_from_json,
+    summarise_drift,
+)
+from analysis.metrics.stabilisation import stabilisation_ragged, summarise_stabilisation
+from analysis.options import AnalysisOptions
+from analysis.stats.bootstrap import percentile_ci_many, percentile_ci_many_metrics
+from analysis.stats.correlations import stability_vs_correctness
+from analysis.stats.ranks import RankBootstrap, joint_cluster_bootstrap, partition
+from analysis.tables.models import ModelTable
 from storage.annotations import parse_annotations
 from storage.records import run_succeeded
-from analysis.stats.bootstrap import percentile_ci_many, percentile_ci_many_metrics
-from analysis.metrics.correctness import emitted_from_json, model_means, score_run
-from analysis.stats.correlations import stability_vs_correctness
-from analysis.metrics.drift import CLASSES, cell_drift, run_ir_from_json, summarise_drift
-from analysis.metrics.agreement import normalise_id
-from analysis.metrics.batch import (CellPairs, cell_pairs, count_agreement_many, distinct_entries,
-                                    set_agreement)
-from analysis.options import AnalysisOptions
-from analysis.stats.ranks import RankBootstrap, joint_cluster_bootstrap, partition
-from analysis.metrics.stabilisation import stabilisation_ragged, summarise_stabilisation
-from analysis.tables.models import ModelTable
 
 
 def score_matrix(merged: pa.Table, models: Sequence[str], column: str = "mean_jaccard"

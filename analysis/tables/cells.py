@@ -17,8 +17,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.errors import AnalysisError
-from analysis.metrics.batch import (cell_pairs, count_agreement_many, distinct_entries,
-                                    set_agreement)
+from analysis.metrics.batch import (
+    cell_pairs,
+    count_agreement_many,
+    distinct_entries,
+    set_agreement,
+)
 from storage.records import succeeded_mask
 
 #: Columns build_cells reads; anything else in the input is ignored.
