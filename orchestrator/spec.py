@@ -44,7 +44,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from workers.errors import ConfigError
-from workers.runtask import EndpointRef, ModelLimits, RetryPolicy, TimeoutPolicy
+from workers.runtask import EndpointRef, ModelLimits, ResponseLimits, RetryPolicy, TimeoutPolicy
 
 SLUG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -135,6 +135,11 @@ class ModelDefaults(_Strict):
     reasoning: bool | None = None
     structured_output: bool = False
     options: dict[str, Any] = Field(default_factory=dict)
+    # bounds on one answer (workers.runtask.ResponseLimits documents each)
+    max_response_bytes: int = Field(default=ResponseLimits().max_response_bytes, ge=1024)
+    max_json_depth: int = Field(default=ResponseLimits().max_json_depth, ge=4, le=512)
+    max_answer_chars: int = Field(default=ResponseLimits().max_answer_chars, ge=1024)
+    max_ir_nodes: int = Field(default=ResponseLimits().max_ir_nodes, ge=1)
 
 
 NONE_ABLE = frozenset(
@@ -154,6 +159,14 @@ class ModelSpec(ModelDefaults):
             requests_per_minute=self.requests_per_minute,
             tokens_per_minute=self.tokens_per_minute,
             max_concurrency=self.max_concurrency,
+        )
+
+    def to_response_limits(self) -> ResponseLimits:
+        return ResponseLimits(
+            max_response_bytes=self.max_response_bytes,
+            max_json_depth=self.max_json_depth,
+            max_answer_chars=self.max_answer_chars,
+            max_ir_nodes=self.max_ir_nodes,
         )
 
     def to_timeouts(self) -> TimeoutPolicy:

@@ -14,7 +14,9 @@ from typing import Any, TextIO
 
 import structlog
 
-REDACTED = "[redacted]"
+from workers.secrets import MIN_SECRET_CHARS, SECRET_MARKER, mask_secrets
+
+REDACTED = SECRET_MARKER
 _SECRET_KEY_NAMES = re.compile(r"(api[_-]?key|secret|password|passwd|token|authorization|credential)", re.I)
 # Shapes of common credentials; run ids (32 hex) deliberately do not match.
 _SECRET_SHAPES = re.compile(
@@ -37,14 +39,15 @@ class Redactor:
         self._secrets: set[str] = {s for s in secrets if s}
 
     def add_secret(self, value: str | None) -> None:
-        if value and len(value) >= 4:
+        if value and len(value) >= MIN_SECRET_CHARS:
             self._secrets.add(value)
 
+    @property
+    def secrets(self) -> frozenset[str]:
+        return frozenset(self._secrets)
+
     def scrub(self, text: str) -> str:
-        for secret in self._secrets:
-            if secret in text:
-                text = text.replace(secret, REDACTED)
-        return _SECRET_SHAPES.sub(REDACTED, text)
+        return _SECRET_SHAPES.sub(REDACTED, mask_secrets(text, self._secrets))
 
     def _clean(self, key: str, value: Any) -> Any:
         if isinstance(key, str) and _SECRET_KEY_NAMES.search(key) and not _COUNT_KEYS.search(key):
