@@ -66,6 +66,14 @@ class Redactor:
         return {k: self._clean(k, v) for k, v in event.items()}
 
 
+def register_log_secret(value: str | None) -> None:
+    """Add ``value`` to the redactor of this process's current structlog configuration (a key
+    read by a worker from its environment); a no-op when logging was configured without one."""
+    for processor in structlog.get_config().get("processors", ()):
+        if isinstance(processor, Redactor):
+            processor.add_secret(value)
+
+
 def configure_logging(
     *, json: bool | None = None, level: str = "INFO", stream: TextIO | None = None, redactor: Redactor | None = None
 ) -> Redactor:

@@ -4,7 +4,8 @@ Unlike ``scripted_server`` (a well-behaved ASGI app), this server writes raw HTT
 lie: wrong ``Content-Length``, a chunked body that never ends, NUL bytes, a 200 that is HTML, a
 body of 10 MB, JSON nested 200k deep, an answer echoing the API key. Both wire formats are
 served (``POST /v1/chat/completions`` and ``POST /api/chat``); the behaviour is picked by the
-request's ``model``:
+request's ``model`` (anything after ``--`` is ignored, so one campaign can hold the same
+behaviour under several model names, e.g. ``echo-key--ollama``):
 
 =======================  ==========================================================
 model                    behaviour
@@ -55,6 +56,7 @@ class HostileServer:
     bytes_sent: Counter[str] = field(default_factory=Counter)
 
     def requests_for(self, model: str) -> int:
+        """Requests whose model was exactly ``model``."""
         return sum(1 for r in self.received if r["body"].get("model") == model)
 
 
@@ -154,7 +156,7 @@ def _make_handler(state: HostileServer):  # type: ignore[no-untyped-def]
                 return
             path, headers, body = request
             state.received.append({"path": path, "headers": headers, "body": body})
-            model = str(body.get("model", "ok"))
+            model = str(body.get("model", "ok")).split("--")[0]
             key = headers.get("authorization", "").removeprefix("Bearer ")
             fixed = _response(model, key, path.startswith("/api/"))
             if fixed is not None:
