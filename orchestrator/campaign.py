@@ -15,6 +15,7 @@ from pathlib import Path
 
 import structlog
 
+from orchestrator.campaign_limits import DEFAULT_MAX_PLANNED_RUNS, check_plan_size
 from orchestrator.corpus import Corpus, load_corpus
 from orchestrator.instruction import Instruction, load_instruction
 from orchestrator.local import ExecutionSummary, LocalOptions, ProgressCallback, run_local
@@ -37,9 +38,17 @@ class PreparedCampaign:
     tasks: list[RunTask]  # the whole plan
 
 
-def prepare(spec: CampaignSpec) -> PreparedCampaign:
-    """Load the corpus and instruction and plan every run of ``spec``."""
+def prepare(
+    spec: CampaignSpec, *, max_planned_runs: int | None = DEFAULT_MAX_PLANNED_RUNS, source: str | None = None
+) -> PreparedCampaign:
+    """Load the corpus and instruction and plan every run of ``spec``.
+
+    ``max_planned_runs``: a plan larger than this is a ``ConfigError`` raised before any task is
+    built (``runs = 10**20`` must not hang planning); ``None`` = no bound. ``source``: the
+    campaign file's name, for messages.
+    """
     corpus = load_corpus(spec.corpus, spec.base_dir)
+    check_plan_size(spec, len(corpus.prompts), max_planned_runs, source)
     instruction = load_instruction(spec.instruction)
     tasks = plan_runs(spec, corpus, instruction)
     return PreparedCampaign(spec, corpus, instruction, tasks)

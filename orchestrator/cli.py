@@ -7,9 +7,12 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
+import click
 import typer
 from rich.console import Console
 
+from orchestrator.campaign_limits import DEFAULT_MAX_PLANNED_RUNS
+from orchestrator.user_errors import USER_ERROR_EXIT_CODE, fail, print_error
 from workers.errors import ConfigError, IrbenchError
 from workers.logs import Redactor, configure_logging
 
@@ -25,6 +28,11 @@ console = Console(width=None if sys.stdout.isatty() else 120)
 err_console = Console(stderr=True)
 
 DataOpt = Annotated[Path, typer.Option("--data", help="Dataset root (runs are stored under DATA/runs/).")]
+MaxRunsOpt = Annotated[
+    int,
+    typer.Option("--max-planned-runs", envvar="IRBENCH_MAX_PLANNED_RUNS", min=1,
+                 help="Refuse a campaign that plans more runs than this (a typo in `runs` must not hang planning)."),
+]
 BrokerOpt = Annotated[
     Optional[str],
     typer.Option("--broker", envvar="IRBENCH_BROKER_URL", help="Redis URL of the Celery broker (or IRBENCH_BROKER_URL)."),
@@ -52,8 +60,7 @@ def _setup_logging(log_file: Path | None, verbose: bool) -> Redactor:
 
 
 def _fail(exc: Exception) -> None:
-    err_console.print(f"[bold red]error:[/] {exc}")
-    raise typer.Exit(code=2)
+    fail(exc)
 
 
 @app.command()
@@ -70,6 +77,7 @@ def run(
     progress: Annotated[bool, typer.Option(help="Show a progress bar per model.")] = True,
     log_file: Annotated[Optional[Path], typer.Option(help="Write JSON logs here instead of stderr.")] = None,
     verbose: bool = False,
+    max_planned_runs: MaxRunsOpt = DEFAULT_MAX_PLANNED_RUNS,
 ) -> None:
     """Run (or resume) a campaign: only runs without a stored record are executed.
 
@@ -86,7 +94,7 @@ def run(
         kind = executor or spec.executor.kind
         if kind not in ("local", "celery"):
             raise ConfigError(f"--executor {kind!r}: use 'local' or 'celery'")
-        prepared = prepare(spec)
+        prepared = prepare(spec, max_planned_runs=max_planned_runs, source=campaign.name)
         store = RunStore(data)
         _report_corpus(prepared)
         if kind == "celery":
@@ -138,6 +146,7 @@ def status(
     campaign: Annotated[Path, typer.Argument(help="Campaign TOML file.", exists=True, dir_okay=False)],
     data: DataOpt = Path("data"),
     broker: BrokerOpt = None,
+    max_planned_runs: MaxRunsOpt = DEFAULT_MAX_PLANNED_RUNS,
 ) -> None:
     """Show planned vs stored runs per model and outcome (plus live Redis state with --broker).
 
@@ -151,7 +160,7 @@ def status(
 
     _setup_logging(None, False)
     try:
-        prepared = prepare(load_campaign(campaign))
+        prepared = prepare(load_campaign(campaign), max_planned_runs=max_planned_runs, source=campaign.name)
         st = campaign_status(prepared, RunStore(data))
         live = None
         if broker:
@@ -188,6 +197,7 @@ def resume(
     executor: Annotated[Optional[str], typer.Option(help="'local' or 'celery' (default: the campaign's).")] = None,
     broker: BrokerOpt = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar per model.")] = True,
+    max_planned_runs: MaxRunsOpt = DEFAULT_MAX_PLANNED_RUNS,
 ) -> None:
     """Pick up exactly the runs without a stored outcome (the same as running the campaign again).
 
@@ -195,7 +205,7 @@ def resume(
     """
     run(
         campaign=campaign, data=data, executor=executor, broker=broker, analyze=True, progress=progress,
-        log_file=None, verbose=False,
+        log_file=None, verbose=False, max_planned_runs=max_planned_runs,
     )
 
 
@@ -316,14 +326,31 @@ def _register_more_commands() -> None:
 _register_more_commands()
 
 
+# typer >= 0.20 carries its own click; older ones raise click's exceptions
+_USAGE_ERRORS = tuple(
+    t for t in (getattr(getattr(typer, "exceptions", None), "TyperException", None), click.ClickException) if t
+)
+
+
 def main() -> None:
     """Console-script entry point."""
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     try:
-        app()
-    except KeyboardInterrupt:
+        code = app(standalone_mode=False)
+    except (KeyboardInterrupt, click.exceptions.Abort, typer.Abort):
         err_console.print("interrupted; stored runs are kept, run the same command again to resume")
         sys.exit(130)
+    except _USAGE_ERRORS as exc:  # a bad option or argument: one line, no usage box
+        message = exc.format_message()  # type: ignore[attr-defined]
+        if not message:  # `irbench` alone: the help is the answer
+            exc.show()  # type: ignore[attr-defined]
+            sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+        print_error(f"{message} (see irbench --help)")
+        sys.exit(USER_ERROR_EXIT_CODE)
+    except OSError as exc:  # disk full, permission denied, ...: what to do, not a traceback
+        print_error(exc)
+        sys.exit(USER_ERROR_EXIT_CODE)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":
