@@ -28,6 +28,11 @@ console = Console(width=None if sys.stdout.isatty() else 120)
 err_console = Console(stderr=True)
 
 DataOpt = Annotated[Path, typer.Option("--data", help="Dataset root (runs are stored under DATA/runs/).")]
+BrokerWaitOpt = Annotated[
+    float,
+    typer.Option("--broker-wait-s", envvar="IRBENCH_BROKER_WAIT_S", min=0,
+                 help="How long to wait for Redis to answer before giving up (a countdown shows on stderr)."),
+]
 MaxRunsOpt = Annotated[
     int,
     typer.Option("--max-planned-runs", envvar="IRBENCH_MAX_PLANNED_RUNS", min=1,
@@ -78,6 +83,7 @@ def run(
     log_file: Annotated[Optional[Path], typer.Option(help="Write JSON logs here instead of stderr.")] = None,
     verbose: bool = False,
     max_planned_runs: MaxRunsOpt = DEFAULT_MAX_PLANNED_RUNS,
+    broker_wait_s: BrokerWaitOpt = 10.0,
 ) -> None:
     """Run (or resume) a campaign: only runs without a stored record are executed.
 
@@ -101,16 +107,21 @@ def run(
             from orchestrator.celery_executor import CeleryOptions, run_campaign_celery
 
             url = _broker_url(broker, spec.executor.broker)
+            options = CeleryOptions(analyze_on_complete=analyze)
+            watch = _start_worker_watch(url, data, options.queue, broker_wait_s)
             done_before = len(store.completed_run_ids(spec.name) & {t.run_id for t in prepared.tasks})
-            with ModelBars(console, enabled=progress) as bars:
-                summary = run_campaign_celery(
-                    prepared,
-                    store,
-                    url,
-                    on_progress=bars.update,
-                    options=CeleryOptions(analyze_on_complete=analyze),
-                    on_analysis=lambda job: console.print(f"analysis enqueued; outputs will land in {job.out_dir}"),
-                )
+            try:
+                with ModelBars(console, enabled=progress) as bars:
+                    summary = run_campaign_celery(
+                        prepared,
+                        store,
+                        url,
+                        on_progress=bars.update,
+                        options=options,
+                        on_analysis=lambda job: console.print(f"analysis enqueued; outputs will land in {job.out_dir}"),
+                    )
+            finally:
+                watch.stop()
             skipped = done_before
         else:
             secrets = resolve_secrets(spec)
@@ -127,6 +138,21 @@ def run(
     )
     if summary.interrupted:
         raise typer.Exit(code=130)
+
+
+def _start_worker_watch(url: str, data: Path, queue: str, wait_s: float):  # noqa: ANN202
+    """Redis reachable, no worker on another store, then a watch that warns on stderr when no
+    worker consumes ``queue`` (after ``IRBENCH_NO_WORKER_WARN_S``, default 10 s)."""
+    from orchestrator.worker_checks import WorkerWatch, celery_preflight
+
+    client, store_id = celery_preflight(url, data, queue, wait_s=wait_s, stream=sys.stderr)
+    warn_after_s = float(os.environ.get("IRBENCH_NO_WORKER_WARN_S", "10"))
+    return WorkerWatch(client, url, data, store_id, queue, warn=_warn, warn_after_s=warn_after_s).start()
+
+
+def _warn(text: str) -> None:
+    sys.stderr.write(f"warning: {text}\n")
+    sys.stderr.flush()
 
 
 def _report_corpus(prepared) -> None:  # noqa: ANN001
@@ -147,6 +173,7 @@ def status(
     data: DataOpt = Path("data"),
     broker: BrokerOpt = None,
     max_planned_runs: MaxRunsOpt = DEFAULT_MAX_PLANNED_RUNS,
+    broker_wait_s: BrokerWaitOpt = 10.0,
 ) -> None:
     """Show planned vs stored runs per model and outcome (plus live Redis state with --broker).
 
@@ -165,7 +192,9 @@ def status(
         live = None
         if broker:
             from orchestrator.celery_executor import campaign_status_celery
+            from orchestrator.worker_checks import wait_with_countdown
 
+            wait_with_countdown(broker, broker_wait_s, sys.stderr)
             live = campaign_status_celery(prepared, RunStore(data), broker)
     except IrbenchError as exc:
         _fail(exc)
