@@ -174,6 +174,9 @@ def status(
     broker: BrokerOpt = None,
     max_planned_runs: MaxRunsOpt = DEFAULT_MAX_PLANNED_RUNS,
     broker_wait_s: BrokerWaitOpt = 10.0,
+    skip_corrupt: Annotated[
+        bool, typer.Option("--skip-corrupt", help="Count without unreadable Parquet files (named on stderr).")
+    ] = False,
 ) -> None:
     """Show planned vs stored runs per model and outcome (plus live Redis state with --broker).
 
@@ -188,7 +191,7 @@ def status(
     _setup_logging(None, False)
     try:
         prepared = prepare(load_campaign(campaign), max_planned_runs=max_planned_runs, source=campaign.name)
-        st = campaign_status(prepared, RunStore(data))
+        st = campaign_status(prepared, RunStore(data), skip_corrupt=skip_corrupt)
         live = None
         if broker:
             from orchestrator.celery_executor import campaign_status_celery
@@ -199,6 +202,8 @@ def status(
     except IrbenchError as exc:
         _fail(exc)
         return
+    for path in st.skipped_files:
+        _warn(f"skipped unreadable file {path}")
     table = Table(title=f"campaign {prepared.spec.name}: {st.stored}/{st.planned} runs stored")
     for col in ("model", "planned", "stored", "outcomes"):
         table.add_column(col)
@@ -250,11 +255,14 @@ def cancel(
     """
     from orchestrator.celery_executor import cancel_campaign
     from orchestrator.spec import load_campaign
+    from orchestrator.worker_checks import wait_with_countdown
 
     _setup_logging(None, False)
     try:
         spec = load_campaign(campaign)
-        cancel_campaign(spec.name, _broker_url(broker, spec.executor.broker), reason=reason)
+        url = _broker_url(broker, spec.executor.broker)
+        wait_with_countdown(url, float(os.environ.get("IRBENCH_BROKER_WAIT_S", "10")), sys.stderr)
+        cancel_campaign(spec.name, url, reason=reason)
     except IrbenchError as exc:
         _fail(exc)
         return

@@ -282,7 +282,8 @@ class CampaignSpec(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _panel_default(cls, data: Any) -> Any:
-        if isinstance(data, dict) and not data.get("panel") and isinstance(data.get("name"), str):
+        # an invalid name is reported once, under `name`, not again under the panel it would fill
+        if isinstance(data, dict) and not data.get("panel") and isinstance(data.get("name"), str) and SLUG_RE.match(data["name"]):
             data = {**data, "panel": data["name"]}
         return data
 
