@@ -24,9 +24,19 @@ Layout of the file (unknown keys anywhere are errors, so typos never pass silent
     endpoint = "sim"
     [models.sim-mild]             # one table per model; the key is the model id sent to
     requests_per_minute = 600     # the provider unless `name = "..."` overrides it
-    [retry]                       # fields of workers.runtask.RetryPolicy
+    max_response_bytes = 8388608  # bounds on one answer (workers.runtask.ResponseLimits):
+    max_json_depth = 64           #   body size, JSON nesting, answer size read by the IR
+    max_answer_chars = 1048576    #   extraction, IR nodes validated; any model field can
+    max_ir_nodes = 2000           #   also go in [defaults]
+    [retry]                       # fields of workers.runtask.RetryPolicy, e.g.
+    max_retry_after_s = 120       #   longest Retry-After honoured; longer ends the run
+    run_deadline_s = 3600         #   no retry wait may end past this (per run)
     [executor]
     kind = "local"                # or "celery"
+
+Model ids (``name``, default the table key) may hold letters, digits and ``. _ : / @ + -`` only
+(no whitespace, control characters or ``..`` segments); ``base_url`` must be http(s) with a
+host, a port in 1-65535 and no credentials.
 
 Models are declared as ``[models.<id>]`` tables (not ``[[models]]`` arrays) so every error
 names the model in its field path. TOML has no null: write ``"none"`` for an optional number
