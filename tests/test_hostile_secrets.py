@@ -1,7 +1,8 @@
 """An endpoint that echoes the API key back (inside a 200 answer and in a 500 body): the key
 reaches the endpoint, and nothing we write holds it — Parquet bytes and decoded columns, JSON
 logs, stdout/stderr, and (distributed) everything Redis ever saw (its append-only file), on both
-executors and both wire formats."""
+executors and both wire formats. The same campaign carries the answers that used to kill a run
+(200k ``[`` in the body, 100k-deep answer): classified and stored on both executors too."""
 
 from __future__ import annotations
 
@@ -48,6 +49,10 @@ endpoint = "oa"
 endpoint = "ol"
 [models.echo-key-error]
 endpoint = "oa"
+[models.deep-body]
+endpoint = "oa"
+[models.deep-answer--ollama]
+endpoint = "ol"
 [retry]
 max_attempts = 2
 backoff_base_s = 0.01
@@ -70,6 +75,10 @@ def _check_store(data: Path, expect_runs: int) -> None:
     outcomes = {r["model"]: r["outcome"] for r in rows}
     assert outcomes["echo-key"] == outcomes["echo-key--ollama"] == "ok"
     assert outcomes["echo-key-error"] == "server_error"
+    # the answers that used to kill a run (RecursionError) are classified and stored, every one
+    assert {r["outcome"] for r in rows if r["model"] == "deep-body"} == {"protocol_error"}
+    deep = [r for r in rows if r["model"] == "deep-answer--ollama"]
+    assert len(deep) == 4 and {(r["outcome"], r["parse_outcome"]) for r in deep} == {("ok", "invalid_json")}
     answers = [r["response_text"] for r in rows if r["model"].startswith("echo-key--") or r["model"] == "echo-key"]
     assert len(answers) == 8
     assert answers and all(SECRET_MARKER in a for a in answers)  # the echo was there, and masked
@@ -97,8 +106,8 @@ def test_echoed_key_never_stored_local(server, tmp_path: Path) -> None:  # type:
     )
     assert proc.returncode == 0, proc.stderr
     assert all(r["headers"].get("authorization") == f"Bearer {KEY}" for r in server.received)
-    assert len(server.received) == 4 + 4 + 4 * 2  # 2 prompts x 2 runs per model; the 500s twice
-    _check_store(data, 12)
+    assert len(server.received) == 4 + 4 + 4 * 2 + 4 + 4  # 2 prompts x 2 runs per model; the 500s twice
+    _check_store(data, 20)
     assert log.read_text().strip()
     _no_key(_haystacks(data) + [log.read_text(), proc.stdout, proc.stderr])
 
@@ -129,7 +138,7 @@ def test_echoed_key_never_stored_distributed(server, tmp_path: Path) -> None:  #
         worker_logs = workers.logs()
         aof = [f.read_bytes().decode("latin-1") for f in srv.data_dir.rglob("*") if f.is_file()]
     assert len(live) > 3 and any("echo" in h for h in live)  # Redis did hold the campaign's state
-    assert len(server.received) == 16
-    _check_store(data, 12)
+    assert len(server.received) == 24
+    _check_store(data, 20)
     assert "run_finished" in worker_logs
     _no_key(_haystacks(data) + live + aof + [worker_logs, log.read_text(), proc.stdout, proc.stderr])
