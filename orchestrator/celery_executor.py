@@ -41,15 +41,15 @@ from storage.availability import AvailabilityRecord, AvailabilityStore
 from storage.records import Outcome
 from storage.runs import RunStore
 from storage.spool import recover_orphans
-from workers.campaign_state import FAILED_FIELD, CampaignState
-from workers.celery_app import DEFAULT_QUEUE, make_celery_app
+from workers.celery.campaign_state import FAILED_FIELD, CampaignState
+from workers.celery.app import DEFAULT_QUEUE, make_celery_app
 from workers.clock import SystemClock
 from workers.execute import RunContext, execute_run
 from workers.gate import MemoryGate
 from workers.limits.memory import MemoryLimiter
 from workers.runtask import RunTask
-from workers.tasks import RUN_TASK_NAME
-from workers.worker_runtime import sync_redis
+from workers.celery.tasks import RUN_TASK_NAME
+from workers.celery.runtime import sync_redis
 
 log = structlog.get_logger("irbench.celery")
 T = TypeVar("T")

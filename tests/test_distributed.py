@@ -427,7 +427,7 @@ def test_cancel_records_every_remaining_run(live: Cluster, tmp_path: Path) -> No
 
 # ----- `irbench worker` entry point -----------------------------------------------------------------
 
-WORKER_MAIN = "import sys; from workers.celery_app import start_worker; " \
+WORKER_MAIN = "import sys; from workers.celery.app import start_worker; " \
     "start_worker(sys.argv[1], concurrency=2, queues=('irbench-sw',), data_dir=sys.argv[2], hostname='sw@%h')"
 
 

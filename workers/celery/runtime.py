@@ -42,10 +42,10 @@ from storage.spool import RunSpool, SpoolConfig, recover_orphans
 from workers.errors import IrbenchError
 from workers.limits.base import Permit
 from workers.limits.memory import CONCURRENCY, LimiterError, LimiterUnavailable, WaitBudgetExceeded
-from workers.limits.redis_limiter import RedisLimiter
+from workers.celery.redis_limiter import RedisLimiter
 from workers.providers.base import Provider
 from workers.providers.registry import make_http_client, make_provider
-from workers.redis_gate import RedisGate
+from workers.celery.gate import RedisGate
 from workers.runtask import ModelLimits, RunTask
 
 log = structlog.get_logger("irbench.worker")

@@ -25,11 +25,11 @@ from celery import Celery
 from redis.exceptions import RedisError
 
 from storage.records import Outcome
-from workers.campaign_state import BUSY, DONE, CampaignState
+from workers.celery.campaign_state import BUSY, DONE, CampaignState
 from workers.execute import RunContext, execute_run
-from workers.redis_gate import RedisGate
+from workers.celery.gate import RedisGate
 from workers.runtask import RunTask
-from workers.worker_runtime import Deferred, DeferringLimiter, RuntimeHolder, WorkerRuntime
+from workers.celery.runtime import Deferred, DeferringLimiter, RuntimeHolder, WorkerRuntime
 
 RUN_TASK_NAME = "irbench.run"
 log = structlog.get_logger("irbench.task")
