@@ -53,7 +53,7 @@ WORKER_ENV = {
     "IRBENCH_REDIS_RETRY_S": "30",
     "IRBENCH_LIMIT_PERIOD_S": str(LIMIT_PERIOD_S),
 }
-FAST = CeleryOptions(reconcile_after_s=4.0, store_scan_s=0.5)
+FAST = CeleryOptions(claim_ttl_s=3.0, reconcile_interval_s=1.0)
 
 
 @dataclass
@@ -267,7 +267,7 @@ ORCH = textwrap.dedent(
     from storage.runs import RunStore
     prepared = prepare(load_campaign(Path(sys.argv[1])))
     run_campaign_celery(prepared, RunStore(Path(sys.argv[2])), sys.argv[3],
-                        options=CeleryOptions(max_outstanding=4, dispatch_batch=2, reconcile_after_s=3, store_scan_s=0.2))
+                        options=CeleryOptions(max_outstanding=4, dispatch_batch=2, claim_ttl_s=3.0, reconcile_interval_s=1.0))
     """
 )
 
@@ -290,7 +290,7 @@ def test_orchestrator_killed_mid_dispatch_then_resumed(live: Cluster, tmp_path: 
             proc.wait(10)
         at_kill = stored_count(store, "t4")
         summary = run_campaign_celery(prepared, store, live.url,
-                                      options=CeleryOptions(reconcile_after_s=3, store_scan_s=0.3), timeout_s=60)
+                                      options=CeleryOptions(claim_ttl_s=3.0, reconcile_interval_s=1.0), timeout_s=60)
         st = stats(s.base_url)
     assert at_kill < len(prepared.tasks)
     assert not summary.interrupted and 0 < summary.executed <= len(prepared.tasks) - at_kill + 12
@@ -412,8 +412,8 @@ def test_cancel_records_every_remaining_run(live: Cluster, tmp_path: Path) -> No
         prepared = prepare(load_campaign(make_campaign(tmp_path, "t8", s.base_url, {"t8-a": {"max_concurrency": 2}},
                                                        prompts=4, runs=10)))
         store = RunStore(tmp_path / "data")
-        bg = Background(prepared, store, live.url, options=CeleryOptions(max_outstanding=6, reconcile_after_s=4,
-                                                                         store_scan_s=0.3), timeout_s=60)
+        bg = Background(prepared, store, live.url, timeout_s=60,
+                        options=CeleryOptions(max_outstanding=6, claim_ttl_s=3.0, reconcile_interval_s=1.0))
         wait_for(lambda: stored_count(store, "t8") >= 4, 30, "4 stored runs")
         cancel_campaign("t8", live.url, reason="cancelled by test")
         summary = bg.join(70)
@@ -445,7 +445,7 @@ def test_start_worker_entry_point_on_its_own_queue(live: Cluster, tmp_path: Path
             prepared = prepare(load_campaign(make_campaign(tmp_path, "t9", s.base_url, {"t9-a": {}}, prompts=2, runs=3)))
             store = RunStore(data)
             summary = run_campaign_celery(prepared, store, live.url, timeout_s=60,
-                                          options=CeleryOptions(queue="irbench-sw", reconcile_after_s=4, store_scan_s=0.3))
+                                          options=CeleryOptions(queue="irbench-sw", claim_ttl_s=3.0, reconcile_interval_s=1.0))
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
