@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from workers.celery.app import DEFAULT_QUEUE
+from workers.celery import DEFAULT_QUEUE
 from workers.errors import ConfigError
 
 #: field -> environment variable. Workers read the same names for their side of a knob
