@@ -117,7 +117,7 @@ class DistributedCampaign:
     on_progress: CeleryProgressCallback | None = None
 
     def __post_init__(self) -> None:
-        b, o = self.bundle, self.options
+        b = self.bundle
         self.campaign = self.prepared.spec.name
         self.state = CampaignState(b.redis, self.campaign)
         self.cursor = StoreCursor(b.store, self.campaign)
@@ -137,7 +137,6 @@ class DistributedCampaign:
         self.remaining = {rid: t for rid, t in self.by_id.items() if rid not in self.stored_at_start}
         self.unverified: set[str] = set()  # done per Redis, not yet seen in the store
         self.to_send: list[RunTask] = []
-        self._retry_budget = o.redis_backoff_max_s
 
     # ------------------------------------------------------------------ helpers
     def _redis(self, fn, what: str):  # noqa: ANN001, ANN202 - a thin wrapper

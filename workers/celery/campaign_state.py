@@ -271,17 +271,22 @@ class CampaignState:
         n, text = pipe.execute()
         return (int(n) if n is not None else 0), (None if text is None else _s(text))
 
-    def known(self, run_ids: Iterable[str]) -> set[str]:
-        """Of ``run_ids``, those Redis knows (queued, running, delayed or done; pipelined)."""
+    def known(self, run_ids: Iterable[str], chunk: int = 5000) -> set[str]:
+        """Of ``run_ids``, those Redis knows (queued, running, delayed or done; pipelined in
+        chunks of ``chunk`` runs)."""
         ids = list(run_ids)
-        pipe = self.client.pipeline(transaction=False)
-        for r in ids:
-            pipe.zscore(self.key("queued"), r)
-            pipe.hexists(self.key("running"), r)
-            pipe.zscore(self.key("delayed"), r)
-            pipe.exists(self.key(f"done:{r}"))
-        res = pipe.execute()
-        return {r for i, r in enumerate(ids) if any(res[4 * i : 4 * i + 4])}
+        out: set[str] = set()
+        for start in range(0, len(ids), chunk):
+            part = ids[start : start + chunk]
+            pipe = self.client.pipeline(transaction=False)
+            for r in part:
+                pipe.zscore(self.key("queued"), r)
+                pipe.hexists(self.key("running"), r)
+                pipe.zscore(self.key("delayed"), r)
+                pipe.exists(self.key(f"done:{r}"))
+            res = pipe.execute()
+            out |= {r for i, r in enumerate(part) if any(res[4 * i : 4 * i + 4])}
+        return out
 
     def outstanding(self) -> int:
         """Published or executing, unfinished runs (what the broker and workers hold)."""
