@@ -219,7 +219,7 @@ def status(
             from orchestrator.worker_checks import wait_with_countdown
 
             wait_with_countdown(broker, broker_wait_s, sys.stderr)
-            live = campaign_status_celery(prepared, RunStore(data), broker)
+            live = campaign_status_celery(prepared, RunStore(data), broker, skip_corrupt=skip_corrupt)
     except IrbenchError as exc:
         _fail(exc)
         return
