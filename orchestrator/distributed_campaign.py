@@ -24,7 +24,6 @@ Side effects go through an injected :class:`Bundle` (clock, Redis, broker, store
 
 from __future__ import annotations
 
-import datetime as dt
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from orchestrator.campaign import PreparedCampaign
 from orchestrator.celery_options import CeleryOptions
 from orchestrator.local import ExecutionSummary, ModelProgress
 from orchestrator.store_cursor import StoreCursor
+from storage.clock import utc_now
 from storage.records import RunRecord
 from storage.runs import RunStore
 from storage.spool import recover_orphans
@@ -129,7 +129,7 @@ class DistributedCampaign:
         self._clocks = _Clocks()
         self._done_cursor = 0
         self._redis_run_id: str | None = None
-        self._today = dt.datetime.now(dt.timezone.utc).date()
+        self._today = utc_now().date()
         self.deadline: float | None = None
         self.resent = Counter[str]()  # why runs were published again: lost, claim_expired, ...
         self.poisoned: list[str] = []

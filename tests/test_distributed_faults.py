@@ -22,8 +22,8 @@ from orchestrator.celery_options import CeleryOptions
 from orchestrator.spec import load_campaign
 from simulator.config import SimModel
 from storage.runs import RunStore
-from tests.support.celery_workers import CeleryWorkers
-from tests.support.redis_server import RedisServer
+from deploy.celery_workers import CeleryWorkers
+from deploy.redis_server import RedisServer
 from tests.test_distributed import (
     REPO,
     WORKER_ENV,
@@ -154,7 +154,7 @@ def test_retry_failed_adds_a_newer_execution(up: Cluster, tmp_path: Path) -> Non
     from simulator.config import SimConfig
     from simulator.server import start_background
     from storage.records import Outcome
-    from tests.support.redis_server import free_port
+    from deploy.local_cluster import free_port
 
     port = free_port()
     path = make_campaign(tmp_path, "f4", f"http://127.0.0.1:{port}/v1", {"f4-a": {}}, prompts=3, runs=2,
