@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
-from tests.support.redis_server import RedisServer
+from deploy.redis_server import RedisServer
 from workers.celery.redis_limiter import RedisLimiter
 from workers.limits import Lease, LimiterUnavailable, ModelDisabled
 from workers.runtask import ModelLimits
@@ -390,7 +390,7 @@ def test_release_on_another_instance_wakes_waiters(redis_srv: RedisServer) -> No
             await other.release(d.permit, 5)  # frees the slot and refunds 95 tokens
             p = await waiter
             assert time.monotonic() - t0 < 10, "the release message must wake the waiter (else ~30 s)"
-            assert p.waited_ms > 90
+            assert p.waited_ms > 0  # measured on Redis's clock from its first denial
         finally:
             for x in (other, lim):
                 await x.aclose()
