@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from orchestrator.analysis_progress import StageProgress
+from orchestrator.user_errors import fail
 from storage.errors import IrbenchError
 
 _EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -28,8 +29,7 @@ def _console() -> Console:
 
 
 def _fail(exc: Exception) -> None:
-    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(str(exc))}")
-    raise typer.Exit(code=2)
+    fail(exc)
 
 
 def _fmt(x, digits: int = 3) -> str:
