@@ -1,7 +1,11 @@
-"""The in-process executor: asyncio, one shared httpx client, per-model worker pools.
+"""The in-process executor: asyncio, per-model worker pools, one HTTP connection per worker.
 
 Each model gets its own pool of ``max_concurrency`` coroutines pulling from its own queue, so a
-model waiting on its rate limit never holds up another model. Finished records go to a single
+model waiting on its rate limit never holds up another model. Each coroutine ("lane") owns an
+httpx client with a one-connection pool that it reuses for all its calls: httpcore scans every
+pooled connection on each request (``has_expired`` polls each idle socket), so one shared pool
+of 64 connections cost more CPU per call at 64 coroutines than the call itself and throughput
+fell as concurrency rose (bench/README.md). Finished records go to a single
 writer that flushes a batch every ``flush_interval_s`` (or ``flush_max_records``): a crash loses
 at most the unflushed batch, and those runs simply execute again on the next ``irbench run``.
 """
@@ -25,7 +29,7 @@ from workers.gate import MemoryGate, ModelGate
 from workers.limits.base import Limiter
 from workers.limits.memory import MemoryLimiter
 from workers.providers.base import Provider
-from workers.providers.registry import make_http_client, make_provider
+from workers.providers.registry import make_http_client, make_provider, make_tls_context
 from workers.runtask import RunTask
 
 log = structlog.get_logger("irbench.local")
@@ -33,13 +37,18 @@ log = structlog.get_logger("irbench.local")
 
 @dataclass(frozen=True)
 class LocalOptions:
-    """``max_in_flight`` caps concurrent calls over all models (None = sum of model caps)."""
+    """``max_in_flight`` caps concurrent calls over all models (None = sum of model caps).
+
+    ``connections_per_worker``: the pool size of each worker coroutine's own client (it makes
+    one call at a time, so 1 keeps a single keep-alive connection per coroutine). An injected
+    ``client`` is shared by every coroutine instead.
+    """
 
     max_in_flight: int | None = None
     default_model_concurrency: int = 4
     flush_interval_s: float = 0.25
     flush_max_records: int = 512
-    max_connections: int = 128
+    connections_per_worker: int = 1
 
 
 @dataclass
@@ -63,7 +72,11 @@ class ExecutionSummary:
 
 
 class _BatchWriter:
-    """Collects records and writes them to the store in batches from a background task."""
+    """Collects records and writes them to the store in batches from its own background task.
+
+    ``close`` lets a flush already in progress finish (cancelling it would leave its records
+    written but not counted), then flushes what is left.
+    """
 
     def __init__(self, store: RunStore, options: LocalOptions) -> None:
         self._store = store
@@ -71,7 +84,11 @@ class _BatchWriter:
         self._buffer: list[RunRecord] = []
         self._wake = asyncio.Event()
         self._closing = False
+        self._task: asyncio.Task[None] | None = None
         self.written = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
 
     def add(self, record: RunRecord) -> None:
         self._buffer.append(record)
@@ -85,16 +102,20 @@ class _BatchWriter:
         await asyncio.to_thread(self._store.write, batch)
         self.written += len(batch)
 
-    async def run(self) -> None:
+    async def _run(self) -> None:
         while not self._closing:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._options.flush_interval_s)
             self._wake.clear()
             await self._flush()
+        await self._flush()
 
     async def close(self) -> None:
+        """Stop after writing every record added so far; re-raises a failed write."""
         self._closing = True
         self._wake.set()
+        if self._task is not None:
+            await self._task
         await self._flush()
 
 
@@ -118,20 +139,23 @@ async def run_local(
     """
     limiter = limiter or MemoryLimiter()
     gate = gate or MemoryGate(tasks[0].retry.disable_after_consecutive if tasks else 3)
-    own_client = client is None
-    client = client or make_http_client(options.max_connections)
-    providers: dict[str, Provider] = {}
+    tls = make_tls_context() if client is None else None  # one CA bundle load for every lane
+    run_clock = clock or SystemClock()
 
-    def provider_for(task: RunTask) -> Provider:
-        key = task.endpoint.name
-        if key not in providers:
-            api_key = secrets.get(task.endpoint.api_key_env) if task.endpoint.api_key_env else None
-            providers[key] = make_provider(task.endpoint, client, api_key)
-        return providers[key]
+    def lane_context(lane_client: httpx.AsyncClient) -> RunContext:
+        """A RunContext whose providers all use ``lane_client``."""
+        providers: dict[str, Provider] = {}
 
-    ctx = RunContext(
-        provider_for=provider_for, limiter=limiter, gate=gate, clock=clock or SystemClock(), settings=settings
-    )
+        def provider_for(task: RunTask) -> Provider:
+            key = task.endpoint.name
+            if key not in providers:
+                api_key = secrets.get(task.endpoint.api_key_env) if task.endpoint.api_key_env else None
+                providers[key] = make_provider(task.endpoint, lane_client, api_key)
+            return providers[key]
+
+        return RunContext(provider_for=provider_for, limiter=limiter, gate=gate, clock=run_clock, settings=settings)
+
+    shared_ctx = lane_context(client) if client is not None else None
     queues: dict[str, asyncio.Queue[RunTask]] = defaultdict(asyncio.Queue)
     progress: dict[str, ModelProgress] = {}
     caps: dict[str, int] = {}
@@ -145,6 +169,13 @@ async def run_local(
     retired: list[RunRecord] = []
 
     async def worker(model: str) -> None:
+        if shared_ctx is not None:
+            await drain(model, shared_ctx)
+            return
+        async with make_http_client(options.connections_per_worker, tls=tls) as lane_client:
+            await drain(model, lane_context(lane_client))
+
+    async def drain(model: str, ctx: RunContext) -> None:
         queue, state = queues[model], progress[model]
         while True:
             try:
@@ -173,7 +204,7 @@ async def run_local(
             if on_progress:
                 on_progress(model, state)
 
-    writer_task = asyncio.create_task(writer.run())
+    writer.start()
     workers = []
     for model, queue in queues.items():
         workers += [asyncio.create_task(worker(model)) for _ in range(min(caps[model], queue.qsize()))]
@@ -187,11 +218,6 @@ async def run_local(
         await asyncio.gather(*workers, return_exceptions=True)
     finally:
         await writer.close()
-        writer_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await writer_task
-        if own_client:
-            await client.aclose()
     log.info("local_execution_finished", executed=writer.written, interrupted=interrupted)
     return ExecutionSummary(
         executed=writer.written,
