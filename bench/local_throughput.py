@@ -5,7 +5,9 @@ client side's own per-run cost. For each concurrency level, measured side by sid
 (each repeat alternates which goes first, the figure is the median over repeats):
 
 * ``irbench``: ``run_local`` (call, classify, IR extraction and validation, RunRecord, batched
-  Parquet writes with fsync) over ``--runs`` runs at that concurrency;
+  Parquet writes with fsync) over ``--runs`` runs at that concurrency, on the event loop
+  ``irbench run`` uses (``run_event_loop``: uvloop); ``asyncio`` is the same on asyncio's
+  default loop, to show what uvloop buys;
 * ``bare``: the reference. ``concurrency`` coroutines pull the same runs from one iterator; each
   coroutine owns one ``httpx.AsyncClient`` (one keep-alive connection, as the local executor's
   workers do) and, per run, POSTs the same JSON body irbench sends (built by the same
@@ -15,7 +17,7 @@ client side's own per-run cost. For each concurrency level, measured side by sid
   shared by every coroutine, the obvious way to write it. httpcore scans every pooled connection
   on each request, so this falls off at high concurrency; it is printed to show that cost.
 
-``ratio`` is irbench / the better of the two bare loops, per repeat, then the median. Also
+``ratio`` is irbench (uvloop) / the better of the two bare loops (asyncio), per repeat, then the median. Also
 printed: the client process's CPU per run (``process_time``, less noisy than wall time on a
 shared machine) and the load average before and after.
 
@@ -40,7 +42,7 @@ from typing import Any
 import httpx
 
 from orchestrator.instruction import load_instruction
-from orchestrator.local import LocalOptions, run_local
+from orchestrator.local import LocalOptions, run_event_loop, run_local
 from simulator.server import start_subprocess
 from storage.runs import RunStore
 from workers.providers.base import ChatRequest
@@ -124,10 +126,10 @@ async def bare_loop(url: str, bodies: list[dict[str, Any]], concurrency: int, *,
     return answers
 
 
-def timed(fn: Callable[[], Coroutine[Any, Any, int]], expected: int) -> tuple[float, float]:
-    """``(runs/s, client CPU ms per run)`` of one ``asyncio.run(fn())`` that must yield ``expected``."""
+def timed(fn: Callable[[], Coroutine[Any, Any, int]], expected: int, loop: Callable[[Any], int]) -> tuple[float, float]:
+    """``(runs/s, client CPU ms per run)`` of one ``loop(fn())`` that must yield ``expected``."""
     t0, c0 = time.perf_counter(), time.process_time()
-    done = asyncio.run(fn())
+    done = loop(fn())
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     if done != expected:
         raise SystemExit(f"only {done} of {expected} runs completed")
@@ -145,7 +147,7 @@ def main() -> None:
 
     configure_logging(level="WARNING")
     load_before = os.getloadavg()
-    kinds = ("irbench", "bare", "bare-shared")
+    kinds = ("irbench", "asyncio", "bare", "bare-shared")
     results: dict[tuple[str, int], list[tuple[float, float]]] = {(k, lv): [] for k in kinds for lv in levels}
     with tempfile.TemporaryDirectory(prefix="irbench-bench-") as tmp:
         cfg = Path(tmp) / "sim.toml"
@@ -161,23 +163,30 @@ def main() -> None:
                 for level in levels:
                     tasks = make_tasks(sim.base_url, args.runs, level, f"r{rep}c{level}")
                     bodies = request_bodies(tasks)
-                    store = RunStore(Path(tmp) / f"data-{rep}-{level}")
+                    stores = {k: RunStore(Path(tmp) / f"data-{k}-{rep}-{level}") for k in ("irbench", "asyncio")}
 
-                    async def irbench(tasks: list[RunTask] = tasks, store: RunStore = store) -> int:
+                    async def irbench(tasks: list[RunTask] = tasks, store: RunStore = stores["irbench"]) -> int:
+                        summary = await run_local(tasks, store, secrets={}, options=LocalOptions())
+                        return summary.executed
+
+                    async def irbench_asyncio(tasks: list[RunTask] = tasks, store: RunStore = stores["asyncio"]) -> int:
                         summary = await run_local(tasks, store, secrets={}, options=LocalOptions())
                         return summary.executed
 
                     runners = {
                         "irbench": irbench,
+                        "asyncio": irbench_asyncio,
                         "bare": lambda b=bodies, lv=level: bare_loop(url, b, lv, shared=False, tls=tls),
                         "bare-shared": lambda b=bodies, lv=level: bare_loop(url, b, lv, shared=True, tls=tls),
                     }
                     order = kinds if rep % 2 == 0 else tuple(reversed(kinds))
                     for kind in order:
-                        results[(kind, level)].append(timed(runners[kind], args.runs))
-                    stored = len(store.completed_run_ids())
-                    if stored != args.runs:
-                        raise SystemExit(f"irbench stored {stored} of {args.runs} runs")
+                        loop = run_event_loop if kind == "irbench" else asyncio.run
+                        results[(kind, level)].append(timed(runners[kind], args.runs, loop))
+                    for kind, store in stores.items():
+                        stored = len(store.completed_run_ids())
+                        if stored != args.runs:
+                            raise SystemExit(f"{kind}: stored {stored} of {args.runs} runs")
     load_after = os.getloadavg()
 
     def med(kind: str, level: int, i: int) -> float:
@@ -186,8 +195,8 @@ def main() -> None:
     print(f"{args.runs} runs per measurement, median of {args.repeats} paired repeats; "
           f"load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
           f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
-    print(f"{'concurrency':>11} {'irbench/s':>10} {'bare/s':>8} {'shared/s':>9} {'ratio':>6} "
-          f"{'cpu_ms irbench':>15} {'bare':>5} {'shared':>6}")
+    print(f"{'concurrency':>11} {'irbench/s':>10} {'asyncio/s':>10} {'bare/s':>8} {'shared/s':>9} {'ratio':>6} "
+          f"{'cpu_ms irbench':>15} {'asyncio':>8} {'bare':>5} {'shared':>6}")
     previous = 0.0
     monotone = True
     for level in levels:
@@ -198,9 +207,9 @@ def main() -> None:
         ir_rate = med("irbench", level, 0)
         monotone &= ir_rate >= previous
         previous = ir_rate
-        print(f"{level:>11} {ir_rate:>10.1f} {med('bare', level, 0):>8.1f} {med('bare-shared', level, 0):>9.1f} "
-              f"{statistics.median(ratios):>6.2f} {med('irbench', level, 1):>15.2f} {med('bare', level, 1):>5.2f} "
-              f"{med('bare-shared', level, 1):>6.2f}")
+        print(f"{level:>11} {ir_rate:>10.1f} {med('asyncio', level, 0):>10.1f} {med('bare', level, 0):>8.1f} "
+              f"{med('bare-shared', level, 0):>9.1f} {statistics.median(ratios):>6.2f} {med('irbench', level, 1):>15.2f} "
+              f"{med('asyncio', level, 1):>8.2f} {med('bare', level, 1):>5.2f} {med('bare-shared', level, 1):>6.2f}")
     print(f"irbench runs/s non-decreasing in concurrency: {'yes' if monotone else 'NO'}")
 
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import httpx
 import structlog
@@ -33,6 +34,19 @@ from workers.providers.registry import make_http_client, make_provider, make_tls
 from workers.runtask import RunTask
 
 log = structlog.get_logger("irbench.local")
+T = TypeVar("T")
+
+
+def run_event_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to completion on a fresh uvloop event loop (asyncio's own when uvloop is not
+    installed). uvloop's transports and scheduling cost about 0.1-0.3 ms less CPU per run than
+    asyncio's selector loop at zero latency (bench/README.md)."""
+    try:
+        import uvloop
+    except ImportError:  # e.g. Windows
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
 
 
 @dataclass(frozen=True)
