@@ -101,11 +101,8 @@ def extract_ir(
     if first is None:
         outcome = ParseOutcome.TRUNCATED if budget_exhausted else ParseOutcome.INVALID_JSON
         return IRExtraction(outcome, tuple(repairs), error=_clip(f"no JSON object in the answer ({len(raw_text)} chars)"))
-    status, cuts = "complete", []
-    found = _ir_object_at(text, first)  # the common case, without the bracket scan's cost
-    if found is None:
-        status, cuts = _scan(text, first)
-        found = _find_json(text, max_start_candidates, first, status)
+    status, cuts = _scan(text, first)
+    found = _find_json(text, max_start_candidates, first, status)
     if found is None:
         cleaned = _strip_trailing_commas(text)
         if cleaned != text:
@@ -186,16 +183,6 @@ def _find_json(text: str, limit: int, first: int, first_status: str) -> tuple[An
     if bare_list is not None and bare_list[1] > first and first_status == "unterminated":
         return None
     return bare_list
-
-
-def _ir_object_at(text: str, pos: int) -> tuple[Any, int, int] | None:
-    """``(value, start, end)`` when a JSON object with ``nodes`` decodes at ``pos``: what
-    ``_find_json`` returns first in that case, so the scan it needs otherwise can be skipped."""
-    try:
-        value, end = json.JSONDecoder().raw_decode(text, pos)
-    except json.JSONDecodeError:
-        return None
-    return (value, pos, end) if isinstance(value, dict) and "nodes" in value else None
 
 
 def _any_json(text: str, limit: int) -> Any | None:
