@@ -135,6 +135,7 @@ class Figures:
     duplicated: int
     calls: int
     attempts: int
+    failed_attempts: dict[str, int]
     analysis_s: float = float("nan")
     analysis_rss_mib: float = float("nan")
 
@@ -147,6 +148,9 @@ def account(label: str, prepared: PreparedCampaign, store: RunStore, seconds: fl
     stored_ids = set(table.column("run_id").to_pylist())
     planned_ids = {t.run_id for t in prepared.tasks}
     last_end = pc.max(table.column("finished_at")).as_py()
+    flat = pc.list_flatten(table.column("attempts"))
+    kinds = pc.value_counts(pc.struct_field(flat, "outcome")).to_pylist() if len(flat) else []
+    failed = {k["values"]: k["counts"] for k in kinds if k["values"] != "ok"}
     return Figures(
         label=label,
         planned=len(planned_ids),
@@ -158,6 +162,7 @@ def account(label: str, prepared: PreparedCampaign, store: RunStore, seconds: fl
         duplicated=table.num_rows - len(stored_ids),
         calls=calls,
         attempts=int(pc.sum(pc.list_value_length(table.column("attempts"))).as_py() or 0),
+        failed_attempts=failed,
     )
 
 
@@ -240,6 +245,7 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="give up on the distributed campaign")
     parser.add_argument("--replicates", type=int, default=2000, help="bootstrap replicates of the analysis")
     parser.add_argument("--no-analysis", action="store_true", help="skip irbench analyze")
+    parser.add_argument("--keep", type=Path, default=None, help="work in this directory and keep the stores")
     args = parser.parse_args()
     from workers.logs import configure_logging
 
@@ -248,7 +254,8 @@ def main() -> None:
     phases = {"local": run_local_phase, "celery": run_celery_phase}
     rows: list[Figures] = []
     with tempfile.TemporaryDirectory(prefix="irbench-scale-") as tmp, interrupt_as_keyboard():
-        tmp_path = Path(tmp)
+        tmp_path = Path(tmp) if args.keep is None else args.keep
+        tmp_path.mkdir(parents=True, exist_ok=True)
         for name in args.executors.split(","):
             figures = phases[name](args, tmp_path, models)
             if not args.no_analysis:
@@ -266,6 +273,9 @@ def main() -> None:
         print(f"{f.label:>12} {f.planned:>7} {f.seconds:>8.1f} {f.planned / f.seconds:>7.1f} {f.files:>6} "
               f"{100 * f.files / f.planned:>9.2f} {f.bytes_on_disk / f.planned:>6.0f} {f.lag_s:>6.2f} {f.lost:>5} "
               f"{f.duplicated:>5} {f.calls:>7} {f.attempts:>8} {f.analysis_s:>9.1f} {f.analysis_rss_mib:>7.0f}")
+    for f in rows:
+        if f.failed_attempts:
+            print(f"{f.label}: attempts that did not succeed, by outcome: {f.failed_attempts}")
 
 
 if __name__ == "__main__":
