@@ -1,11 +1,11 @@
-"""The in-process executor: asyncio, per-model worker pools, one HTTP connection per worker.
+"""The in-process executor: asyncio, per-model worker pools, one HTTP connection per call in flight.
 
 Each model gets its own pool of ``max_concurrency`` coroutines pulling from its own queue, so a
-model waiting on its rate limit never holds up another model. Each coroutine ("lane") owns an
-httpx client with a one-connection pool that it reuses for all its calls: httpcore scans every
-pooled connection on each request (``has_expired`` polls each idle socket), so one shared pool
-of 64 connections cost more CPU per call at 64 coroutines than the call itself and throughput
-fell as concurrency rose (bench/README.md). Finished records go to a single
+model waiting on its rate limit never holds up another model. Each endpoint's calls go through a
+``PooledProvider``: a call borrows an idle single-connection client of that endpoint (or makes
+one), so httpcore's per-request walk over its pool is one connection long (a shared pool of 64
+cost more CPU per call at 64 coroutines than the call itself, bench/README.md) and an endpoint
+sees no more connections than its peak of concurrent calls. Finished records go to a single
 writer that flushes a batch every ``flush_interval_s`` (or ``flush_max_records``): a crash loses
 at most the unflushed batch, and those runs simply execute again on the next ``irbench run``.
 """
@@ -30,7 +30,8 @@ from workers.gate import MemoryGate, ModelGate
 from workers.limits.base import Limiter
 from workers.limits.memory import MemoryLimiter
 from workers.providers.base import Provider
-from workers.providers.registry import make_http_client, make_provider, make_tls_context
+from workers.providers.pooled import PooledProvider
+from workers.providers.registry import make_provider, make_tls_context
 from workers.runtask import RunTask
 
 log = structlog.get_logger("irbench.local")
@@ -53,16 +54,16 @@ def run_event_loop(coro: Coroutine[Any, Any, T]) -> T:
 class LocalOptions:
     """``max_in_flight`` caps concurrent calls over all models (None = sum of model caps).
 
-    ``connections_per_worker``: the pool size of each worker coroutine's own client (it makes
-    one call at a time, so 1 keeps a single keep-alive connection per coroutine). An injected
-    ``client`` is shared by every coroutine instead.
+    ``connections_per_client``: the pool size of each pooled client (one call at a time each,
+    so 1 keeps one keep-alive connection per client). An injected ``client`` is shared by every
+    call instead.
     """
 
     max_in_flight: int | None = None
     default_model_concurrency: int = 4
     flush_interval_s: float = 0.25
     flush_max_records: int = 512
-    connections_per_worker: int = 1
+    connections_per_client: int = 1
 
 
 @dataclass
@@ -153,23 +154,30 @@ async def run_local(
     """
     limiter = limiter or MemoryLimiter()
     gate = gate or MemoryGate(tasks[0].retry.disable_after_consecutive if tasks else 3)
-    tls = make_tls_context() if client is None else None  # one CA bundle load for every lane
-    run_clock = clock or SystemClock()
+    tls = make_tls_context() if client is None else None  # one CA bundle load for every client
+    providers: dict[str, Provider] = {}
+    pooled: list[PooledProvider] = []
 
-    def lane_context(lane_client: httpx.AsyncClient) -> RunContext:
-        """A RunContext whose providers all use ``lane_client``."""
-        providers: dict[str, Provider] = {}
+    def provider_for(task: RunTask) -> Provider:
+        key = task.endpoint.name
+        if key not in providers:
+            api_key = secrets.get(task.endpoint.api_key_env) if task.endpoint.api_key_env else None
+            if client is not None:
+                providers[key] = make_provider(task.endpoint, client, api_key)
+            else:
+                assert tls is not None
+                endpoint = task.endpoint
+                pool = PooledProvider(
+                    lambda c: make_provider(endpoint, c, api_key), tls=tls,
+                    connections_per_client=options.connections_per_client, wire_format=endpoint.wire_format,
+                )
+                pooled.append(pool)
+                providers[key] = pool
+        return providers[key]
 
-        def provider_for(task: RunTask) -> Provider:
-            key = task.endpoint.name
-            if key not in providers:
-                api_key = secrets.get(task.endpoint.api_key_env) if task.endpoint.api_key_env else None
-                providers[key] = make_provider(task.endpoint, lane_client, api_key)
-            return providers[key]
-
-        return RunContext(provider_for=provider_for, limiter=limiter, gate=gate, clock=run_clock, settings=settings)
-
-    shared_ctx = lane_context(client) if client is not None else None
+    ctx = RunContext(
+        provider_for=provider_for, limiter=limiter, gate=gate, clock=clock or SystemClock(), settings=settings
+    )
     queues: dict[str, asyncio.Queue[RunTask]] = defaultdict(asyncio.Queue)
     progress: dict[str, ModelProgress] = {}
     caps: dict[str, int] = {}
@@ -183,13 +191,6 @@ async def run_local(
     retired: list[RunRecord] = []
 
     async def worker(model: str) -> None:
-        if shared_ctx is not None:
-            await drain(model, shared_ctx)
-            return
-        async with make_http_client(options.connections_per_worker, tls=tls) as lane_client:
-            await drain(model, lane_context(lane_client))
-
-    async def drain(model: str, ctx: RunContext) -> None:
         queue, state = queues[model], progress[model]
         while True:
             try:
@@ -232,6 +233,8 @@ async def run_local(
         await asyncio.gather(*workers, return_exceptions=True)
     finally:
         await writer.close()
+        for pool in pooled:
+            await pool.aclose()
     log.info("local_execution_finished", executed=writer.written, interrupted=interrupted)
     return ExecutionSummary(
         executed=writer.written,

@@ -1,4 +1,4 @@
-"""The local executor's connection use and batch writer, over real loopback HTTP.
+"""The local executor's connection use (``PooledProvider``) and batch writer, over real loopback HTTP.
 
 A minimal HTTP/1.1 keep-alive server (asyncio streams, same event loop) answers every chat
 request with one fixed OpenAI-format completion and counts the TCP connections it accepted and
@@ -13,13 +13,17 @@ import json
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.local import ExecutionSummary, LocalOptions, run_local
 from storage.records import RunRecord
 from storage.runs import RunStore
-from workers.runtask import EndpointRef, ModelLimits, RetryPolicy, RunTask
+from workers.providers.base import ChatRequest
+from workers.providers.openai_compat import OpenAIProvider
+from workers.providers.pooled import PooledProvider
+from workers.providers.registry import make_tls_context
+from workers.runtask import EndpointRef, ModelLimits, RetryPolicy, RunTask, TimeoutPolicy
 
 _IR = {"version": 1, "nodes": [{"id": "RULE:A", "kind": "rule", "label": "a", "meta": {"priority": 1}}]}
 _BODY = json.dumps({
@@ -34,14 +38,11 @@ _LENGTH = re.compile(rb"^content-length:\s*(\d+)", re.I | re.M)
 class _Counts:
     connections: int = 0
     requests: int = 0
-    models_by_connection: list[set[str]] = field(default_factory=list)
 
 
 async def _serve(counts: _Counts, delay_s: float) -> asyncio.Server:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         counts.connections += 1
-        models: set[str] = set()
-        counts.models_by_connection.append(models)
         try:
             while True:
                 try:
@@ -49,8 +50,7 @@ async def _serve(counts: _Counts, delay_s: float) -> asyncio.Server:
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
                 match = _LENGTH.search(head)
-                body = await reader.readexactly(int(match.group(1)) if match else 0)
-                models.add(json.loads(body)["model"])
+                await reader.readexactly(int(match.group(1)) if match else 0)
                 counts.requests += 1
                 if delay_s:
                     await asyncio.sleep(delay_s)
@@ -95,20 +95,49 @@ def _run(
     return asyncio.run(main()), counts
 
 
-def test_each_worker_keeps_one_connection_for_all_its_calls(tmp_path: Path) -> None:
-    store = RunStore(tmp_path / "data", fsync=False)
-
+def test_connections_follow_the_calls_in_flight_and_are_reused(tmp_path: Path) -> None:
     def tasks(url: str) -> list[RunTask]:
         return _tasks(url, 60, concurrency=4, model="a") + _tasks(url, 30, concurrency=2, model="b")
 
+    store = RunStore(tmp_path / "data", fsync=False)
     summary, counts = _run(tasks, store, LocalOptions())
     assert counts.requests == 90 == summary.executed
-    assert counts.connections == 4 + 2  # one keep-alive connection per worker coroutine, reused
-    # a worker serves one model, so each connection carried one model's calls (a shared pool
-    # hands a connection freed by one model's worker to the next request of either model)
-    assert all(len(models) == 1 for models in counts.models_by_connection)
     assert len(store.completed_run_ids()) == 90
     assert summary.by_model == {"a": {"ok": 60}, "b": {"ok": 30}}
+    # at most one connection per call in flight (4 + 2 coroutines), each kept alive and reused
+    assert 1 <= counts.connections <= 6
+
+    capped = RunStore(tmp_path / "capped", fsync=False)
+    summary, counts = _run(tasks, capped, LocalOptions(max_in_flight=2))
+    assert counts.requests == 90 == summary.executed
+    # six coroutines, but never more than 2 calls at once: never more than 2 connections
+    # (a client per coroutine would open 6)
+    assert 1 <= counts.connections <= 2
+
+
+def test_pooled_provider_makes_a_client_per_concurrent_call_and_reuses_them() -> None:
+    counts = _Counts()
+
+    async def main() -> tuple[int, int]:
+        server = await _serve(counts, 0.05)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        pool = PooledProvider(lambda c: OpenAIProvider(c, url, None), tls=make_tls_context())
+        request = ChatRequest(model="m", user_message="hello", timeouts=TimeoutPolicy(total_timeout_s=10.0))
+        try:
+            replies = await asyncio.gather(*[pool.complete(request) for _ in range(3)])
+            after_burst = pool.clients_made
+            for _ in range(5):  # one at a time: the same idle client every time
+                replies.append(await pool.complete(request))
+            assert all(r.answer_text for r in replies)
+            return after_burst, pool.clients_made
+        finally:
+            await pool.aclose()
+            server.close()
+            await server.wait_closed()
+
+    after_burst, total = asyncio.run(main())
+    assert after_burst == total == 3
+    assert counts.connections == 3 and counts.requests == 8
 
 
 class _SlowFirstWriteStore(RunStore):
