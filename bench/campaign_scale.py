@@ -41,6 +41,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,7 @@ import pyarrow.parquet as pq
 from _cluster import BenchCluster, interrupt_as_keyboard, write_campaign
 
 from orchestrator.campaign import PreparedCampaign, prepare, run_campaign_local
+from orchestrator.local import ExecutionSummary
 from orchestrator.spec import load_campaign
 from simulator.server import start_subprocess
 from storage.runs import RunStore
@@ -186,6 +188,17 @@ def analyze(data: Path, out: Path, replicates: int) -> tuple[float, float]:
     return wall, usage.ru_maxrss / 1024  # Linux: KiB
 
 
+def watched(store: RunStore, args: argparse.Namespace, n: int, execute: Callable[[], ExecutionSummary]
+            ) -> tuple[ExecutionSummary, float, dt.datetime]:
+    """``execute()`` under a StoreWatcher: (summary, seconds, UTC time it returned)."""
+    with StoreWatcher(store, args.sample_s, n):
+        t0 = time.perf_counter()
+        summary = execute()
+        seconds = time.perf_counter() - t0
+        returned = dt.datetime.now(dt.timezone.utc)
+    return summary, seconds, returned
+
+
 def run_local_phase(args: argparse.Namespace, tmp: Path, models: list[str]) -> Figures:
     (tmp / "sim-local.toml").write_text(sim_toml(models))
     with start_subprocess(tmp / "sim-local.toml") as sim:
@@ -194,11 +207,7 @@ def run_local_phase(args: argparse.Namespace, tmp: Path, models: list[str]) -> F
         store = RunStore(tmp / "data-local")
         n = len(prepared.tasks)
         print(f"\n== local executor: {n} runs, {args.local_concurrency} in flight; {load()}", flush=True)
-        with StoreWatcher(store, args.sample_s, n):
-            t0 = time.perf_counter()
-            _, summary = run_campaign_local(prepared, store, secrets={})
-            seconds = time.perf_counter() - t0
-            returned = dt.datetime.now(dt.timezone.utc)
+        summary, seconds, returned = watched(store, args, n, lambda: run_campaign_local(prepared, store, secrets={})[1])
         if summary.executed != n or summary.interrupted:
             raise SystemExit(f"local: {summary.executed}/{n} executed, interrupted={summary.interrupted}")
         figures = account("local", prepared, store, seconds, returned, sim_calls(sim.base_url))
@@ -218,12 +227,10 @@ def run_celery_phase(args: argparse.Namespace, tmp: Path, models: list[str]) -> 
         store = RunStore(tmp / "data-celery")
         n = len(prepared.tasks)
         print(f"\n== {label}: {n} runs; {load()}", flush=True)
-        with StoreWatcher(store, args.sample_s, n):
-            t0 = time.perf_counter()
-            summary = run_campaign_celery(prepared, store, c.url, options=CeleryOptions(analyze_on_complete=False),
-                                          timeout_s=args.timeout_s)
-            seconds = time.perf_counter() - t0
-            returned = dt.datetime.now(dt.timezone.utc)
+        opts = CeleryOptions(analyze_on_complete=False)
+        summary, seconds, returned = watched(
+            store, args, n, lambda: run_campaign_celery(prepared, store, c.url, options=opts, timeout_s=args.timeout_s)
+        )
         if summary.interrupted:
             print(f"{label}: interrupted after {seconds:.0f} s ({summary.executed}/{n} stored)", flush=True)
         figures = account(label, prepared, store, seconds, returned, sum(m["requests"] for m in c.sim_stats().values()))
