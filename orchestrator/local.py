@@ -40,8 +40,8 @@ T = TypeVar("T")
 
 def run_event_loop(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` to completion on a fresh uvloop event loop (asyncio's own when uvloop is not
-    installed). uvloop's transports and scheduling cost about 0.1-0.3 ms less CPU per run than
-    asyncio's selector loop at zero latency (bench/README.md)."""
+    installed). uvloop's transports and scheduling cost less CPU per call than asyncio's selector
+    loop (0.1-0.3 ms per run in one paired measurement; bench/README.md has the figures)."""
     try:
         import uvloop
     except ImportError:  # e.g. Windows
