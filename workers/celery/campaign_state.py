@@ -278,6 +278,16 @@ class CampaignState:
         """run_id -> dispatch time (Redis seconds) of every published, unclaimed run."""
         return {_s(m): float(s) for m, s in self.client.zrange(self.key("queued"), 0, -1, withscores=True)}
 
+    def next_due_in_s(self) -> float | None:
+        """Seconds until the earliest deferred run is due (<= 0: due now), None if none."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrange(self.key("delayed"), 0, 0, withscores=True)
+        pipe.time()
+        first, (sec, usec) = pipe.execute()
+        if not first:
+            return None
+        return float(first[0][1]) - (float(sec) + float(usec) / 1e6)
+
     def delayed_count(self) -> int:
         return int(self.client.zcard(self.key("delayed")))
 
