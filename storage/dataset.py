@@ -342,9 +342,8 @@ class ParquetDataset:
         by key; the surviving row is the one with the smallest ``order_col``, ties broken by
         file name, then row position — or, for a dataset of executions, the latest execution
         (see :class:`DatasetSpec`). ``dedupe="executions"``: one row per (key, execution),
-        i.e. every execution once, sorted by key. ``sort_by_key=False``: when no key
-        repeats, the rows come in file order without the sorted copy (the memory peak of a large
-        read).
+        i.e. every execution once, sorted by key. ``sort_by_key=False``: when no key repeats,
+        the rows come in file order without the sorted copy (the memory peak of a large read).
         """
         columns = list(columns) if columns is not None else list(self.spec.schema.names)
         unknown = [c for c in columns if c not in self.spec.schema.names]
@@ -390,8 +389,8 @@ class ParquetDataset:
         return [c for c in cols if c is not None]
 
     def _read_files(
-        self, files: list[Path], expr: ds.Expression | None, columns: list[str],
-        dedupe: bool | str, sort_by_key: bool = True,
+        self, files: list[Path], expr: ds.Expression | None, columns: list[str], dedupe: bool | str,
+        sort_by_key: bool = True,
     ) -> pa.Table:
         schema = self.spec.schema
         if not files:
@@ -422,24 +421,23 @@ class ParquetDataset:
         if dedupe == "executions":
             table = dedupe_copies(table, self.spec, FILENAME_COLUMN)
         elif dedupe:
-            table = self.pick(table, columns=columns, sort_by_key=sort_by_key)
+            return self.pick(table, columns=columns, sort_by_key=sort_by_key)
         return table.select(columns)
 
     def pick(
-        self, table: pa.Table, columns: Sequence[str] | None = None, sort_by_key: bool = True
+        self, table: pa.Table, *, columns: Sequence[str] | None = None, sort_by_key: bool = True
     ) -> pa.Table:
-        """One row per key by this dataset's rule (needs the key/order/execution columns).
-
-        ``columns`` projects the result; ``sort_by_key=False`` with no repeated key returns the
-        rows in file order without a sorted copy (the memory peak of a large read).
-        """
+        """One row per key by this dataset's rule (needs the key/order/execution columns);
+        ``columns``/``sort_by_key`` as in :func:`dedupe_table`."""
         spec = self.spec
         if spec.execution_col is None:
-            return dedupe_table(table, spec.key, spec.order_col, FILENAME_COLUMN,
-                                columns=columns, sort_by_key=sort_by_key)
-        if not sort_by_key and pc.count_distinct(table[spec.key]).as_py() == table.num_rows:
-            return table.select(list(columns)) if columns is not None else table
-        return pick_latest(table, spec, FILENAME_COLUMN)
+            return dedupe_table(table, spec.key, spec.order_col, FILENAME_COLUMN, columns=columns,
+                                sort_by_key=sort_by_key)
+        if table.num_rows == 0 or pc.count_distinct(table[spec.key]).as_py() == table.num_rows:
+            # one execution per key: nothing to pick (dedupe_table's no-copy fast paths)
+            return dedupe_table(table, spec.key, None, None, columns=columns, sort_by_key=sort_by_key)
+        out = pick_latest(table, spec, FILENAME_COLUMN)
+        return out.select(list(columns)) if columns is not None else out
 
     def _check_versions(self, table: pa.Table) -> None:
         vcol = self.spec.version_col
@@ -567,7 +565,6 @@ def dedupe_table(
     if n > 1:
         first[1:] = pc.not_equal(sorted_keys[1:], sorted_keys[:-1]).to_numpy(zero_copy_only=False)
     return out.take(pc.filter(order, pa.array(first)))
-
 
 
 def _finish_order(table: pa.Table, spec: DatasetSpec) -> pa.ChunkedArray | None:
