@@ -134,6 +134,7 @@ class ModelDefaults(_Strict):
     temperature: TemperatureOrNone = 0.0
     reasoning: bool | None = None
     structured_output: bool = False
+    stream: bool = False  # ask for a streamed answer: the record then has the time to first token
     options: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -15,7 +15,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: stream, first_token_ms, stream_duration_ms
 ERROR_TEXT_MAX_CHARS = 2000
 
 
@@ -92,6 +92,7 @@ class RunRecord(BaseModel):
     temperature: float | None = None
     reasoning_enabled: bool | None = None
     structured_output: bool = False
+    stream: bool | None = Field(default=None, description="streamed call; None in rows from before schema 2")
     connect_timeout_s: float | None = None
     read_timeout_s: float | None = None
     total_timeout_s: float | None = None
@@ -119,6 +120,10 @@ class RunRecord(BaseModel):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     reasoning_tokens: int | None = None
+    first_token_ms: float | None = Field(
+        default=None, description="streamed: final attempt's start to its first token; None = not streamed or none came"
+    )
+    stream_duration_ms: float | None = Field(default=None, description="streamed: first token to the last byte")
     # the IR extracted from response_text
     parse_outcome: ParseOutcome = ParseOutcome.NOT_ATTEMPTED
     parse_repairs: list[str] = Field(default_factory=list)

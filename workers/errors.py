@@ -49,12 +49,14 @@ class ProviderError(IrbenchError):
         latency_ms: float = 0.0,
         bytes_received: int = 0,
         retry_after_s: float | None = None,
+        first_token_ms: float | None = None,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.latency_ms = latency_ms
         self.bytes_received = bytes_received
         self.retry_after_s = retry_after_s
+        self.first_token_ms = first_token_ms  # streamed calls: when the first token came, if it did
 
 
 class ProviderUnreachable(ProviderError):

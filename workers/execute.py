@@ -73,6 +73,7 @@ def _request(task: RunTask) -> ChatRequest:
         temperature=task.temperature,
         reasoning=task.reasoning,
         json_schema=schema,
+        stream=task.stream,
         options=dict(task.options),
     )
 
@@ -202,6 +203,7 @@ def _record(
         temperature=task.temperature,
         reasoning_enabled=task.reasoning,
         structured_output=task.structured_output,
+        stream=task.stream,
         connect_timeout_s=task.timeouts.connect_timeout_s,
         read_timeout_s=task.timeouts.read_timeout_s,
         total_timeout_s=task.timeouts.total_timeout_s,
@@ -218,7 +220,8 @@ def _record(
     base.update(latency_ms=last.latency_ms, status_code=last.status_code)
     if reply is None:
         retired_on = error.retired_on if isinstance(error, ModelRetired) else None
-        return RunRecord(**base, outcome=last.outcome, retired_on=retired_on, cancel_reason=cancel_reason)
+        return RunRecord(**base, outcome=last.outcome, retired_on=retired_on, cancel_reason=cancel_reason,
+                         first_token_ms=error.first_token_ms if error is not None else None)
     extraction = extract_ir(reply.answer_text, budget_exhausted=reply.outcome is Outcome.TRUNCATED)
     return RunRecord(
         **base,
@@ -231,6 +234,8 @@ def _record(
         prompt_tokens=reply.prompt_tokens,
         completion_tokens=reply.completion_tokens,
         reasoning_tokens=reply.reasoning_tokens,
+        first_token_ms=reply.first_token_ms,
+        stream_duration_ms=reply.stream_duration_ms,
         parse_outcome=extraction.parse_outcome if reply.answer_text else ParseOutcome.EMPTY,
         parse_repairs=list(extraction.repairs),
         ir_json=extraction.ir_json,

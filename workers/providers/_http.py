@@ -23,7 +23,7 @@ import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -66,6 +66,22 @@ class RawResponse:
     latency_ms: float
     url: str
     bytes_received: int = 0  # bytes on the wire (before content decoding)
+    first_token_ms: float | None = None  # streamed 2xx: request start to the first token
+
+
+class BodyReader(Protocol):
+    """Reads a 2xx body as it arrives (a stream), instead of ``send`` reading it whole."""
+
+    first_token_ms: float | None  # request start to the first token; None until one came
+
+    async def read(self, response: httpx.Response, started: float) -> bytes:
+        """Consume ``response``'s body (``started``: the request's ``clock()`` start)."""
+        ...
+
+    def timeout_message(self, deadline: str, limit_s: float | None) -> str:
+        """What a fired deadline (``read_timeout_s`` / ``total_timeout_s``) means for the stream
+        so far: no first token yet, or a stream that stalled or ran long after it."""
+        ...
 
 
 def httpx_timeout(policy: TimeoutPolicy) -> httpx.Timeout:
@@ -111,12 +127,14 @@ async def send(
     headers: dict[str, str] | None = None,
     secrets: Iterable[str | None] = (),
     context: str = "",
+    reader: BodyReader | None = None,
 ) -> RawResponse:
     """One request, body read in full, under connect/read/total deadlines.
 
     Returns the response whatever its status; raises ``ConnectTimeout``, ``ReadTimeout``,
     ``TotalTimeout``, ``ConnectFailed`` or ``ProtocolFailed`` (each with ``latency_ms`` and the
-    body bytes received so far) when no complete response arrived.
+    body bytes received so far) when no complete response arrived. With ``reader`` a 2xx body
+    is consumed by ``reader.read`` (a stream) and timeouts are worded by the reader.
     """
     secrets = tuple(secrets)
     where = f"{method} {url}" + (f" ({context})" if context else "")
@@ -134,7 +152,11 @@ async def send(
             status_code=status,
             latency_ms=(clock() - started) * 1000.0,
             bytes_received=received(),
+            first_token_ms=reader.first_token_ms if reader is not None and streaming() else None,
         )
+
+    def streaming() -> bool:  # the reader is (or would be) reading this body
+        return reader is not None and (response is None or 200 <= response.status_code < 300)
 
     try:
         async with deadline:
@@ -143,13 +165,17 @@ async def send(
             )
             response = await client.send(request, stream=True)
             try:
-                body = b"".join([chunk async for chunk in response.aiter_bytes()])
+                if reader is not None and 200 <= response.status_code < 300:
+                    body = await reader.read(response, started)
+                else:
+                    body = b"".join([chunk async for chunk in response.aiter_bytes()])
             finally:
                 await response.aclose()
     except TimeoutError as exc:
         if deadline.expired():
             raise fail(
                 TotalTimeout,
+                reader.timeout_message("total_timeout_s", timeouts.total_timeout_s) if streaming() else
                 f"no complete answer within total_timeout_s={timeouts.total_timeout_s}; "
                 "raise total_timeout_s if slow answers are expected",
             ) from None
@@ -160,6 +186,8 @@ async def send(
         ) from None
     except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:
         kind = "read" if isinstance(exc, httpx.ReadTimeout) else "write"
+        if reader is not None and streaming() and kind == "read":
+            raise fail(ReadTimeout, reader.timeout_message("read_timeout_s", timeouts.read_timeout_s)) from None
         raise fail(
             ReadTimeout, f"no bytes for read_timeout_s={timeouts.read_timeout_s} ({kind} timed out)"
         ) from None
@@ -181,6 +209,7 @@ async def send(
         latency_ms=(clock() - started) * 1000.0,
         url=url,
         bytes_received=response.num_bytes_downloaded,
+        first_token_ms=reader.first_token_ms if reader is not None and streaming() else None,
     )
 
 
