@@ -36,6 +36,7 @@ class Outcome(StrEnum):
     CLIENT_ERROR = "client_error"
     SERVER_ERROR = "server_error"
     PROTOCOL_ERROR = "protocol_error"
+    CONTEXT_EXCEEDED = "context_exceeded"  # the prompt (+ budget) does not fit the model's context
     CANCELLED = "cancelled"
 
 

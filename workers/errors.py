@@ -13,10 +13,12 @@
             ├── RateLimited        (rate_limited, retry_after_s)
             ├── ModelRetired       (retired, retired_on, reference)
             ├── ModelNotFound      (not_found)
+            │   └── UnknownModel   (not_found: a gateway's 400/404 saying it routes no such model)
             ├── AuthFailed         (auth_error; the key is never echoed)
             ├── ClientFailed       (client_error)
             ├── ServerFailed       (server_error)
-            └── ProtocolFailed     (protocol_error)
+            ├── ProtocolFailed     (protocol_error)
+            └── ContextExceeded    (context_exceeded: the prompt does not fit the context window)
 
 Providers translate httpx errors into these at the boundary; httpx and redis exceptions never
 leave ``workers/``.
@@ -100,6 +102,10 @@ class ModelNotFound(ProviderRejected):
     outcome = Outcome.NOT_FOUND
 
 
+class UnknownModel(ModelNotFound):
+    """A gateway (LiteLLM, OpenRouter, ...) rejected the model name as one it does not route."""
+
+
 class AuthFailed(ProviderRejected):
     outcome = Outcome.AUTH_ERROR
 
@@ -114,3 +120,9 @@ class ServerFailed(ProviderRejected):
 
 class ProtocolFailed(ProviderRejected):
     outcome = Outcome.PROTOCOL_ERROR
+
+
+class ContextExceeded(ProviderRejected):
+    """The request does not fit the model's context window (the server's message is kept)."""
+
+    outcome = Outcome.CONTEXT_EXCEEDED

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import email.utils
 import json
 import re
 from collections.abc import Callable, Iterable
@@ -34,6 +33,7 @@ from workers.errors import (
     ConfigError,
     ConnectFailed,
     ConnectTimeout,
+    ContextExceeded,
     ModelNotFound,
     ModelRetired,
     ProtocolFailed,
@@ -42,13 +42,31 @@ from workers.errors import (
     ReadTimeout,
     ServerFailed,
     TotalTimeout,
+    UnknownModel,
 )
+from workers.providers.retry_after import parse_retry_after, retry_after_from_headers  # noqa: F401 - re-export
 from workers.runtask import TimeoutPolicy
 
 Clock = Callable[[], float]  # monotonic seconds
 WallClock = Callable[[], dt.datetime]  # timezone-aware UTC now
 
 _RETIRED_ON_RE = re.compile(r"retire[ds]?\s+(?:on|at|since)?\s*:?\s*(\d{4}-\d{2}-\d{2})", re.I)
+# How servers word a request longer than the context window: OpenAI / vLLM / llama-cpp-python
+# ("maximum context length", code context_length_exceeded), llama.cpp's own server ("exceeds
+# the available context size"), TGI ("must have less than N tokens"), Anthropic-style gateways.
+_CONTEXT_RE = re.compile(
+    r"context[ _]length[ _]exceeded|maximum context length|exceeds? (?:the )?(?:available )?context"
+    r"|context window|context size|prompt is too long|input is too long|must have less than \d+ (?:input )?tokens",
+    re.I,
+)
+# How gateways word a model name they do not route (LiteLLM, OpenRouter, Portkey-like).
+_GATEWAY_UNKNOWN_MODEL_RE = re.compile(
+    r"invalid model|unknown model|not a valid model|no (?:healthy )?deployments?|model[ _]group"
+    r"|no endpoints? found|model_not_found",
+    re.I,
+)
+# A 400 naming the model as not there (any server).
+_MODEL_MISSING_RE = re.compile(r"model\b.{0,120}\b(?:not found|does not exist|not supported|not available)", re.I | re.S)
 _REFERENCE_RE = re.compile(r"\b(?:ref(?:erence)?)\b\s*(?:id)?\s*[:#=]?\s*([A-Za-z0-9][A-Za-z0-9_.:-]*[A-Za-z0-9])", re.I)
 
 
@@ -213,25 +231,6 @@ async def send(
     )
 
 
-def parse_retry_after(value: str | None, now: dt.datetime) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP-date); ``None`` if
-    absent or unparseable; never negative."""
-    if value is None or not value.strip():
-        return None
-    text = value.strip()
-    try:
-        return max(0.0, float(text))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
-    return max(0.0, (when - now).total_seconds())
-
-
 def body_message(body: bytes) -> str:
     """The human message in an error body: ``{"error": {"message": ...}}``, ``{"error": "..."}``,
     ``{"message"|"detail": ...}``, or the text itself."""
@@ -269,7 +268,7 @@ def raise_for_status(raw: RawResponse, *, model: str, now: dt.datetime, secrets:
         return
     secrets = tuple(secrets)
     message = body_message(raw.body)
-    retry_after = parse_retry_after(raw.headers.get("retry-after"), now)
+    retry_after = retry_after_from_headers(raw.headers, now)
     common = {"status_code": status, "latency_ms": raw.latency_ms, "bytes_received": raw.bytes_received}
 
     def text(what: str) -> str:
@@ -280,6 +279,13 @@ def raise_for_status(raw: RawResponse, *, model: str, now: dt.datetime, secrets:
     if status == 410:
         retired_on, reference = parse_retirement(message)
         raise ModelRetired(text("model retired"), retired_on=retired_on, reference=reference, **common)
+    if status in (400, 404, 413, 422) and _CONTEXT_RE.search(message):
+        raise ContextExceeded(text("prompt does not fit the model's context window"), **common)
+    if status in (400, 404, 422) and (
+        _GATEWAY_UNKNOWN_MODEL_RE.search(message) or (status != 404 and _MODEL_MISSING_RE.search(message))
+    ):
+        raise UnknownModel(text("model unknown to the endpoint (a gateway routes no such model); check the name "
+                                "against its /v1/models"), **common)
     if status == 404:
         raise ModelNotFound(text("model or route not found; check the model name and base_url"), **common)
     if status in (401, 403):
