@@ -50,13 +50,17 @@ def llama_server_available() -> bool:
 @dataclass(frozen=True)
 class LlamaServerSettings:
     """How the server runs. ``n_ctx`` is the context window in tokens (a longer prompt is a 400);
-    ``n_threads`` the CPU threads for generation; ``model_alias`` the model id it lists."""
+    ``n_threads`` the CPU threads for generation; ``model_alias`` the model id it lists.
+    ``interrupt_requests`` is llama-cpp-python's default of cutting a running (streamed) answer
+    short when another request arrives; off here, so concurrent calls queue instead (the server
+    has no parallel slots: it answers one request at a time)."""
 
     model_path: Path
     n_ctx: int = 2048
     n_threads: int = 2
     model_alias: str = "smollm2-135m-instruct"
     seed: int = 0
+    interrupt_requests: bool = False
     host: str = "127.0.0.1"
     extra_args: tuple[str, ...] = ()
     startup_timeout_s: float = 180.0
@@ -109,7 +113,8 @@ def start_llama_server(settings: LlamaServerSettings, *, log_path: Path | None =
         sys.executable, "-m", "llama_cpp.server", "--model", str(settings.model_path),
         "--host", settings.host, "--port", str(port), "--n_ctx", str(settings.n_ctx),
         "--n_threads", str(settings.n_threads), "--model_alias", settings.model_alias,
-        "--seed", str(settings.seed), *settings.extra_args,
+        "--seed", str(settings.seed), "--interrupt_requests", str(settings.interrupt_requests),
+        *settings.extra_args,
     ]
     out = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115 - closed below
     try:
