@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from orchestrator.user_errors import fail
 from storage.errors import IrbenchError
 
 _EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -27,8 +28,7 @@ def _console() -> Console:
 
 
 def _fail(exc: Exception) -> None:
-    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(str(exc))}")
-    raise typer.Exit(code=2)
+    fail(exc)
 
 
 def _fmt(x, digits: int = 3) -> str:

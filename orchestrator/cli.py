@@ -7,9 +7,12 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
+import click
 import typer
 from rich.console import Console
 
+from orchestrator.campaign_limits import DEFAULT_MAX_PLANNED_RUNS
+from orchestrator.user_errors import USER_ERROR_EXIT_CODE, fail, print_error
 from workers.errors import ConfigError, IrbenchError
 from workers.logs import Redactor, configure_logging
 
@@ -25,6 +28,16 @@ console = Console(width=None if sys.stdout.isatty() else 120)
 err_console = Console(stderr=True)
 
 DataOpt = Annotated[Path, typer.Option("--data", help="Dataset root (runs are stored under DATA/runs/).")]
+BrokerWaitOpt = Annotated[
+    float,
+    typer.Option("--broker-wait-s", envvar="IRBENCH_BROKER_WAIT_S", min=0,
+                 help="How long to wait for Redis to answer before giving up (a countdown shows on stderr)."),
+]
+MaxRunsOpt = Annotated[
+    int,
+    typer.Option("--max-planned-runs", envvar="IRBENCH_MAX_PLANNED_RUNS", min=1,
+                 help="Refuse a campaign that plans more runs than this (a typo in `runs` must not hang planning)."),
+]
 BrokerOpt = Annotated[
     Optional[str],
     typer.Option("--broker", envvar="IRBENCH_BROKER_URL", help="Redis URL of the Celery broker (or IRBENCH_BROKER_URL)."),
@@ -52,8 +65,7 @@ def _setup_logging(log_file: Path | None, verbose: bool) -> Redactor:
 
 
 def _fail(exc: Exception) -> None:
-    err_console.print(f"[bold red]error:[/] {exc}")
-    raise typer.Exit(code=2)
+    fail(exc)
 
 
 @app.command()
@@ -70,6 +82,8 @@ def run(
     progress: Annotated[bool, typer.Option(help="Show a progress bar per model.")] = True,
     log_file: Annotated[Optional[Path], typer.Option(help="Write JSON logs here instead of stderr.")] = None,
     verbose: bool = False,
+    max_planned_runs: MaxRunsOpt = DEFAULT_MAX_PLANNED_RUNS,
+    broker_wait_s: BrokerWaitOpt = 10.0,
 ) -> None:
     """Run (or resume) a campaign: only runs without a stored record are executed.
 
@@ -86,23 +100,28 @@ def run(
         kind = executor or spec.executor.kind
         if kind not in ("local", "celery"):
             raise ConfigError(f"--executor {kind!r}: use 'local' or 'celery'")
-        prepared = prepare(spec)
+        prepared = prepare(spec, max_planned_runs=max_planned_runs, source=campaign.name)
         store = RunStore(data)
         _report_corpus(prepared)
         if kind == "celery":
             from orchestrator.celery_executor import CeleryOptions, run_campaign_celery
 
             url = _broker_url(broker, spec.executor.broker)
+            options = CeleryOptions(analyze_on_complete=analyze)
+            watch = _start_worker_watch(url, data, options.queue, broker_wait_s)
             done_before = len(store.completed_run_ids(spec.name) & {t.run_id for t in prepared.tasks})
-            with ModelBars(console, enabled=progress) as bars:
-                summary = run_campaign_celery(
-                    prepared,
-                    store,
-                    url,
-                    on_progress=bars.update,
-                    options=CeleryOptions(analyze_on_complete=analyze),
-                    on_analysis=lambda job: console.print(f"analysis enqueued; outputs will land in {job.out_dir}"),
-                )
+            try:
+                with ModelBars(console, enabled=progress) as bars:
+                    summary = run_campaign_celery(
+                        prepared,
+                        store,
+                        url,
+                        on_progress=bars.update,
+                        options=options,
+                        on_analysis=lambda job: console.print(f"analysis enqueued; outputs will land in {job.out_dir}"),
+                    )
+            finally:
+                watch.stop()
             skipped = done_before
         else:
             secrets = resolve_secrets(spec)
@@ -119,6 +138,21 @@ def run(
     )
     if summary.interrupted:
         raise typer.Exit(code=130)
+
+
+def _start_worker_watch(url: str, data: Path, queue: str, wait_s: float):  # noqa: ANN202
+    """Redis reachable, no worker on another store, then a watch that warns on stderr when no
+    worker consumes ``queue`` (after ``IRBENCH_NO_WORKER_WARN_S``, default 10 s)."""
+    from orchestrator.worker_checks import WorkerWatch, celery_preflight
+
+    client, store_id = celery_preflight(url, data, queue, wait_s=wait_s, stream=sys.stderr)
+    warn_after_s = float(os.environ.get("IRBENCH_NO_WORKER_WARN_S", "10"))
+    return WorkerWatch(client, url, data, store_id, queue, warn=_warn, warn_after_s=warn_after_s).start()
+
+
+def _warn(text: str) -> None:
+    sys.stderr.write(f"warning: {text}\n")
+    sys.stderr.flush()
 
 
 def _report_corpus(prepared) -> None:  # noqa: ANN001
@@ -138,6 +172,11 @@ def status(
     campaign: Annotated[Path, typer.Argument(help="Campaign TOML file.", exists=True, dir_okay=False)],
     data: DataOpt = Path("data"),
     broker: BrokerOpt = None,
+    max_planned_runs: MaxRunsOpt = DEFAULT_MAX_PLANNED_RUNS,
+    broker_wait_s: BrokerWaitOpt = 10.0,
+    skip_corrupt: Annotated[
+        bool, typer.Option("--skip-corrupt", help="Count without unreadable Parquet files (named on stderr).")
+    ] = False,
 ) -> None:
     """Show planned vs stored runs per model and outcome (plus live Redis state with --broker).
 
@@ -151,16 +190,20 @@ def status(
 
     _setup_logging(None, False)
     try:
-        prepared = prepare(load_campaign(campaign))
-        st = campaign_status(prepared, RunStore(data))
+        prepared = prepare(load_campaign(campaign), max_planned_runs=max_planned_runs, source=campaign.name)
+        st = campaign_status(prepared, RunStore(data), skip_corrupt=skip_corrupt)
         live = None
         if broker:
             from orchestrator.celery_executor import campaign_status_celery
+            from orchestrator.worker_checks import wait_with_countdown
 
+            wait_with_countdown(broker, broker_wait_s, sys.stderr)
             live = campaign_status_celery(prepared, RunStore(data), broker)
     except IrbenchError as exc:
         _fail(exc)
         return
+    for path in st.skipped_files:
+        _warn(f"skipped unreadable file {path}")
     table = Table(title=f"campaign {prepared.spec.name}: {st.stored}/{st.planned} runs stored")
     for col in ("model", "planned", "stored", "outcomes"):
         table.add_column(col)
@@ -188,6 +231,7 @@ def resume(
     executor: Annotated[Optional[str], typer.Option(help="'local' or 'celery' (default: the campaign's).")] = None,
     broker: BrokerOpt = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar per model.")] = True,
+    max_planned_runs: MaxRunsOpt = DEFAULT_MAX_PLANNED_RUNS,
 ) -> None:
     """Pick up exactly the runs without a stored outcome (the same as running the campaign again).
 
@@ -195,7 +239,7 @@ def resume(
     """
     run(
         campaign=campaign, data=data, executor=executor, broker=broker, analyze=True, progress=progress,
-        log_file=None, verbose=False,
+        log_file=None, verbose=False, max_planned_runs=max_planned_runs,
     )
 
 
@@ -211,11 +255,14 @@ def cancel(
     """
     from orchestrator.celery_executor import cancel_campaign
     from orchestrator.spec import load_campaign
+    from orchestrator.worker_checks import wait_with_countdown
 
     _setup_logging(None, False)
     try:
         spec = load_campaign(campaign)
-        cancel_campaign(spec.name, _broker_url(broker, spec.executor.broker), reason=reason)
+        url = _broker_url(broker, spec.executor.broker)
+        wait_with_countdown(url, float(os.environ.get("IRBENCH_BROKER_WAIT_S", "10")), sys.stderr)
+        cancel_campaign(spec.name, url, reason=reason)
     except IrbenchError as exc:
         _fail(exc)
         return
@@ -319,14 +366,31 @@ def _register_more_commands() -> None:
 _register_more_commands()
 
 
+# typer >= 0.20 carries its own click; older ones raise click's exceptions
+_USAGE_ERRORS = tuple(
+    t for t in (getattr(getattr(typer, "exceptions", None), "TyperException", None), click.ClickException) if t
+)
+
+
 def main() -> None:
     """Console-script entry point."""
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     try:
-        app()
-    except KeyboardInterrupt:
+        code = app(standalone_mode=False)
+    except (KeyboardInterrupt, click.exceptions.Abort, typer.Abort):
         err_console.print("interrupted; stored runs are kept, run the same command again to resume")
         sys.exit(130)
+    except _USAGE_ERRORS as exc:  # a bad option or argument: one line, no usage box
+        message = exc.format_message()  # type: ignore[attr-defined]
+        if not message:  # `irbench` alone: the help is the answer
+            exc.show()  # type: ignore[attr-defined]
+            sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+        print_error(f"{message} (see irbench --help)")
+        sys.exit(USER_ERROR_EXIT_CODE)
+    except OSError as exc:  # disk full, permission denied, ...: what to do, not a traceback
+        print_error(exc)
+        sys.exit(USER_ERROR_EXIT_CODE)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.user_errors import fail
 from workers.errors import ConfigError, IrbenchError
 
 
@@ -30,8 +31,7 @@ def _console() -> Console:
 
 
 def _fail(exc: Exception) -> None:
-    Console(stderr=True).print(f"[bold red]error:[/] {exc}")
-    raise typer.Exit(code=2)
+    fail(exc)
 
 
 def _endpoint_urls(values: list[str] | None) -> dict[str, str]:

@@ -57,12 +57,10 @@ def fresh(sim):
 
 
 def call(wire: str, base_url: str, model: str, timeouts: TimeoutPolicy = FAST, **kw: Any) -> Reply:
-    provider_kw = {k: kw.pop(k) for k in list(kw) if k == "max_stream_bytes"}
-
     async def go() -> Reply:
         async with make_http_client() as client:
             cls = OpenAIProvider if wire == "openai" else OllamaProvider
-            return await cls(client, base_url, None, **provider_kw).complete(
+            return await cls(client, base_url, None).complete(
                 ChatRequest(model=model, user_message=message()[0]["content"], timeouts=timeouts, **kw))
 
     return asyncio.run(go())
@@ -155,7 +153,7 @@ def test_total_deadline_on_a_running_stream(fresh, wire: str) -> None:
 @pytest.mark.parametrize("wire", WIRES)
 def test_streamed_body_is_bounded(fresh, wire: str) -> None:
     with pytest.raises(errors.ProtocolFailed, match="exceeds max_response_bytes=300"):
-        call(wire, fresh.base_url, "steady", stream=True, max_stream_bytes=300)
+        call(wire, fresh.base_url, "steady", stream=True, max_response_bytes=300)
 
 
 @contextlib.contextmanager

@@ -52,6 +52,7 @@ class ProviderError(IrbenchError):
         bytes_received: int = 0,
         retry_after_s: float | None = None,
         first_token_ms: float | None = None,
+        body_head: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
@@ -59,6 +60,7 @@ class ProviderError(IrbenchError):
         self.bytes_received = bytes_received
         self.retry_after_s = retry_after_s
         self.first_token_ms = first_token_ms  # streamed calls: when the first token came, if it did
+        self.body_head = body_head  # the start of a body refused as too large (secrets masked)
 
 
 class ProviderUnreachable(ProviderError):

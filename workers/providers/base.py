@@ -25,6 +25,7 @@ class ChatRequest:
     json_schema: dict[str, Any] | None = None  # structured-output mode when set
     stream: bool = False  # ask for a streamed answer (SSE / NDJSON); the reply then has its timings
     options: dict[str, Any] = field(default_factory=dict)
+    max_response_bytes: int | None = None  # bound on the decoded body; None = unbounded
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,10 @@ import httpx
 
 from workers.providers import _http, streaming
 from workers.providers.base import ChatRequest, Reply
-from workers.runtask import TimeoutPolicy
+from workers.runtask import ResponseLimits, TimeoutPolicy
+from workers.secrets import mask_optional, mask_secrets
+
+LIST_MAX_BYTES = ResponseLimits().max_response_bytes  # a model list is no bigger than an answer
 
 
 class OllamaProvider:
@@ -35,7 +38,6 @@ class OllamaProvider:
         *,
         clock: _http.Clock = time.monotonic,
         now: _http.WallClock = _http.utc_now,
-        max_stream_bytes: int = streaming.DEFAULT_MAX_STREAM_BYTES,
     ) -> None:
         root = _http.check_base_url(base_url)
         self._root = root[: -len("/api")] if root.endswith("/api") else root
@@ -43,7 +45,6 @@ class OllamaProvider:
         self._api_key = api_key
         self._clock = clock
         self._now = now
-        self._max_stream_bytes = max_stream_bytes
 
     def _headers(self) -> dict[str, str]:
         headers = {"Cache-Control": "no-store", "Accept": "application/json"}
@@ -78,7 +79,7 @@ class OllamaProvider:
         if request.stream:
             reader = streaming.EventReader(
                 "ndjson", _has_token, lambda event: isinstance(event, dict) and event.get("done") is True,
-                clock=self._clock, where=f"POST {url} model={request.model}", max_bytes=self._max_stream_bytes,
+                clock=self._clock, where=f"POST {url} model={request.model}", max_bytes=request.max_response_bytes,
                 secrets=secrets,
             )
             raw = await streaming.post_stream(
@@ -90,7 +91,7 @@ class OllamaProvider:
             pieces = [e.get("message") or {} for e in reader.events]
             final = reader.events[-1]
             return _reply(raw, final, "".join(_text(m.get("content")) for m in pieces),
-                          "".join(_text(m.get("thinking")) for m in pieces), streamed=True)
+                          "".join(_text(m.get("thinking")) for m in pieces), secrets=secrets, streamed=True)
         raw, data = await _http.post_chat(
             self._client,
             url,
@@ -101,6 +102,7 @@ class OllamaProvider:
             now=self._now,
             headers=self._headers(),
             secrets=secrets,
+            max_body_bytes=request.max_response_bytes,
         )
         message = data.get("message") if isinstance(data, dict) else None
         if not isinstance(message, dict):
@@ -108,14 +110,14 @@ class OllamaProvider:
         content = message.get("content")
         if content is not None and not isinstance(content, str):
             raise _http.protocol_error(raw, model=request.model, what="message.content is not a string", secrets=secrets)
-        return _reply(raw, data, content or "", _text(message.get("thinking")))
+        return _reply(raw, data, content or "", _text(message.get("thinking")), secrets=secrets)
 
     async def list_models(self, timeouts: TimeoutPolicy) -> list[str]:
         """Model names from ``GET /api/tags``."""
         secrets = (self._api_key,)
         raw = await _http.send(
             self._client, "GET", f"{self._root}/api/tags", timeouts=timeouts, clock=self._clock,
-            headers=self._headers(), secrets=secrets,
+            headers=self._headers(), secrets=secrets, max_body_bytes=LIST_MAX_BYTES,
         )
         _http.raise_for_status(raw, model="*", now=self._now(), secrets=secrets)
         data = _http.decode_json_body(raw, model="*", secrets=secrets)
@@ -140,20 +142,24 @@ def _has_token(event: Any) -> bool:
     return isinstance(message, dict) and bool(_text(message.get("content")) or _text(message.get("thinking")))
 
 
-def _reply(raw: _http.RawResponse, final: dict[str, Any], content: str, thinking: str, *, streamed: bool = False) -> Reply:
-    """The classified reply; ``final`` is the whole body or the last (``done``) stream line."""
+def _reply(
+    raw: _http.RawResponse, final: dict[str, Any], content: str, thinking: str, *,
+    secrets: tuple[str | None, ...], streamed: bool = False,
+) -> Reply:
+    """The classified reply; ``final`` is the whole body or the last (``done``) stream line. An
+    endpoint may echo the key inside a 200 answer: it is masked before anything keeps the text."""
     answer, think = _http.split_think(content)
     reasoning = "\n".join(part for part in (thinking, think) if part)
     done_reason = final.get("done_reason")
     done_reason = done_reason if isinstance(done_reason, str) else None
     return Reply(
         outcome=_http.answer_outcome(done_reason, answer),
-        answer_text=answer,
-        reasoning_text=reasoning,
+        answer_text=mask_secrets(answer, secrets),
+        reasoning_text=mask_secrets(reasoning, secrets),
         latency_ms=raw.latency_ms,
         status_code=raw.status_code,
         bytes_received=raw.bytes_received,
-        finish_reason=done_reason,
+        finish_reason=mask_optional(done_reason, secrets),
         prompt_tokens=_http.int_or_none(final.get("prompt_eval_count")),
         completion_tokens=_http.int_or_none(final.get("eval_count")),
         reasoning_tokens=None,

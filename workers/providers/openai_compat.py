@@ -28,7 +28,10 @@ import httpx
 
 from workers.providers import _http, streaming
 from workers.providers.base import ChatRequest, Reply
-from workers.runtask import TimeoutPolicy
+from workers.runtask import ResponseLimits, TimeoutPolicy
+from workers.secrets import mask_optional, mask_secrets
+
+LIST_MAX_BYTES = ResponseLimits().max_response_bytes  # a model list is no bigger than an answer
 
 SCHEMA_NAME = "irbench_ir"
 
@@ -49,7 +52,6 @@ class OpenAIProvider:
         reasoning_off: dict[str, Any] | None = None,
         clock: _http.Clock = time.monotonic,
         now: _http.WallClock = _http.utc_now,
-        max_stream_bytes: int = streaming.DEFAULT_MAX_STREAM_BYTES,
     ) -> None:
         root = _http.check_base_url(base_url)
         self._root = root[: -len("/v1")] if root.endswith("/v1") else root
@@ -60,7 +62,6 @@ class OpenAIProvider:
         self._reasoning_off = {"reasoning_effort": "none"} if reasoning_off is None else reasoning_off
         self._clock = clock
         self._now = now
-        self._max_stream_bytes = max_stream_bytes
 
     def _headers(self) -> dict[str, str]:
         headers = {"Cache-Control": "no-store", "Accept": "application/json"}
@@ -108,6 +109,7 @@ class OpenAIProvider:
             now=self._now,
             headers=self._headers(),
             secrets=secrets,
+            max_body_bytes=request.max_response_bytes,
         )
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
@@ -122,14 +124,15 @@ class OpenAIProvider:
         reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
         finish_reason = choice.get("finish_reason")
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-        return _reply(raw, content or "", reasoning if isinstance(reasoning, str) else "", finish_reason, usage)
+        return _reply(raw, content or "", reasoning if isinstance(reasoning, str) else "", finish_reason, usage,
+                      secrets=secrets)
 
     async def _complete_streamed(self, request: ChatRequest) -> Reply:
         secrets = (self._api_key,)
         url = f"{self._root}/v1/chat/completions"
         reader = streaming.EventReader(
             "sse", _has_token, lambda event: False, clock=self._clock, where=f"POST {url} model={request.model}",
-            max_bytes=self._max_stream_bytes, secrets=secrets,
+            max_bytes=request.max_response_bytes, secrets=secrets,
         )
         raw = await streaming.post_stream(
             self._client, url, self.build_body(request), reader, model=request.model, timeouts=request.timeouts,
@@ -148,14 +151,14 @@ class OpenAIProvider:
             content.append(_text(delta.get("content")))
             reasoning.append(_text(delta.get("reasoning_content")) or _text(delta.get("reasoning")))
             finish_reason = reason or finish_reason
-        return _reply(raw, "".join(content), "".join(reasoning), finish_reason, usage, streamed=True)
+        return _reply(raw, "".join(content), "".join(reasoning), finish_reason, usage, secrets=secrets, streamed=True)
 
     async def list_models(self, timeouts: TimeoutPolicy) -> list[str]:
         """Model ids from ``GET /v1/models``."""
         secrets = (self._api_key,)
         raw = await _http.send(
             self._client, "GET", f"{self._root}/v1/models", timeouts=timeouts, clock=self._clock,
-            headers=self._headers(), secrets=secrets,
+            headers=self._headers(), secrets=secrets, max_body_bytes=LIST_MAX_BYTES,
         )
         _http.raise_for_status(raw, model="*", now=self._now(), secrets=secrets)
         data = _http.decode_json_body(raw, model="*", secrets=secrets)
@@ -189,9 +192,10 @@ def _has_token(event: Any) -> bool:
 
 def _reply(
     raw: _http.RawResponse, content: str, reasoning: str, finish_reason: Any, usage: dict[str, Any],
-    *, streamed: bool = False,
+    *, secrets: tuple[str | None, ...], streamed: bool = False,
 ) -> Reply:
-    """The classified reply from a whole (or reassembled streamed) answer."""
+    """The classified reply from a whole (or reassembled streamed) answer. An endpoint may echo
+    the key inside a 200 answer: it is masked before anything keeps the text."""
     answer, think = _http.split_think(content)
     reasoning = "\n".join(part for part in (reasoning, think) if part)
     finish_reason = finish_reason if isinstance(finish_reason, str) else None
@@ -199,12 +203,12 @@ def _reply(
     details = details if isinstance(details, dict) else {}
     return Reply(
         outcome=_http.answer_outcome(finish_reason, answer),
-        answer_text=answer,
-        reasoning_text=reasoning,
+        answer_text=mask_secrets(answer, secrets),
+        reasoning_text=mask_secrets(reasoning, secrets),
         latency_ms=raw.latency_ms,
         status_code=raw.status_code,
         bytes_received=raw.bytes_received,
-        finish_reason=finish_reason,
+        finish_reason=mask_optional(finish_reason, secrets),
         prompt_tokens=_http.int_or_none(usage.get("prompt_tokens")),
         completion_tokens=_http.int_or_none(usage.get("completion_tokens")),
         reasoning_tokens=_http.int_or_none(details.get("reasoning_tokens")),

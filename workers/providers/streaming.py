@@ -1,7 +1,7 @@
 """Reading a streamed chat answer: OpenAI server-sent events or Ollama NDJSON, bounded.
 
 ``EventReader`` is the ``_http.BodyReader`` for ``stream: true`` calls. It splits the body into
-lines as bytes arrive (never holding more than ``max_bytes`` of body), decodes each event's
+lines as bytes arrive (never reading more than ``max_bytes`` of body), decodes each event's
 JSON, and notes when the first token came (``first_token_ms``, from the request's start), which
 is what the provider's ``is_token`` says an event carries. When a deadline fires it words the
 timeout by where the stream was: ``no first token within read_timeout_s=X`` (nothing started)
@@ -26,12 +26,11 @@ from workers.providers import _http
 from workers.runtask import TimeoutPolicy
 
 Framing = Literal["sse", "ndjson"]
-#: Default cap on a streamed body; providers take it as a constructor argument.
-DEFAULT_MAX_STREAM_BYTES = 16 * 1024 * 1024
 
 
 class EventReader:
-    """Collects the JSON events of one streamed 2xx body. After ``read``: ``events`` in arrival
+    """Collects the JSON events of one streamed 2xx body, at most ``max_bytes`` of it (decoded;
+    ``None`` = unbounded, as ``ChatRequest.max_response_bytes``). After ``read``: ``events`` in arrival
     order, ``done`` (the stream's own end marker was seen), ``first_token_ms`` and
     ``last_byte_ms`` (request start to first token / to the last byte), ``tokens`` (events
     that carried a token)."""
@@ -44,7 +43,7 @@ class EventReader:
         *,
         clock: _http.Clock,
         where: str,
-        max_bytes: int = DEFAULT_MAX_STREAM_BYTES,
+        max_bytes: int | None = None,
         secrets: tuple[str | None, ...] = (),
     ) -> None:
         self._framing = framing
@@ -105,8 +104,10 @@ class EventReader:
         (the events are kept decoded instead)."""
         self._started = started
         pending = b""
+        size = 0
         async for chunk in response.aiter_bytes():
-            if response.num_bytes_downloaded > self._max_bytes:
+            size += len(chunk)
+            if self._max_bytes is not None and size > self._max_bytes:
                 raise self._fail(
                     ProtocolFailed, f"streamed body exceeds max_response_bytes={self._max_bytes}", response
                 )
