@@ -358,7 +358,7 @@ def _register_more_commands() -> None:
     app.command("report")(report_command)
     app.command("probe")(probe_command)
     app.add_typer(availability_app, name="availability")
-    from orchestrator.real_demo import demo_real_command
+    from orchestrator.real_cli import demo_real_command
 
     app.command("demo-real")(demo_real_command)
 

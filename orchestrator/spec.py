@@ -24,6 +24,7 @@ Layout of the file (unknown keys anywhere are errors, so typos never pass silent
     endpoint = "sim"
     [models.sim-mild]             # one table per model; the key is the model id sent to
     requests_per_minute = 600     # the provider unless `name = "..."` overrides it
+    stream = true                 # optional: streamed answers, time to first token recorded
     max_response_bytes = 8388608  # bounds on one answer (workers.runtask.ResponseLimits):
     max_json_depth = 64           #   body size, JSON nesting, answer size read by the IR
     max_answer_chars = 1048576    #   extraction, IR nodes validated; any model field can

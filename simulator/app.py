@@ -10,6 +10,16 @@ whatever else is interleaved. The prompt is the text between the lines
 ``--- BEGIN PROMPT ---`` and ``--- END PROMPT ---`` of the last user message (the whole
 message if the markers are absent); its annotations are the true structure.
 All state (caches, counters, stats) lives in the ``SimState`` of one app instance.
+
+Streaming (``"stream": true``; Ollama's default): OpenAI server-sent events (a role chunk, the
+reasoning then answer in ``stream_chunk_chars`` pieces, a ``finish_reason`` chunk, a usage chunk
+when ``stream_options.include_usage``, ``data: [DONE]``) or Ollama NDJSON (pieces, then the
+``done`` line with the counts), paced ``stream_chunk_interval_ms`` apart; the latency draw is the
+wait before the first chunk, and ``stall_prob`` pauses ``stall_s`` after the first token.
+Gateway behaviours: each 429 carries the ``retry_after_headers`` forms (``retry-after`` seconds
+or date, ``retry-after-ms``, ``x-ratelimit-reset-*`` Go durations, ``llm_provider-retry-after``);
+``unknown_model_status = 400`` answers an unknown model as LiteLLM does; ``context_tokens`` makes
+a longer prompt a 400 worded as llama-cpp-python words it.
 """
 
 from __future__ import annotations
