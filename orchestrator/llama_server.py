@@ -9,7 +9,9 @@ returns once ``GET /v1/models`` answers; ``LlamaServer.stop`` ends it.
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
+import signal
 import socket
 import subprocess
 import sys
@@ -103,6 +105,15 @@ def _free_port(host: str) -> int:
         return sock.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM it when the process that started it dies, so
+    a killed demo or test run never leaves a server holding a core."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def start_llama_server(settings: LlamaServerSettings, *, log_path: Path | None = None) -> LlamaServer:
     """Start the server on a free loopback port; return when it lists its model. The server's
     own output goes to ``log_path`` (or is discarded). ``ConfigError`` if it does not come up."""
@@ -118,7 +129,8 @@ def start_llama_server(settings: LlamaServerSettings, *, log_path: Path | None =
     ]
     out = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115 - closed below
     try:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
     finally:
         if log_path is not None:
             out.close()  # type: ignore[union-attr]

@@ -40,7 +40,7 @@ def distinct_answers(records: Sequence[RunRecord]) -> dict[tuple[str, str, float
     return {k: (len(set(v)), len(v)) for k, v in sorted(texts.items())}
 
 
-def run_real_demo(workdir: Path, examples: Path, console: Console, *, n_ctx: int = 2048) -> Path:
+def run_real_demo(workdir: Path, examples: Path, console: Console, *, n_ctx: int = 2048, n_threads: int = 2) -> Path:
     """Run the real-model demo end to end; returns the analysis output directory."""
     real = examples / "real"
     files = [real / name for name in REAL_CAMPAIGNS]
@@ -49,7 +49,7 @@ def run_real_demo(workdir: Path, examples: Path, console: Console, *, n_ctx: int
             raise ConfigError(f"{f} not found; pass --examples pointing at the repository's examples/ folder")
     workdir.mkdir(parents=True, exist_ok=True)
     data, out = workdir / "data", workdir / "out"
-    settings = LlamaServerSettings(model_path=find_smollm2_gguf(), n_ctx=n_ctx)
+    settings = LlamaServerSettings(model_path=find_smollm2_gguf(), n_ctx=n_ctx, n_threads=n_threads)
     console.print(f"starting llama_cpp.server with {settings.model_path.name} (n_ctx={n_ctx}) ...")
     started = time.monotonic()
     with start_llama_server(settings, log_path=workdir / "llama-server.log") as server:
