@@ -11,7 +11,6 @@ import os
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import structlog
 
@@ -154,7 +153,3 @@ def campaign_status(prepared: PreparedCampaign, store: RunStore, *, skip_corrupt
         stored_by_model={m: dict(c) for m, c in stored.items()},
         skipped_files=tuple(skipped),
     )
-
-
-def default_data_dir(spec_path: Path) -> Path:
-    return spec_path.parent / "data"

@@ -20,7 +20,6 @@ stored, the campaign's analysis is enqueued on the workers (``orchestrator.analy
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import time
 from collections import Counter
@@ -38,6 +37,7 @@ from redis.exceptions import RedisError
 from orchestrator.campaign import CampaignStatus, PreparedCampaign, campaign_status
 from orchestrator.local import ExecutionSummary, ModelProgress
 from storage.availability import AvailabilityRecord, AvailabilityStore
+from storage.clock import utc_now
 from storage.records import Outcome
 from storage.runs import RunStore
 from workers.campaign_state import FAILED_FIELD, CampaignState
@@ -113,7 +113,7 @@ class _Dispatcher:
         Each message carries ``measured_on`` = the UTC dispatch date (unless planned), so every
         redelivery or deferral of that message writes to the same partition.
         """
-        today = dt.datetime.now(dt.timezone.utc).date()
+        today = utc_now().date()
         stamped = [t if t.measured_on is not None else t.model_copy(update={"measured_on": today}) for t in tasks]
         self.state.record_dispatch(t.run_id for t in stamped)
         with self.app.producer_or_acquire() as producer:

@@ -60,7 +60,7 @@ def probe_command(
 
     Example: irbench probe examples/probe.toml --data data/ --reference-timeout 60
     """
-    from analysis.probes import ProbeSettings
+    from analysis.tables.probes import ProbeSettings
     from orchestrator.probe import attribution_lines, probe_rich_table, run_probe
     from orchestrator.progress import ModelBars
 

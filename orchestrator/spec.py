@@ -56,7 +56,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from workers.errors import ConfigError
-from workers.runtask import EndpointRef, ModelLimits, ResponseLimits, RetryPolicy, TimeoutPolicy
+from workers.runtask import EndpointRef, ModelLimits, ResponseLimits, RetryPolicy, TimeoutPolicy, WireFormat
 
 SLUG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # Model ids as providers spell them ("gpt-4o", "gemma3:12b", "meta-llama/Llama-3-8B@v2"): no
@@ -145,7 +145,7 @@ class CorpusSpec(_Strict):
 
 class EndpointSpec(_Strict):
     base_url: str
-    wire_format: Literal["openai", "ollama"] = "openai"
+    wire_format: WireFormat = "openai"
     api_key_env: str | None = None
 
     @field_validator("base_url")

@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from workers.errors import ConfigError
+from storage.errors import ConfigError
 
 #: How a 429 tells the client when to come back (one header each; gateways differ):
 #: ``retry-after`` delta-seconds, ``retry-after-date`` an HTTP-date in ``Retry-After``,

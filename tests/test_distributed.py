@@ -37,8 +37,8 @@ from orchestrator.spec import load_campaign
 from simulator.config import SimConfig, SimModel
 from simulator.server import RunningSimulator, start_background
 from storage.runs import RunStore
-from tests.support.celery_workers import CeleryWorkers
-from tests.support.redis_server import RedisServer
+from deploy.celery_workers import CeleryWorkers
+from deploy.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parent.parent

@@ -18,7 +18,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from tests.support.redis_server import RedisServer
+from deploy.redis_server import RedisServer
 from workers.limits import Lease, MemoryLimiter, ModelDisabled, RedisLimiter, WaitBudgetExceeded
 from workers.runtask import ModelLimits
 

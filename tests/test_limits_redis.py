@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
-from tests.support.redis_server import RedisServer
+from deploy.redis_server import RedisServer
 from workers.limits import Lease, LimiterUnavailable, ModelDisabled, RedisLimiter, SyncRedisLimiter
 from workers.runtask import ModelLimits
 

@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 
 from storage.availability import Availability, AvailabilityRecord, AvailabilityStore
+from storage.clock import utc_now
 from workers.errors import (
     AuthFailed,
     ConfigError,
@@ -75,10 +76,6 @@ class CheckSettings:
         default_factory=lambda: TimeoutPolicy(connect_timeout_s=10.0, read_timeout_s=60.0, total_timeout_s=60.0)
     )
     concurrency: int = 4
-
-
-def _utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
 
 
 def _status_of(exc: ProviderError, listed: bool | None) -> Availability:
@@ -137,7 +134,7 @@ def check_availability(
     targets: Sequence[CheckTarget],
     store: AvailabilityStore | None,
     *,
-    now: Callable[[], dt.datetime] = _utc_now,
+    now: Callable[[], dt.datetime] = utc_now,
     secrets: Mapping[str, str] | None = None,
     settings: CheckSettings = CheckSettings(),
     client: httpx.AsyncClient | None = None,
@@ -221,7 +218,7 @@ def run_scheduled_check(
     data_dir: Path,
     interval_s: float,
     *,
-    now: Callable[[], dt.datetime] = _utc_now,
+    now: Callable[[], dt.datetime] = utc_now,
     secrets: Mapping[str, str] | None = None,
     settings: CheckSettings = CheckSettings(),
     owner: str = "",

@@ -38,9 +38,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from storage.runs import RunStore
-from workers.errors import IrbenchError
+from workers.errors import ConfigError, GateClosed, LimiterError, LimiterUnavailable, WaitBudgetExceeded
 from workers.limits.base import Permit
-from workers.limits.memory import CONCURRENCY, LimiterError, LimiterUnavailable, WaitBudgetExceeded
+from workers.limits.memory import CONCURRENCY
 from workers.limits.redis_limiter import RedisLimiter
 from workers.providers.base import Provider
 from workers.providers.registry import make_http_client, make_provider
@@ -113,10 +113,6 @@ class Deferred(Exception):  # noqa: N818 - a control-flow signal, not an error
         self.wait_s = wait_s
         self.reason = reason
         self.reserved = reserved
-
-
-class GateClosed(IrbenchError):
-    """The model was closed while this run waited for a permit; ``str()`` is the gate's reason."""
 
 
 def sync_redis(url: str, *, socket_timeout_s: float = 5.0) -> redis.Redis:
@@ -251,7 +247,7 @@ class WorkerRuntime:
     def store(self, data_dir: str | None) -> RunStore:
         root = self.settings.data_dir or data_dir
         if not root:
-            raise IrbenchError("no data directory: set IRBENCH_DATA_DIR on the worker or pass data_dir in the task")
+            raise ConfigError("no data directory: set IRBENCH_DATA_DIR on the worker or pass data_dir in the task")
         with self._lock:
             if root not in self._stores:
                 self._stores[root] = RunStore(Path(root))

@@ -35,15 +35,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from workers.errors import LimiterError, LimiterUnavailable, ModelDisabled, WaitBudgetExceeded
 from workers.limits.base import Permit
 from workers.limits.memory import (
     CONCURRENCY,
     Lease,
     LimitDecision,
-    LimiterError,
-    LimiterUnavailable,
-    ModelDisabled,
-    WaitBudgetExceeded,
     check_config,
     check_cost,
     intervals_s,

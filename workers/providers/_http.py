@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from storage.clock import WallClock, utc_now  # noqa: F401  utc_now: the providers' default clock
 from storage.records import ERROR_TEXT_MAX_CHARS, Outcome
 from workers.errors import (
     AuthFailed,
@@ -54,7 +55,6 @@ from workers.runtask import TimeoutPolicy
 from workers.secrets import mask_secrets
 
 Clock = Callable[[], float]  # monotonic seconds
-WallClock = Callable[[], dt.datetime]  # timezone-aware UTC now
 
 _RETIRED_ON_RE = re.compile(r"retire[ds]?\s+(?:on|at|since)?\s*:?\s*(\d{4}-\d{2}-\d{2})", re.I)
 # How servers word a request longer than the context window: OpenAI / vLLM / llama-cpp-python
@@ -74,10 +74,6 @@ _GATEWAY_UNKNOWN_MODEL_RE = re.compile(
 # A 400 naming the model as not there (any server).
 _MODEL_MISSING_RE = re.compile(r"model\b.{0,120}\b(?:not found|does not exist|not supported|not available)", re.I | re.S)
 _REFERENCE_RE = re.compile(r"\b(?:ref(?:erence)?)\b\s*(?:id)?\s*[:#=]?\s*([A-Za-z0-9][A-Za-z0-9_.:-]*[A-Za-z0-9])", re.I)
-
-
-def utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
 
 
 @dataclass(frozen=True)
