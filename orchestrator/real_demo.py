@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from analysis.analyze import run_analysis
+from analysis.pipeline import run_analysis
 from analysis.options import AnalysisOptions
 from orchestrator.audit_cli import print_panel
 from orchestrator.campaign import prepare, run_campaign_local
