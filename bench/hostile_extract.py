@@ -63,10 +63,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"{'input':34s} {'chars':>10s} {'seconds':>8s}  class")
+    print(f"{'input':40s} {'chars':>10s} {'seconds':>8s}  class")
     for name, text in answers().items():
         s, cls = timed(lambda: extract_ir(text).parse_outcome.value, args.repeat)  # noqa: B023
-        print(f"{'extract: ' + name:34s} {len(text):10d} {s:8.3f}  {cls}")
+        print(f"{'extract: ' + name:40s} {len(text):10d} {s:8.3f}  {cls}")
 
     def decode(body: bytes) -> str:
         raw = RawResponse(200, httpx.Headers(), body, 0.0, "http://x")
@@ -78,7 +78,7 @@ def main() -> None:
 
     for name, body in bodies().items():
         s, cls = timed(lambda: decode(body), args.repeat)  # noqa: B023
-        print(f"{'decode: ' + name:34s} {len(body):10d} {s:8.3f}  {cls}")
+        print(f"{'decode: ' + name:40s} {len(body):10d} {s:8.3f}  {cls}")
 
 
 if __name__ == "__main__":

@@ -3,14 +3,18 @@ CLI (imports workers, storage, analysis, and simulator for ``irbench simulate``/
 
 __all__ = [
     "analysis_jobs",
+    "analysis_tasks",
     "artifact_import",
     "audit_cli",
     "availability",
     "campaign",
     "celery_executor",
+    "celery_options",
     "cli",
     "corpus",
     "demo",
+    "distributed_campaign",
+    "distributed_cli",
     "instruction",
     "local",
     "ops_cli",
@@ -19,4 +23,7 @@ __all__ = [
     "progress",
     "report_cli",
     "spec",
+    "status_report",
+    "store_cursor",
+    "worker_app",
 ]

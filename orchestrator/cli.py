@@ -12,6 +12,16 @@ import typer
 from rich.console import Console
 
 from orchestrator.campaign_limits import DEFAULT_MAX_PLANNED_RUNS
+from orchestrator.distributed_cli import (
+    ClaimTtlOpt,
+    LeaseTtlOpt,
+    MaxFailuresOpt,
+    ReconcileOpt,
+    SpoolAgeOpt,
+    SpoolRowsOpt,
+    celery_options,
+    worker_settings,
+)
 from orchestrator.user_errors import USER_ERROR_EXIT_CODE, fail, print_error
 from workers.errors import ConfigError, IrbenchError
 from workers.logs import Redactor, configure_logging
@@ -82,6 +92,9 @@ def run(
     progress: Annotated[bool, typer.Option(help="Show a progress bar per model.")] = True,
     log_file: Annotated[Optional[Path], typer.Option(help="Write JSON logs here instead of stderr.")] = None,
     verbose: bool = False,
+    claim_ttl_s: ClaimTtlOpt = None,
+    reconcile_interval_s: ReconcileOpt = None,
+    max_task_failures: MaxFailuresOpt = None,
     max_planned_runs: MaxRunsOpt = DEFAULT_MAX_PLANNED_RUNS,
     broker_wait_s: BrokerWaitOpt = 10.0,
 ) -> None:
@@ -104,10 +117,10 @@ def run(
         store = RunStore(data)
         _report_corpus(prepared)
         if kind == "celery":
-            from orchestrator.celery_executor import CeleryOptions, run_campaign_celery
+            from orchestrator.celery_executor import run_campaign_celery
 
             url = _broker_url(broker, spec.executor.broker)
-            options = CeleryOptions(analyze_on_complete=analyze)
+            options = celery_options(analyze, claim_ttl_s, reconcile_interval_s, max_task_failures)
             watch = _start_worker_watch(url, data, options.queue, broker_wait_s)
             done_before = len(store.completed_run_ids(spec.name) & {t.run_id for t in prepared.tasks})
             try:
@@ -172,6 +185,8 @@ def status(
     campaign: Annotated[Path, typer.Argument(help="Campaign TOML file.", exists=True, dir_okay=False)],
     data: DataOpt = Path("data"),
     broker: BrokerOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (planned, stored, executions, "
+                                          "attempts, outcomes per model and in total) and nothing else.")] = False,
     max_planned_runs: MaxRunsOpt = DEFAULT_MAX_PLANNED_RUNS,
     broker_wait_s: BrokerWaitOpt = 10.0,
     skip_corrupt: Annotated[
@@ -183,6 +198,12 @@ def status(
     Works from any machine that sees the dataset. Example: irbench status examples/demo.toml --data data/
     """
     from rich.table import Table
+
+    if as_json:
+        from orchestrator.status_report import print_status_json
+
+        print_status_json(campaign, data)
+        return
 
     from orchestrator.campaign import campaign_status, prepare
     from orchestrator.spec import load_campaign
@@ -198,7 +219,7 @@ def status(
             from orchestrator.worker_checks import wait_with_countdown
 
             wait_with_countdown(broker, broker_wait_s, sys.stderr)
-            live = campaign_status_celery(prepared, RunStore(data), broker)
+            live = campaign_status_celery(prepared, RunStore(data), broker, skip_corrupt=skip_corrupt)
     except IrbenchError as exc:
         _fail(exc)
         return
@@ -239,7 +260,8 @@ def resume(
     """
     run(
         campaign=campaign, data=data, executor=executor, broker=broker, analyze=True, progress=progress,
-        log_file=None, verbose=False, max_planned_runs=max_planned_runs,
+        log_file=None, verbose=False, claim_ttl_s=None, reconcile_interval_s=None, max_task_failures=None,
+        max_planned_runs=max_planned_runs, broker_wait_s=10.0,
     )
 
 
@@ -276,21 +298,27 @@ def worker(
     concurrency: Annotated[int, typer.Option(help="Threads (concurrent calls) in this worker process.")] = 8,
     queues: Annotated[str, typer.Option(help="Comma-separated queues to consume.")] = "irbench",
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
+    claim_ttl_s: ClaimTtlOpt = None,
+    lease_ttl_s: LeaseTtlOpt = None,
+    spool_max_rows: SpoolRowsOpt = None,
+    spool_max_age_s: SpoolAgeOpt = None,
 ) -> None:
     """Start a Celery worker that executes runs (wraps `celery worker -P threads`).
 
     API keys are read from this machine's environment, by the variable names the campaign gives.
     Example: irbench worker --broker redis://127.0.0.1:6379/0 --data /shared/irbench-data --concurrency 8
     """
-    from workers.celery_app import start_worker
+    from orchestrator.worker_app import run_worker
 
     try:
         url = _broker_url(broker, None)
+        settings = worker_settings(url, claim_ttl_s=claim_ttl_s, lease_ttl_s=lease_ttl_s,
+                                   spool_max_rows=spool_max_rows, spool_max_age_s=spool_max_age_s)
     except IrbenchError as exc:
         _fail(exc)
         return
-    start_worker(url, concurrency=concurrency, queues=tuple(q for q in queues.split(",") if q),
-                 data_dir=str(data.resolve()), loglevel=loglevel)
+    run_worker(url, concurrency=concurrency, queues=tuple(q for q in queues.split(",") if q),
+               data_dir=str(data.resolve()), loglevel=loglevel, settings=settings)
 
 
 @app.command()

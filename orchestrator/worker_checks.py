@@ -5,7 +5,7 @@
 * ``wait_for_redis``: ping Redis until it answers or ``wait_s`` passes, reporting the seconds
   left through ``on_wait`` (the CLI draws a countdown on stderr), then a ``ConfigError`` that
   says how to start Redis or fix the URL.
-* ``store_problems``: live workers (``workers.presence``) whose store is not ours, named with
+* ``store_problems``: live workers (``workers.celery.presence``) whose store is not ours, named with
   their directory and the command that fixes it.
 * ``WorkerWatch``: a daemon thread during the campaign that warns (within ``warn_after_s``,
   default 10 s) when no live worker consumes the queue, with the command to start one, and when
@@ -26,7 +26,7 @@ from redis.exceptions import RedisError
 
 from storage.store_marker import ensure_store_id
 from workers.errors import ConfigError
-from workers.presence import WorkerPresence, read_presence
+from workers.celery.presence import WorkerPresence, read_presence
 
 BROKER_SCHEMES = ("redis", "rediss", "unix")
 

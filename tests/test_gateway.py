@@ -22,7 +22,7 @@ from storage.availability import MISSING, Availability, AvailabilityStore
 from storage.records import Outcome
 from storage.runs import RunStore
 from workers import errors
-from workers.availability_tasks import CheckSettings, CheckTarget, check_availability
+from workers.availability import CheckSettings, CheckTarget, check_availability
 from workers.providers.base import ChatRequest
 from workers.providers.ollama import OllamaProvider
 from workers.providers.openai_compat import OpenAIProvider

@@ -180,3 +180,13 @@ def test_decide_caps_retry_after_and_respects_the_run_deadline() -> None:
     assert not decide(Outcome.RATE_LIMITED, 1, policy, 100.0, rng, elapsed_s=500.0).retry  # would end past 600 s
     unbounded = policy.model_copy(update={"run_deadline_s": None})
     assert decide(Outcome.RATE_LIMITED, 1, unbounded, 100.0, rng, elapsed_s=1e9).retry
+
+
+def test_provider_refuses_a_port_out_of_range() -> None:
+    import httpx
+
+    from workers.errors import ConfigError
+    from workers.providers.openai_compat import OpenAIProvider
+
+    with pytest.raises(ConfigError, match="port 99999 is not in 1-65535"):
+        OpenAIProvider(httpx.AsyncClient(), "http://127.0.0.1:99999", None)

@@ -37,6 +37,7 @@ sorted id set, ``duplicate_id_count = node_count - len(node_ids)``.
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from dataclasses import dataclass
@@ -54,8 +55,11 @@ _FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(```|\Z)", re.S)
 _THINK_RE = re.compile(r"\s*<think>(.*?)</think>", re.S)
 # A closed JSON string (group 1, skipped by the scan), a string cut off by the end of the text
 # (possibly right after a backslash), or a bracket.
-_TOKEN_RE = re.compile(r'("(?:\\.|[^"\\])*")|"(?:\\.|[^"\\])*\\?\Z|[{}\[\]]', re.S)
-_COMMA_RE = re.compile(r'("(?:\\.|[^"\\])*(?:"|\\?\Z))|,(\s*[}\]])', re.S)
+# (Strings use the unrolled form [^"\\]*(?:\\.[^"\\]*)*: several times faster in ``re`` than an
+# alternation inside the repeat, which matters on megabyte-long strings.)
+_TOKEN_RE = re.compile(r'("[^"\\]*(?:\\.[^"\\]*)*")|"[^"\\]*(?:\\.[^"\\]*)*\\?\Z|[{}\[\]]', re.S)
+_STRING_RE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.S)
+_TRAILING_COMMA_RE = re.compile(r",(?=\s*[}\]])")
 _CLOSER = {"{": "}", "[": "]"}
 # Stacks (open brackets, outermost first) at which a cut leaves only complete nodes behind:
 # inside the document object, inside its nodes array, inside a bare node list.
@@ -143,7 +147,8 @@ def _extract(
     if found is None:
         cleaned = _strip_trailing_commas(text)
         if cleaned != text:
-            found = _find_json(cleaned, max_start_candidates, first, _scan(cleaned, first, max_depth)[0])
+            # dropping commas changes neither brackets nor strings: the first scan's status holds
+            found = _find_json(cleaned, max_start_candidates, _first_start(cleaned) or 0, status)
             if found is not None:
                 repairs.append("trailing_comma")
                 text = cleaned
@@ -294,9 +299,22 @@ def _recover_truncated(
 
 
 def _strip_trailing_commas(text: str) -> str:
-    """Remove commas directly before ``}``/``]`` outside strings (one C-level substitution:
-    a string is replaced by itself, a comma match by what followed the comma)."""
-    return _COMMA_RE.sub(r"\1\2", text)
+    """Remove commas directly before ``}``/``]`` outside strings. Candidates are found first
+    (usually none or a few); only then are string spans listed to tell which are outside."""
+    commas = [m.start() for m in _TRAILING_COMMA_RE.finditer(text)]
+    if not commas:
+        return text
+    spans = [m.span() for m in _STRING_RE.finditer(text)]
+    starts = [a for a, _ in spans]
+    out, pos = [], 0
+    for at in commas:
+        i = bisect.bisect_right(starts, at) - 1
+        if i >= 0 and at < spans[i][1]:
+            continue  # inside a string
+        out.append(text[pos:at])
+        pos = at + 1
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def _json_error(text: str, start: int) -> str:

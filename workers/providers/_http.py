@@ -123,6 +123,8 @@ def check_base_url(base_url: str) -> str:
         raise ConfigError(f"endpoint base_url {base_url!r} is not a URL ({exc}); use e.g. http://host:port") from exc
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise ConfigError(f"endpoint base_url {base_url!r} must start with http:// or https:// and name a host")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:  # httpx accepts 99999 until connect
+        raise ConfigError(f"endpoint base_url {base_url!r}: port {parsed.port} is not in 1-65535")
     return url
 
 
