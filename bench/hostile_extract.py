@@ -11,6 +11,7 @@ nodes. Seconds are the median of ``--repeat`` runs; the load average is printed 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -20,7 +21,9 @@ import httpx
 
 from workers.errors import ProviderError
 from workers.ir_extract import extract_ir
-from workers.providers._http import RawResponse, decode_json_body
+from workers.providers.base import ChatRequest
+from workers.providers.openai_compat import OpenAIProvider
+from workers.runtask import TimeoutPolicy
 
 MIB = 1024 * 1024
 NODE = '{"id": "RULE:a", "kind": "Rule", "label": "Do A.", "meta": {"priority": 1}}'
@@ -45,6 +48,7 @@ def answers() -> dict[str, str]:
 def bodies() -> dict[str, bytes]:
     return {
         "8 MiB valid JSON body": json.dumps({"choices": [{"message": {"content": "x" * (8 * MIB - 64)}}]}).encode(),
+        "10 MB body (over 9 MiB bound)": b'{"choices": [' + b" " * 10_000_000,
         '{"choices": + 200k [': b'{"choices": ' + b"[" * 200_000,
     }
 
@@ -69,12 +73,22 @@ def main() -> None:
         print(f"{'extract: ' + name:40s} {len(text):10d} {s:8.3f}  {cls}")
 
     def decode(body: bytes) -> str:
-        raw = RawResponse(200, httpx.Headers(), body, 0.0, "http://x")
-        try:
-            decode_json_body(raw, model="m")
-        except ProviderError as exc:
-            return exc.outcome.value
-        return "decoded"
+        """The provider's whole 2xx path (bounded read, JSON decode, wire checks) over an
+        in-memory transport, so only our code is timed."""
+
+        async def call() -> str:
+            transport = httpx.MockTransport(lambda request: httpx.Response(200, content=body))
+            async with httpx.AsyncClient(transport=transport) as client:
+                provider = OpenAIProvider(client, "http://bench.invalid", None)
+                request = ChatRequest(model="m", user_message="x", timeouts=TimeoutPolicy(),
+                                      max_response_bytes=9 * MIB)
+                try:
+                    await provider.complete(request)
+                except ProviderError as exc:
+                    return exc.outcome.value
+                return "decoded"
+
+        return asyncio.run(call())
 
     for name, body in bodies().items():
         s, cls = timed(lambda: decode(body), args.repeat)  # noqa: B023

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.support.celery_workers import CeleryWorkers
-from tests.support.redis_server import RedisServer, free_port
+from deploy.celery_workers import CeleryWorkers
+from deploy.local_cluster import free_port
+from deploy.redis_server import RedisServer
 from tests.support.scripted_server import scripted_server
 
 pytestmark = pytest.mark.timeout(120)

@@ -14,9 +14,9 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 
-from tests.support.celery_workers import CeleryWorkers
+from deploy.celery_workers import CeleryWorkers
 from tests.support.hostile_server import hostile_server
-from tests.support.redis_server import RedisServer
+from deploy.redis_server import RedisServer
 from workers.secrets import SECRET_MARKER
 
 KEY = "sk-echoTEST-5f4e3d2c1b0a99887766"

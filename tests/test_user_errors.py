@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.redis_server import free_port
+from deploy.local_cluster import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
