@@ -19,6 +19,7 @@ import pytest
 from orchestrator.local import LocalOptions, run_local
 from storage.errors import StorageError
 from storage.runs import RunStore
+from tests.support.campaign_files import one_endpoint, write_campaign
 from tests.support.scripted_server import scripted_server
 from workers.runtask import EndpointRef, ModelLimits, RunTask
 
@@ -51,21 +52,7 @@ def _fill(mnt: Path) -> Path:
 
 
 def _campaign(tmp_path: Path, base_url: str) -> Path:
-    prompts = tmp_path / "prompts"
-    prompts.mkdir()
-    for i in range(3):
-        (prompts / f"p{i}.txt").write_text(f"Rule {i}.\n")
-    path = tmp_path / "full.toml"
-    path.write_text(f"""
-name = "full"
-runs = 4
-[corpus]
-paths = ["prompts"]
-[endpoints.s]
-base_url = "{base_url}"
-[models.ok]
-""")
-    return path
+    return write_campaign(tmp_path, "full", one_endpoint(base_url), runs=4, prompts=3)
 
 
 def test_disk_full_is_one_line_and_the_campaign_resumes(tiny_fs: Path, tmp_path: Path) -> None:

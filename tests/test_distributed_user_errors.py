@@ -18,6 +18,7 @@ import redis
 from deploy.celery_workers import CeleryWorkers
 from deploy.local_cluster import free_port
 from deploy.redis_server import RedisServer
+from tests.support.campaign_files import one_endpoint, write_campaign
 from tests.support.scripted_server import scripted_server
 
 pytestmark = pytest.mark.timeout(120)
@@ -26,20 +27,7 @@ CLI = [sys.executable, "-m", "orchestrator.cli"]
 
 
 def _campaign(tmp_path: Path, base_url: str) -> Path:
-    prompts = tmp_path / "prompts"
-    prompts.mkdir(exist_ok=True)
-    (prompts / "p.txt").write_text("Always answer in JSON.\n")
-    path = tmp_path / "d.toml"
-    path.write_text(f"""
-name = "dist-errors"
-runs = 3
-[corpus]
-paths = ["prompts"]
-[endpoints.s]
-base_url = "{base_url}"
-[models.ok]
-""")
-    return path
+    return write_campaign(tmp_path, "dist-errors", one_endpoint(base_url), runs=3)
 
 
 def _env(**extra: str) -> dict[str, str]:

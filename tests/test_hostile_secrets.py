@@ -15,6 +15,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from deploy.celery_workers import CeleryWorkers
+from tests.support.campaign_files import write_campaign
 from tests.support.hostile_server import hostile_server
 from deploy.redis_server import RedisServer
 from workers.secrets import SECRET_MARKER
@@ -26,17 +27,7 @@ WORKER_ENV = {"IRBENCH_CLAIM_TTL_S": "3", "IRBENCH_LEASE_TTL_S": "3", "IRBENCH_M
 
 
 def _campaign(tmp_path: Path, base_url: str) -> Path:
-    prompts = tmp_path / "prompts"
-    prompts.mkdir()
-    for i in range(2):
-        (prompts / f"p{i}.txt").write_text(f"Rule {i}: always answer in JSON.\n")
-    path = tmp_path / "echo.toml"
-    path.write_text(f"""
-name = "echo"
-runs = 2
-[corpus]
-paths = ["prompts"]
-[endpoints.oa]
+    return write_campaign(tmp_path, "echo", f"""[endpoints.oa]
 base_url = "{base_url}"
 api_key_env = "ECHO_KEY"
 [endpoints.ol]
@@ -57,8 +48,7 @@ endpoint = "ol"
 max_attempts = 2
 backoff_base_s = 0.01
 backoff_cap_s = 0.02
-""")
-    return path
+""", runs=2, prompts=2)
 
 
 def _haystacks(data: Path) -> list[str]:

@@ -248,9 +248,12 @@ async def send(
 HEAD_BYTES = 1024  # how much of a refused body is kept
 
 
-class _BodyTooLarge(Exception):
+class _BodyTooLarge(ProtocolFailed):
+    """Raised by ``_read_bounded``; ``send`` turns it into the ``ProtocolFailed`` it reports
+    (with the request's context: URL, latency, bytes)."""
+
     def __init__(self, size: int, head: bytes) -> None:
-        super().__init__(size)
+        super().__init__(f"body exceeds the bound after {size} bytes")
         self.size, self.head = size, head
 
 
