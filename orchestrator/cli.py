@@ -379,6 +379,7 @@ def _register_more_commands() -> None:
     """Verbs whose bodies live in their own modules (one module per area)."""
     from orchestrator.audit_cli import analyze_command, import_artifact_command
     from orchestrator.ops_cli import availability_app, probe_command
+    from orchestrator.real_cli import demo_real_command
     from orchestrator.report_cli import report_command
     from orchestrator.view_cli import view_command
 
@@ -388,6 +389,7 @@ def _register_more_commands() -> None:
     app.command("probe")(probe_command)
     app.add_typer(availability_app, name="availability")
     app.command("view")(view_command)
+    app.command("demo-real")(demo_real_command)
 
 
 _register_more_commands()

@@ -147,6 +147,9 @@ def availability_check_command(
                       str(r.http_status or "–"), f"{r.latency_ms:.0f}" if r.latency_ms is not None else "–",
                       r.retired_on or "", r.reference or "")
     console.print(table)
+    for r in records:  # what the endpoint said, for every model that did not answer
+        if r.status.value != "available" and r.message:
+            console.print(f"{r.model} ({r.status.value}): {r.message}", markup=False, highlight=False)
     console.print(f"stored in {Path(data) / 'availability'}/")
 
 

@@ -70,6 +70,7 @@ def plan_runs(
                             temperature=m.temperature,
                             reasoning=m.reasoning,
                             structured_output=m.structured_output,
+                            stream=m.stream,
                             options=dict(m.options),
                             prompt_sha256=p.sha256,
                             prompt_name=p.name,

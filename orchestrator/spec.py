@@ -24,6 +24,7 @@ Layout of the file (unknown keys anywhere are errors, so typos never pass silent
     endpoint = "sim"
     [models.sim-mild]             # one table per model; the key is the model id sent to
     requests_per_minute = 600     # the provider unless `name = "..."` overrides it
+    stream = true                 # optional: streamed answers, time to first token recorded
     max_response_bytes = 8388608  # bounds on one answer (workers.runtask.ResponseLimits):
     max_json_depth = 64           #   body size, JSON nesting, answer size read by the IR
     max_answer_chars = 1048576    #   extraction, IR nodes validated; any model field can
@@ -184,6 +185,7 @@ class ModelDefaults(_Strict):
     temperature: TemperatureOrNone = 0.0
     reasoning: bool | None = None
     structured_output: bool = False
+    stream: bool = False  # ask for a streamed answer: the record then has the time to first token
     options: dict[str, Any] = Field(default_factory=dict)
     # bounds on one answer (workers.runtask.ResponseLimits documents each)
     max_response_bytes: int = Field(default=ResponseLimits().max_response_bytes, ge=1024)

@@ -18,8 +18,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field
 
-#: 2: ``execution_id`` and ``finished_at`` (every execution of a run is its own row); files of
-#: version 1 stay readable (both columns read as null).
+#: 2: ``execution_id`` and ``finished_at`` (every execution of a run is its own row), and the
+#: streaming columns ``stream``, ``first_token_ms``, ``stream_duration_ms``; files of version 1
+#: stay readable (these columns read as null).
 SCHEMA_VERSION = 2
 ERROR_TEXT_MAX_CHARS = 2000
 
@@ -41,6 +42,7 @@ class Outcome(StrEnum):
     CLIENT_ERROR = "client_error"
     SERVER_ERROR = "server_error"
     PROTOCOL_ERROR = "protocol_error"
+    CONTEXT_EXCEEDED = "context_exceeded"  # the prompt (+ budget) does not fit the model's context
     CANCELLED = "cancelled"
     WORKER_ERROR = "worker_error"  # the run's task raised or killed its worker N times (poison run)
 
@@ -125,6 +127,7 @@ class RunRecord(BaseModel):
     temperature: float | None = None
     reasoning_enabled: bool | None = None
     structured_output: bool = False
+    stream: bool | None = Field(default=None, description="streamed call; None in rows from before schema 2")
     connect_timeout_s: float | None = None
     read_timeout_s: float | None = None
     total_timeout_s: float | None = None
@@ -152,6 +155,10 @@ class RunRecord(BaseModel):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     reasoning_tokens: int | None = None
+    first_token_ms: float | None = Field(
+        default=None, description="streamed: final attempt's start to its first token; None = not streamed or none came"
+    )
+    stream_duration_ms: float | None = Field(default=None, description="streamed: first token to the last byte")
     # the IR extracted from response_text
     parse_outcome: ParseOutcome = ParseOutcome.NOT_ATTEMPTED
     parse_repairs: list[str] = Field(default_factory=list)

@@ -8,6 +8,7 @@ available       any 2xx answer (``listed`` says whether the listing names it)
 retired         HTTP 410; ``retired_on`` and ``reference`` parsed from the body
 not_listed      HTTP 404 and the endpoint's listing does not name the model
 not_found       HTTP 404 although the listing names it (or the listing failed)
+unknown_model   a gateway's 400/404 saying it routes no such model (its message is kept)
 auth_error      HTTP 401/403 (the key is never echoed)
 timeout         connect, read or total timeout of the minimal call
 error           anything else (5xx, 429, connection refused, malformed answer)
@@ -42,6 +43,7 @@ from workers.errors import (
     ProviderError,
     ReadTimeout,
     TotalTimeout,
+    UnknownModel,
 )
 from workers.providers.base import ChatRequest, Provider
 from workers.providers.registry import make_http_client, make_provider
@@ -75,6 +77,8 @@ class CheckSettings:
 def _status_of(exc: ProviderError, listed: bool | None) -> Availability:
     if isinstance(exc, ModelRetired):
         return Availability.RETIRED
+    if isinstance(exc, UnknownModel):
+        return Availability.UNKNOWN_MODEL
     if isinstance(exc, ModelNotFound):
         return Availability.NOT_LISTED if listed is False else Availability.NOT_FOUND
     if isinstance(exc, AuthFailed):

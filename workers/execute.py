@@ -73,6 +73,7 @@ def _request(task: RunTask) -> ChatRequest:
         temperature=task.temperature,
         reasoning=task.reasoning,
         json_schema=schema,
+        stream=task.stream,
         options=dict(task.options),
         max_response_bytes=task.response.max_response_bytes,
     )
@@ -211,6 +212,7 @@ def _base(task: RunTask, measured_at, attempts: list[Attempt], finished_at) -> d
         temperature=task.temperature,
         reasoning_enabled=task.reasoning,
         structured_output=task.structured_output,
+        stream=task.stream,
         connect_timeout_s=task.timeouts.connect_timeout_s,
         read_timeout_s=task.timeouts.read_timeout_s,
         total_timeout_s=task.timeouts.total_timeout_s,
@@ -242,7 +244,8 @@ def _record(
         retired_on = error.retired_on if isinstance(error, ModelRetired) else None
         head = error.body_head if error is not None else None  # a body refused as too large
         return RunRecord(
-            **base, outcome=last.outcome, retired_on=retired_on, cancel_reason=cancel_reason, response_text=head
+            **base, outcome=last.outcome, retired_on=retired_on, cancel_reason=cancel_reason, response_text=head,
+            first_token_ms=error.first_token_ms if error is not None else None,
         )
     bounds = task.response
     extraction = extract_ir(
@@ -263,6 +266,8 @@ def _record(
         prompt_tokens=reply.prompt_tokens,
         completion_tokens=reply.completion_tokens,
         reasoning_tokens=reply.reasoning_tokens,
+        first_token_ms=reply.first_token_ms,
+        stream_duration_ms=reply.stream_duration_ms,
         parse_outcome=extraction.parse_outcome if reply.answer_text else ParseOutcome.EMPTY,
         parse_repairs=list(extraction.repairs),
         ir_json=extraction.ir_json,

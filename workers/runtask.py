@@ -110,6 +110,7 @@ class RunTask(BaseModel):
     temperature: float | None = 0.0
     reasoning: bool | None = None
     structured_output: bool = False
+    stream: bool = False
     options: dict[str, Any] = Field(default_factory=dict)
     prompt_sha256: str
     prompt_name: str
