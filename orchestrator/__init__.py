@@ -3,6 +3,7 @@ CLI (imports workers, storage, analysis, and simulator for ``irbench simulate``/
 
 __all__ = [
     "analysis_jobs",
+    "analysis_tasks",
     "artifact_import",
     "audit_cli",
     "availability",
@@ -19,4 +20,5 @@ __all__ = [
     "progress",
     "report_cli",
     "spec",
+    "worker_app",
 ]

@@ -61,21 +61,6 @@ ENGINE = (
 )
 ENGINE_FORBIDDEN = frozenset({"celery", "kombu", "redis"})
 
-# Edges issue 9 removes while moving workers' Celery side into its own sub-package. Each entry
-# is (importer, imported); the integrator deletes this allow-list when that branch lands, and a
-# stale entry (one that no longer occurs) fails the test, so it cannot outlive the fix.
-KNOWN_UNTIL_ISSUE_9: frozenset[tuple[str, str]] = frozenset(
-    {
-        ("workers.analysis_tasks", "analysis.inputs"),
-        ("workers.analysis_tasks", "analysis.pipeline"),
-        ("workers.analysis_tasks", "analysis.tables.partial"),
-        ("workers.analysis_tasks", "analysis.options"),
-        ("orchestrator.availability", "workers.providers._http"),
-    }
-)
-KNOWN_CYCLES_UNTIL_ISSUE_9: frozenset[frozenset[str]] = frozenset(
-    {frozenset({"workers.celery_app", "workers.availability_tasks"})}
-)
 # Issue 11 rebuilds the analysis benchmark, which today times private kernels of
 # ``analysis.stats.ranks``. Same rule: a stale entry fails.
 KNOWN_UNTIL_ISSUE_11: frozenset[tuple[str, str]] = frozenset({("bench.analysis_scale", "analysis.stats.ranks")})
@@ -197,27 +182,21 @@ def test_the_reader_sees_imports_of_every_kind() -> None:
 
 
 def test_no_package_imports_what_the_layout_forbids() -> None:
-    seen_known: set[tuple[str, str]] = set()
     bad: list[str] = []
     for e in OUR_EDGES:
         src, dst = e.importer_top, e.imported_top
         if src == dst:
             continue
-        if (e.importer, e.imported) in KNOWN_UNTIL_ISSUE_9:
-            seen_known.add((e.importer, e.imported))
-            continue
         if dst not in MAY_IMPORT[src]:
             bad.append(f"{e.where}: {e.importer} imports {e.imported} ({src} may import {sorted(MAY_IMPORT[src]) or 'nothing of ours'})")
     assert not bad, "layering violations:\n" + "\n".join(bad)
-    stale = KNOWN_UNTIL_ISSUE_9 - seen_known
-    assert not stale, f"allow-listed edges no longer occur; delete them from KNOWN_UNTIL_ISSUE_9: {sorted(stale)}"
 
 
 def test_no_package_reaches_into_another_packages_privates() -> None:
     seen_known: set[tuple[str, str]] = set()
     bad = []
     for e in OUR_EDGES:
-        if e.importer_top == e.imported_top or (e.importer, e.imported) in KNOWN_UNTIL_ISSUE_9:
+        if e.importer_top == e.imported_top:
             continue
         private_names = [n for n in e.names if n.startswith("_") and not n.startswith("__")]
         if _private(e.imported) or private_names:
@@ -322,11 +301,8 @@ def test_the_cycle_finder_finds_cycles() -> None:
 
 
 def test_no_import_cycles() -> None:
-    found = _cycles(_graph())
-    cycles = [c for c in found if c not in KNOWN_CYCLES_UNTIL_ISSUE_9]
+    cycles = _cycles(_graph())
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(sorted(c)) for c in cycles)
-    stale = KNOWN_CYCLES_UNTIL_ISSUE_9 - set(found)
-    assert not stale, f"allow-listed cycles are gone; delete them from KNOWN_CYCLES_UNTIL_ISSUE_9: {stale}"
 
 
 def _packages() -> list[str]:
@@ -354,3 +330,13 @@ def test_each_package_declares_its_public_names(package: str) -> None:
     assert len(names) == len(set(names)), f"{package}.__all__ repeats a name"
     missing = [n for n in names if not hasattr(mod, n) and not _is_module(f"{package}.{n}")]
     assert not missing, f"{package}.__all__ names what it does not have: {missing}"
+
+
+def test_only_the_celery_side_imports_the_celery_adapter() -> None:
+    """Inside ``workers``, ``workers.celery`` is a leaf: the engine never imports its adapter."""
+    bad = [
+        f"{e.where}: {e.importer} imports {e.imported}"
+        for e in OUR_EDGES
+        if e.imported.startswith("workers.celery") and e.importer_top == "workers" and not e.importer.startswith("workers.celery")
+    ]
+    assert not bad, "\n".join(bad)

@@ -1,14 +1,13 @@
-"""The run engine and its Celery edge: provider clients, limiter, retry, outcome classification,
-IR extraction, and the Celery app and tasks that run it on workers (imports ``storage`` only).
+"""The run engine: provider clients, limiter, retry, outcome classification, IR extraction, the
+availability check (imports ``storage`` only, and no Celery or Redis), plus its Celery/Redis
+adapter in ``workers.celery``.
 
 The public surface is these modules; anything named ``_x`` is private to ``workers``.
 """
 
 __all__ = [
-    "analysis_tasks",
-    "availability_tasks",
-    "campaign_state",
-    "celery_app",
+    "availability",
+    "celery",
     "clock",
     "errors",
     "execute",
@@ -17,9 +16,6 @@ __all__ = [
     "limits",
     "logs",
     "providers",
-    "redis_gate",
     "retry",
     "runtask",
-    "tasks",
-    "worker_runtime",
 ]
