@@ -24,7 +24,6 @@ import structlog
 from celery import Celery
 from redis.exceptions import RedisError
 
-from storage.records import Outcome
 from workers.celery.campaign_state import BUSY, DONE, CampaignState
 from workers.execute import RunContext, execute_run
 from workers.celery.gate import RedisGate
@@ -81,7 +80,7 @@ def execute_one(rt: WorkerRuntime, task: RunTask, data_dir: str | None, owner: s
     finally:
         rt.drop_claim(task.run_id)
     rt.spool(data_dir).append([record])  # durable (group commit) before the done marker and the ack
-    failed = record.outcome is not Outcome.OK or not record.succeeded
+    failed = record.failed
     _with_redis_retry(
         lambda: state.mark_done(task.run_id, task.model, record.outcome.value, failed), s.redis_retry_s
     )
