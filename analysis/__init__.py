@@ -13,4 +13,4 @@ Where things live (each room's ``__init__`` says more):
 * ``report/``   — the Markdown/HTML report built from the analysis outputs.
 """
 
-__all__ = ["metrics", "options", "pipeline", "report", "stats", "tables"]
+__all__ = ["errors", "inputs", "metrics", "options", "outputs", "pipeline", "report", "stats", "tables"]

@@ -348,6 +348,13 @@ def test_each_package_declares_its_public_names(package: str) -> None:
     assert len(names) == len(set(names)), f"{package}.__all__ repeats a name"
     missing = [n for n in names if not hasattr(mod, n) and not _is_module(f"{package}.{n}")]
     assert not missing, f"{package}.__all__ names what it does not have: {missing}"
+    # a package whose public names are (some of) its modules lists all its public modules
+    root = REPO.joinpath(*package.split("."))
+    public = {p.stem for p in root.glob("*.py") if not p.stem.startswith("_")}
+    public |= {p.parent.name for p in root.glob("*/__init__.py") if not p.parent.name.startswith("_")}
+    if public & set(names):
+        unlisted = sorted(public - set(names))
+        assert not unlisted, f"{package}.__all__ lists some of its modules but not {unlisted}"
 
 
 def test_only_the_celery_side_imports_the_celery_adapter() -> None:

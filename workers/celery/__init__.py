@@ -1,5 +1,20 @@
 """The Celery/Redis adapter of the run engine: the app and its tasks, the worker runtime, the
-Redis limiter (Lua scripts in ``lua/``), the Redis gate, campaign state and the availability beat.
-Nothing outside ``workers.celery`` and the orchestrator's Celery side imports it."""
+Redis limiter (Lua scripts in ``lua/``) and gate, campaign state, the availability beat task.
+Nothing outside this package in ``workers`` imports it, or Celery, or Redis
+(``tests/test_layering.py``)."""
 
-__all__ = ["app", "availability_tasks", "campaign_state", "gate", "redis_limiter", "runtime", "tasks"]
+#: The Celery queue workers consume by default (``-Q``); importing it loads no Celery.
+DEFAULT_QUEUE = "irbench"
+
+__all__ = [
+    "DEFAULT_QUEUE",
+    "app",
+    "availability_tasks",
+    "broker_view",
+    "campaign_state",
+    "gate",
+    "redis_limiter",
+    "redis_retry",
+    "runtime",
+    "tasks",
+]

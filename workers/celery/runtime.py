@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -86,6 +87,8 @@ class WorkerSettings:
     reservation_grace_s: float = 30.0
     redis_retry_s: float = 30.0
     key_prefix: str = "irbench"
+    failure_backoff_s: float = 1.0
+    max_regrants: int = 5
     spool_max_rows: int = 2000
     spool_max_age_s: float = 5.0
     spool_idle_s: float = 0.5
@@ -148,6 +151,8 @@ class DeferringLimiter:
         self._inner, self._gate, self._rt = inner, gate, runtime
         self._max_wait_s = runtime.settings.max_wait_s
         self._min_defer_s = runtime.settings.min_defer_s
+        self._allowance_s = runtime.settings.limit_jitter_allowance_s
+        self._max_regrants = runtime.settings.max_regrants
         self._acquisitions = 0  # one instance per run execution
 
     async def acquire(self, model: str, limits: ModelLimits, holder: str, cost_tokens: int) -> Permit:
@@ -155,16 +160,33 @@ class DeferringLimiter:
         # A retry inside execute_run must not defer: that would drop the attempts already made
         # (every attempt must be stored), so it waits; the wait is a cooldown or rate slot.
         budget_s = self._max_wait_s if self._acquisitions == 1 else None
-        try:
-            permit = await self._inner.acquire(model, limits, holder, cost_tokens, max_wait_s=budget_s)
-        except WaitBudgetExceeded as exc:
-            d = exc.decision
-            if d.reason == CONCURRENCY:  # the wait is an upper bound: a release comes sooner
-                raise Deferred(self._min_defer_s, d.reason) from None
-            raise Deferred(d.wait_s, d.reason, reserved=d.reserved_at_s is not None) from None
-        except LimiterUnavailable as exc:
-            raise Deferred(self._min_defer_s * 4, "limiter unavailable") from exc
-        return await self._admit(permit)
+        for regrant in range(self._max_regrants + 1):
+            try:
+                permit = await self._inner.acquire(model, limits, holder, cost_tokens, max_wait_s=budget_s)
+            except WaitBudgetExceeded as exc:
+                d = exc.decision
+                if d.reason == CONCURRENCY:  # the wait is an upper bound: a release comes sooner
+                    raise Deferred(self._min_defer_s, d.reason) from None
+                raise Deferred(d.wait_s, d.reason, reserved=d.reserved_at_s is not None) from None
+            except LimiterUnavailable as exc:
+                raise Deferred(self._min_defer_s * 4, "limiter unavailable") from exc
+            permit = await self._admit(permit)
+            late_s = self._late_s(permit)
+            if late_s is None or regrant == self._max_regrants:
+                return permit
+            # CPU starvation: the grant is older than the limiter's jitter allowance, so sending
+            # now could put one request too many into the provider's window. Give it back (its
+            # rate slot stays spent: never a burst) and take a fresh one.
+            log.info("permit_regranted", model=model, late_s=round(late_s, 3), regrant=regrant + 1)
+            await self.release(permit)
+        raise AssertionError("unreachable")
+
+    def _late_s(self, permit: Permit) -> float | None:
+        """How far past the allowance the grant-to-send delay is, or None if within it."""
+        if permit.granted_mono_s is None:
+            return None
+        delay = time.monotonic() - permit.granted_mono_s
+        return delay if delay > self._allowance_s else None
 
     async def _admit(self, permit: Permit) -> Permit:
         # A 410 may have closed the model while we waited: don't make the call.
