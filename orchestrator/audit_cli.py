@@ -14,9 +14,9 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
+from orchestrator.cli_errors import fail as _fail
 from storage.errors import IrbenchError
 
 _EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -24,11 +24,6 @@ _EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 def _console() -> Console:
     return Console(width=None if sys.stdout.isatty() else 140)
-
-
-def _fail(exc: Exception) -> None:
-    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(str(exc))}")
-    raise typer.Exit(code=2)
 
 
 def _fmt(x, digits: int = 3) -> str:

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+from orchestrator.cli_errors import fail as _fail
 from orchestrator.distributed_cli import (
     ClaimTtlOpt,
     LeaseTtlOpt,
@@ -59,11 +60,6 @@ def _setup_logging(log_file: Path | None, verbose: bool) -> Redactor:
         stream = open(log_file, "a", encoding="utf-8")  # noqa: SIM115 - lives for the process
         return configure_logging(json=True, level=level, stream=stream)
     return configure_logging(level="DEBUG" if verbose else "WARNING")
-
-
-def _fail(exc: Exception) -> None:
-    err_console.print(f"[bold red]error:[/] {exc}")
-    raise typer.Exit(code=2)
 
 
 @app.command()

@@ -70,8 +70,23 @@ def test_an_analysis_input_error_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert r.exit_code == 2, r.output
     assert "Traceback" not in r.output and r.exception is None or isinstance(r.exception, SystemExit)
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
-    assert lines and lines[0].startswith("error:"), r.output
+    assert len(lines) == 1 and lines[0].startswith("error:"), r.output  # one line, however long
+    assert "holds no panel outputs" in lines[0]
     assert not (tmp_path / "rep" / "report.html").exists()
+
+
+def test_the_error_line_is_the_message_verbatim(capsys) -> None:
+    import pytest
+    import typer
+
+    from orchestrator.cli_errors import fail
+
+    message = "prompt p.txt line 3: [conditionRef=C1] names no id " + "x" * 300
+    with pytest.raises(typer.Exit) as exit_info:
+        fail(ConfigError(message))
+    assert exit_info.value.exit_code == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {message}\n"  # markup-looking text kept, no wrapping
 
 
 def _bare_value_errors(root: Path, base: Path = REPO) -> list[str]:
