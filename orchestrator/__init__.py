@@ -11,6 +11,7 @@ __all__ = [
     "celery_executor",
     "celery_options",
     "cli",
+    "cli_errors",
     "corpus",
     "demo",
     "distributed_campaign",
