@@ -3,6 +3,7 @@ CLI (imports workers, storage, analysis, and simulator for ``irbench simulate``/
 
 __all__ = [
     "analysis_jobs",
+    "analysis_progress",
     "analysis_tasks",
     "artifact_import",
     "audit_cli",

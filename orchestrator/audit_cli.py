@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.analysis_progress import StageProgress
 from orchestrator.cli_errors import fail as _fail
 from storage.errors import IrbenchError
 
@@ -109,6 +110,7 @@ def analyze_command(
     executor: Annotated[str, typer.Option(help="'local' (in-process) or 'celery' (map per date partition on the workers).")] = "local",
     broker: Annotated[Optional[str], typer.Option("--broker", envvar="IRBENCH_BROKER_URL", help="Redis URL for --executor celery.")] = None,
     timeout: Annotated[Optional[float], typer.Option(help="Give up on a distributed analysis after this many seconds.")] = None,
+    blas_threads: Annotated[int, typer.Option("--blas-threads", help="Threads for the bootstrap matrix products (1 is fastest on a busy machine).")] = 1,
 ) -> None:
     """Audit stored runs and imported cells: per panel, models with CIs, rank sets and partition,
     pairs, sensitivity, drift, stabilisation, correctness, correlations, normalised Jaccard.
@@ -127,8 +129,11 @@ def analyze_command(
             merge_rule=merge_rule, precedence_path=precedence, families_path=families,
             pair_scope=pairs, corpus_dirs=corpus or None, skip_corrupt=skip_corrupt,
             timeouts_s=[float(t) for t in timeouts.split(",") if t.strip()],
+            blas_threads=blas_threads,
         )
-        result = analyze_with_executor(data, out, options, executor=executor, broker_url=broker, timeout_s=timeout)
+        with StageProgress(_console(), title="analyze") as stages:
+            result = analyze_with_executor(data, out, options, executor=executor, broker_url=broker,
+                                           timeout_s=timeout, progress=stages.report)
     except (IrbenchError, ValueError) as exc:
         _fail(exc)
         return

@@ -36,6 +36,7 @@ def report_command(
     from analysis.options import AnalysisOptions
     from analysis.report.build import build_report
     from analysis.report.sections import ReportOptions
+    from orchestrator.analysis_progress import StageProgress
     from workers.errors import IrbenchError
 
     console = Console()
@@ -45,10 +46,12 @@ def report_command(
             analysis = out / "analysis"
             options = AnalysisOptions(seed=seed, replicates=replicates, min_runs=min_runs,
                                       min_prompts=min_prompts)
-            run_analysis(data, analysis, options)
+            with StageProgress(console, title="analyze") as stages:
+                run_analysis(data, analysis, options, progress=stages.report)
             console.print(f"analysis outputs: {analysis}")
-        paths = build_report(analysis, out, data_dir=data,
-                             options=ReportOptions(max_table_rows=max_table_rows))
+        with StageProgress(console, title="report") as stages:
+            paths = build_report(analysis, out, data_dir=data, progress=stages.report,
+                                 options=ReportOptions(max_table_rows=max_table_rows))
     except (IrbenchError, ValueError, OSError) as exc:  # ReportInputError is an IrbenchError
         fail(exc)
     console.print(f"report: {paths.html} ({paths.html_bytes / 1e6:.2f} MB), {paths.md} "

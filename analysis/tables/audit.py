@@ -192,10 +192,13 @@ def stabilisation_table(cells: list[_RawCell], options: AnalysisOptions
 def normalised_table(cells: list[_RawCell]) -> pa.Table:
     """Exact and normalised (ASCII and Unicode) Jaccard, count agreement, empty/collision ids."""
     rows = []
+    ascii_forms: dict[str, str] = {}
+    unicode_forms: dict[str, str] = {}
     for c in cells:
         sets = [frozenset(r["node_ids"] or ()) for r in c.runs]
         exact = node_set_agreement(sets)
-        asc, uni = normalised_jaccard(sets, "ascii"), normalised_jaccard(sets, "unicode")
+        asc = normalised_jaccard(sets, "ascii", ascii_forms)
+        uni = normalised_jaccard(sets, "unicode", unicode_forms)
         ca, eq = count_agreement([r["node_count"] for r in c.runs])
         rows.append({**_head(c), "jaccard_exact": exact.mean_jaccard,
                      "id_stability": exact.id_stability,
