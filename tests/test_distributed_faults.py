@@ -22,8 +22,8 @@ from orchestrator.celery_options import CeleryOptions
 from orchestrator.spec import load_campaign
 from simulator.config import SimModel
 from storage.runs import RunStore
-from tests.support.celery_workers import CeleryWorkers
-from tests.support.redis_server import RedisServer
+from deploy.celery_workers import CeleryWorkers
+from deploy.redis_server import RedisServer
 from tests.test_distributed import (
     REPO,
     WORKER_ENV,

@@ -13,7 +13,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from tests.support.redis_server import RedisServer
+from deploy.redis_server import RedisServer
 from workers.celery.campaign_state import CampaignState
 from workers.celery.gate import RedisGate
 from workers.celery.redis_limiter import RedisLimiter
