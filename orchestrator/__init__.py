@@ -27,5 +27,6 @@ __all__ = [
     "spec",
     "status_report",
     "store_cursor",
+    "view_cli",
     "worker_app",
 ]
