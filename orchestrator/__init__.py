@@ -1,5 +1,6 @@
 """Campaign spec, corpus loading, planning, dispatch/resume/status, executors and the ``irbench``
-CLI (imports workers, storage, analysis, and simulator for ``irbench simulate``/``demo``)."""
+CLI (imports workers, storage, analysis, and the simulator and viewer it hosts: ``irbench
+simulate``, ``demo``, ``view``)."""
 
 __all__ = [
     "analysis_jobs",

@@ -143,8 +143,12 @@ def run_campaign_celery(
     app: Celery | None = None,
     analysis_options: object | None = None,
     on_analysis: Callable[[object], None] | None = None,
+    retry_outcomes: frozenset[Outcome] = frozenset(),
 ) -> ExecutionSummary:
     """Dispatch every planned run without a stored record and wait until each has one.
+
+    ``retry_outcomes`` (``--retry-failed``): also dispatch the runs whose latest execution ended
+    in one of these classes (their Redis done markers are dropped), and wait for a newer execution.
 
     ``timeout_s``: give up waiting after this long (returns ``interrupted=True``; the workers
     carry on). The summary counts the runs stored during this call, per model and outcome.
@@ -164,7 +168,8 @@ def run_campaign_celery(
         models = {t.model for t in prepared.tasks}
         unavailable = (with_retry(lambda: _close_unavailable(state, store, models), "closing unavailable models",
                                   budget_s=budget) if options.honour_availability else {})
-        run = DistributedCampaign(prepared, bundle, options, _cancelled_records, unavailable, on_progress)
+        run = DistributedCampaign(prepared, bundle, options, _cancelled_records, unavailable, on_progress,
+                                  frozenset(o.value for o in retry_outcomes))
         summary = run.run(timeout_s)
         if any(p.outcomes.get(Outcome.RETIRED.value) for p in run.progress.values()):
             _record_retirements(campaign, store, set())  # reads the store: only when a 410 happened

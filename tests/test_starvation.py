@@ -38,11 +38,11 @@ class StarvedGate(RedisGate):
         super().__init__(*a, **kw)
         self.stall_s, self.stalls, self.checks = stall_s, stalls, 0
 
-    async def closed_reason_async(self, model: str) -> str | None:
+    async def admission_async(self, model: str, limiter_state_key: str) -> tuple[str | None, float]:
         self.checks += 1
         if self.checks <= self.stalls:
             time.sleep(self.stall_s)  # blocks the event loop, like a starved process
-        return await super().closed_reason_async(model)
+        return await super().admission_async(model, limiter_state_key)
 
 
 class Holds:
@@ -93,3 +93,43 @@ def test_a_late_permit_is_given_back_and_reacquired(srv: RedisServer, stalls: in
     assert calls == 1 + regrants
     assert sent_after_s <= ALLOWANCE_S, sent_after_s  # never sent on a stale grant
     assert permit.granted_mono_s is not None
+
+
+def test_a_cooldown_started_after_the_grant_is_waited_out(srv: RedisServer) -> None:
+    """A 429 met by another run after our permit was granted: the permit is given back and the
+    fresh one comes only after the cooldown (no request inside the cooldown)."""
+    settings = WorkerSettings(redis_url=srv.url, limit_jitter_allowance_s=ALLOWANCE_S, limit_period_s=1.0)
+    prefix = f"st:{uuid.uuid4().hex}"
+    sync = redis.Redis.from_url(srv.url)
+    state = CampaignState(sync, f"cool-{uuid.uuid4().hex[:8]}")
+    cooldown_s = 0.6
+
+    class CoolingGate(RedisGate):
+        armed = True
+
+        async def admission_async(self, model: str, limiter_state_key: str) -> tuple[str | None, float]:
+            if CoolingGate.armed:  # the other run's 429 lands between our grant and our send
+                CoolingGate.armed = False
+                await inner.cooldown(model, cooldown_s)
+            return await super().admission_async(model, limiter_state_key)
+
+    async def body() -> float:
+        nonlocal inner
+        client = aioredis.Redis.from_url(srv.url)
+        inner = RedisLimiter(client, key_prefix=prefix, period_s=1.0, jitter_allowance_s=ALLOWANCE_S)
+        lim = DeferringLimiter(inner, CoolingGate(state, async_client=client), Holds(settings))  # type: ignore[arg-type]
+        lim._acquisitions = 1  # a retry's permit: waited for, never deferred
+        try:
+            t0 = time.monotonic()
+            permit = await lim.acquire("m", ModelLimits(max_concurrency=2), "run-2", 10)
+            waited = time.monotonic() - t0
+            await lim.release(permit)
+            return waited
+        finally:
+            await inner.aclose()
+            await client.aclose()
+
+    inner = None
+    waited = asyncio.run(body())
+    sync.close()
+    assert waited >= cooldown_s - 0.05, waited

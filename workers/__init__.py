@@ -1,6 +1,6 @@
-"""The run engine: provider clients, limiter, retry, outcome classification, IR extraction, the
-availability check (imports ``storage`` only, and no Celery or Redis), plus its Celery/Redis
-adapter in ``workers.celery``.
+"""The run engine (provider clients, limiter contract and in-memory limiter, retry, outcome
+classification, IR extraction, the execution loop) and, in ``workers.celery``, its Celery/Redis
+adapter (imports ``storage`` only; only ``workers.celery`` imports Celery or Redis).
 
 The public surface is these modules; anything named ``_x`` is private to ``workers``.
 """

@@ -1,7 +1,6 @@
-"""The Celery/Redis adapter of the run engine: the app and its tasks, the worker runtime, the
-Redis limiter (Lua scripts in ``lua/``) and gate, campaign state, the availability beat task.
-Nothing outside this package in ``workers`` imports it, or Celery, or Redis
-(``tests/test_layering.py``)."""
+"""The Celery/Redis adapter of the run engine: app, tasks, worker runtime, campaign state, the
+Redis gate and limiter (with its Lua), the availability beat task, the broker view and the one
+Redis retry loop. Nothing outside this package in ``workers`` imports Celery or Redis."""
 
 #: The Celery queue workers consume by default (``-Q``); importing it loads no Celery.
 DEFAULT_QUEUE = "irbench"

@@ -104,6 +104,25 @@ if ARGV[4] == '1' then redis.call('HINCRBY', p .. ':counts', ARGV[2] .. '|_faile
 return 1
 """
 
+# ARGV: run_id, model, ... Drops done markers and un-counts them (``--retry-failed``); returns
+# how many markers were removed.
+_REOPEN = """
+local p = KEYS[1]
+local n = 0
+for i = 1, #ARGV, 2 do
+  local r, m = ARGV[i], ARGV[i + 1]
+  local outcome = redis.call('GET', p .. ':done:' .. r)
+  if outcome then
+    redis.call('DEL', p .. ':done:' .. r)
+    redis.call('HINCRBY', p .. ':counts', m .. '|' .. outcome, -1)
+    if outcome ~= 'ok' then redis.call('HINCRBY', p .. ':counts', m .. '|_failed', -1) end
+    n = n + 1
+  end
+  redis.call('HDEL', p .. ':fails', r)
+end
+return n
+"""
+
 # ARGV: max. Moves up to max due runs from delayed to queued (now); returns their ids.
 _POP_DUE = f"""
 local p = KEYS[1]
@@ -154,6 +173,7 @@ class CampaignState:
         self._done = client.register_script(_DONE)
         self._pop_due = client.register_script(_POP_DUE)
         self._lost = client.register_script(_LOST)
+        self._reopen = client.register_script(_REOPEN)
 
     def key(self, name: str) -> str:
         return f"{self.base}:{name}"
@@ -210,6 +230,15 @@ class CampaignState:
         if ids:
             self.client.delete(*(self.key(f"done:{r}") for r in ids))
 
+    def reopen(self, runs: Mapping[str, str]) -> int:
+        """Make ``runs`` (run_id -> model) executable again (``--retry-failed``): their done
+        markers and counts are dropped, so claims no longer see them done. Returns markers removed."""
+        items = list(runs.items())
+        removed = 0
+        for i in range(0, len(items), 500):  # bounded script arguments
+            removed += int(self._reopen(keys=[self.base], args=[x for pair in items[i : i + 500] for x in pair]))
+        return removed
+
     # ----- completion and progress (orchestrator side) ---------------------------------------------
     def done_since(self, cursor: int, limit: int = 10_000) -> tuple[list[str], int]:
         """run_ids announced done after position ``cursor`` of the done log, and the new cursor.
@@ -248,6 +277,16 @@ class CampaignState:
     def queued(self) -> dict[str, float]:
         """run_id -> dispatch time (Redis seconds) of every published, unclaimed run."""
         return {_s(m): float(s) for m, s in self.client.zrange(self.key("queued"), 0, -1, withscores=True)}
+
+    def next_due_in_s(self) -> float | None:
+        """Seconds until the earliest deferred run is due (<= 0: due now), None if none."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrange(self.key("delayed"), 0, 0, withscores=True)
+        pipe.time()
+        first, (sec, usec) = pipe.execute()
+        if not first:
+            return None
+        return float(first[0][1]) - (float(sec) + float(usec) / 1e6)
 
     def delayed_count(self) -> int:
         return int(self.client.zcard(self.key("delayed")))

@@ -97,6 +97,23 @@ class RedisGate:
         pipe.hget(self._state.key("gate"), model)
         return self._remember(model, _reason(*await pipe.execute()), now)
 
+    async def admission_async(self, model: str, limiter_state_key: str) -> tuple[str | None, float]:
+        """The check right before a call is sent, in one round trip: the gate's answer, and how
+        long a cooldown (a 429 another run met after our permit was granted) still has to go, in
+        seconds on Redis's clock (0 if none). ``limiter_state_key``: the limiter's model HASH."""
+        now = self._clock()
+        if self._aclient is None:
+            return await asyncio.to_thread(self.refresh, model), 0.0
+        pipe = self._aclient.pipeline(transaction=False)
+        pipe.get(self._state.key("cancel"))
+        pipe.hget(self._state.key("gate"), model)
+        pipe.hget(limiter_state_key, "cool")
+        pipe.time()
+        cancel, closed, cool, (sec, usec) = await pipe.execute()
+        reason = self._remember(model, _reason(cancel, closed), now)
+        cooling_s = (float(cool) - (int(sec) * 1_000_000 + int(usec))) / 1e6 if cool is not None else 0.0
+        return reason, max(cooling_s, 0.0)
+
     def _observe_once(self, model: str, outcome: Outcome, detail: str | None) -> None:
         gate, streak = self._state.key("gate"), self._state.key("streak")
         if outcome is Outcome.RETIRED:

@@ -176,6 +176,10 @@ class RedisLimiter:
     def _keys(self, model: str) -> list[str]:
         return _keys(self._prefix, model)
 
+    def state_key(self, model: str) -> str:
+        """The model's state HASH (field ``cool``: cooldown end, us on Redis's clock)."""
+        return self._keys(model)[1]
+
     def _channel(self, model: str) -> str:
         return self._chan_head + model
 

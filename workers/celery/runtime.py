@@ -170,14 +170,16 @@ class DeferringLimiter:
                 raise Deferred(d.wait_s, d.reason, reserved=d.reserved_at_s is not None) from None
             except LimiterUnavailable as exc:
                 raise Deferred(self._min_defer_s * 4, "limiter unavailable") from exc
-            permit = await self._admit(permit)
+            permit, cooling_s = await self._admit(permit)
             late_s = self._late_s(permit)
-            if late_s is None or regrant == self._max_regrants:
+            if (late_s is None and cooling_s <= 0) or regrant == self._max_regrants:
                 return permit
             # CPU starvation: the grant is older than the limiter's jitter allowance, so sending
-            # now could put one request too many into the provider's window. Give it back (its
-            # rate slot stays spent: never a burst) and take a fresh one.
-            log.info("permit_regranted", model=model, late_s=round(late_s, 3), regrant=regrant + 1)
+            # now could put one request too many into the provider's window; or a 429 started a
+            # cooldown after the grant. Give it back (its rate slot stays spent: never a burst)
+            # and take a fresh one (which waits out the cooldown).
+            log.info("permit_regranted", model=model, late_s=round(late_s or 0.0, 3),
+                     cooling_s=round(cooling_s, 3), regrant=regrant + 1)
             await self.release(permit)
         raise AssertionError("unreachable")
 
@@ -188,10 +190,11 @@ class DeferringLimiter:
         delay = time.monotonic() - permit.granted_mono_s
         return delay if delay > self._allowance_s else None
 
-    async def _admit(self, permit: Permit) -> Permit:
-        # A 410 may have closed the model while we waited: don't make the call.
+    async def _admit(self, permit: Permit) -> tuple[Permit, float]:
+        """The gate re-check (a 410 may have closed the model while we waited: don't make the
+        call) and the cooldown still to go, in one round trip."""
         try:
-            reason = await self._gate.closed_reason_async(permit.model)
+            reason, cooling_s = await self._gate.admission_async(permit.model, self._inner.state_key(permit.model))
         except RedisError:
             await self.release(permit)
             raise
@@ -199,7 +202,7 @@ class DeferringLimiter:
             await self.release(permit)
             raise GateClosed(reason)
         self._rt.hold_permit(permit)
-        return permit
+        return permit, cooling_s
 
     async def release(self, permit: Permit, actual_tokens: int | None = None) -> None:
         self._rt.drop_permit(permit)

@@ -1,8 +1,8 @@
 """Provider clients, one per wire format (OpenAI-compatible, Ollama), behind ``base.Provider``.
 
 ``registry.make_provider`` picks one for an endpoint; ``_http`` (sending, status classification,
-bounded decoding) is private to this package, except ``parse_retirement``, which other layers use
-through this package.
+bounded decoding) is private to this package; ``parse_retirement`` (a 410 body's retirement date
+and reference) is the part other layers use.
 """
 
 from workers.providers._http import parse_retirement
