@@ -46,14 +46,16 @@ CELL_COLUMNS = (
 
 
 def read_checked(dataset, options: AnalysisOptions, filters: dict,
-                 columns: tuple[str, ...] | None = None) -> tuple[pa.Table, list[str]]:
+                 columns: tuple[str, ...] | None = None, sort_by_key: bool = True
+                 ) -> tuple[pa.Table, list[str]]:
     """Read a dataset (``columns`` only, if given; those the dataset has); unreadable files
     fail with their names, or are skipped (and listed) with ``options.skip_corrupt``."""
     window = {"date_from": options.date_from, "date_to": options.date_to}
     if columns is not None:
         columns = tuple(c for c in columns if c in dataset.spec.schema.names)
     try:
-        return dataset.read(filters=filters, columns=columns, **window), []
+        return dataset.read(filters=filters, columns=columns, sort_by_key=sort_by_key,
+                            **window), []
     except StorageError as exc:
         files = dataset.data_files(options.date_from, options.date_to)
         bad = []
@@ -96,7 +98,7 @@ def read_inputs(data_dir: Path, options: AnalysisOptions) -> tuple[pa.Table, pa.
             "(`irbench run <campaign.toml>`) or pass the directory that holds its runs"
         )
     runs, bad_r = read_checked(RunStore(data_dir, fsync=False).dataset, options, filters_of(options),
-                              RUN_COLUMNS)
+                              RUN_COLUMNS, sort_by_key=False)
     cells, bad_c = read_checked(CellStore(data_dir, fsync=False).dataset, options,
                                 filters_of(options), CELL_COLUMNS)
     if runs.num_rows == 0 and cells.num_rows == 0:

@@ -59,6 +59,9 @@ def main() -> None:
     ap.add_argument("--sizes", default="50x80x5,50x400x5")
     ap.add_argument("--replicates", type=int, default=10_000)
     ap.add_argument("--store-dir", type=Path, default=None)
+    ap.add_argument("--store", type=Path, default=None,
+                    help="analyse this data directory instead (e.g. the 100 x 10,000 panel "
+                    "written by bench/analysis_scale.py --keep-store); --sizes is then its label")
     ap.add_argument("--executor", default="local")
     ap.add_argument("--broker", default=None)
     ap.add_argument("--baseline-src", type=Path, default=None,
@@ -68,9 +71,9 @@ def main() -> None:
     extra = ["--executor", args.executor] + (["--broker", args.broker] if args.broker else [])
     with tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes.split(","):
-            m, p, r = (int(x) for x in size.split("x"))
-            store = (args.store_dir or Path(tmp)) / size
-            if not (store / "runs").is_dir():
+            m, p, r = (int(x) for x in (size.split("x") + ["1"])[:3])
+            store = args.store or (args.store_dir or Path(tmp)) / size
+            if args.store is None and not (store / "runs").is_dir():
                 t0 = time.perf_counter()
                 n = write_run_store(store, models=m, prompts=p, runs=r)
                 print(f"{size}: wrote {n} runs in {time.perf_counter() - t0:.1f} s", flush=True)

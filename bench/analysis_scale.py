@@ -187,7 +187,7 @@ def main() -> None:
                   f"{r['analyze_s'] / ref:.2f}; {load_average()}", flush=True)
         else:
             print(f"{m}x{p}: whole analyze skipped (> --skip-analyze-above cells)")
-        if size == args.sizes.split(",")[0]:
+        if size == args.sizes.split(",")[0] and m * p <= 1000:  # the loop is minutes beyond
             ref, wall_l, _ = measure(lambda: loop_retention(s, args.replicates, args.seed), False)
             # same generator stream (integers(0, P, (c, P)) row by row), so equal retention
             walls = [measure(lambda: joint_cluster_bootstrap(

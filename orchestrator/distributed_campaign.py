@@ -6,7 +6,8 @@ campaign or the store (issue 9):
 * **dispatch** publishes pending runs (task id = run_id, models interleaved) while fewer than
   ``max_outstanding`` are queued or running, and re-publishes deferred runs whose time has come
   (``CampaignState.pop_due``: the delayed set is ours, in Redis, not countdown messages inside
-  workers that can die);
+  workers that can die; a run due before the next look, at most ``poll_interval_s`` ahead, goes
+  out with the remainder as a countdown, so a reserved rate slot is met exactly);
 * **progress** comes from the campaign's Redis counters (O(models));
 * **completion** reads the done log from a cursor (O(runs finished since)), then verifies the
   store once at the end with an incremental file cursor (``StoreCursor``): a done run whose
@@ -149,7 +150,8 @@ class DistributedCampaign:
         return with_retry(fn, what, budget_s=budget, max_backoff_s=self.options.redis_backoff_max_s,
                           sleep=self.bundle.sleep, clock=self.bundle.clock)
 
-    def _publish(self, tasks: Sequence[RunTask], why: str | None = None) -> None:
+    def _publish(self, tasks: Sequence[RunTask], why: str | None = None,
+                 countdown_s: dict[str, float] | None = None) -> None:
         """Record then publish (a kill between the two leaves queued entries that the reconciler
         finds missing from the broker and re-sends). Each message carries ``measured_on`` = the
         UTC dispatch date, so every redelivery of a run writes to the same partition."""
@@ -165,8 +167,10 @@ class DistributedCampaign:
                 self.state.record_dispatch(t.run_id for t in batch)
                 with self.bundle.broker.producer_or_acquire() as producer:
                     for t in batch:
+                        wait = (countdown_s or {}).get(t.run_id, 0.0)
                         self.bundle.broker.send_task(RUN_TASK_NAME, args=(t.model_dump(mode="json"), root),
-                                                     task_id=t.run_id, queue=self.options.queue, producer=producer)
+                                                     task_id=t.run_id, queue=self.options.queue, producer=producer,
+                                                     countdown=wait if wait > 0.001 else None)
 
             self._redis(send, "dispatching")
         if why:
@@ -237,11 +241,12 @@ class DistributedCampaign:
     def dispatch(self) -> int:
         """Publish due deferred runs, then pending runs up to the outstanding window."""
         sent = 0
-        due = self._redis(lambda: self.state.pop_due(self.options.dispatch_batch * 10), "moving due runs")
+        ahead = self.options.poll_interval_s  # due before the next look: sent now, with the rest as countdown
+        due = self._redis(lambda: self.state.pop_due(self.options.dispatch_batch * 10, ahead), "moving due runs")
         if due:
             tasks = [self.by_id[r] for r in due if r in self.by_id]
             tasks = self._drop_poisoned(tasks)
-            self._publish(tasks)
+            self._publish(tasks, countdown_s=due)
             sent += len(tasks)
         if self.to_send:
             room = self.options.max_outstanding - self._redis(self.state.outstanding, "counting outstanding runs")

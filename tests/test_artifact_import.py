@@ -140,30 +140,27 @@ def test_import_records_the_studys_families(imported, tmp_path):
     assert families_for(tmp_path, None) == ({}, "default rule")
 
 
-def test_mistral_pair_agrees_with_scipy(analysed):
-    panel, _ = analysed
+def _pair_check(panel, model_a: str, model_b: str) -> tuple[dict, np.ndarray]:
+    """The pairs.parquet row of (model_a, model_b) and its per-prompt differences b − a,
+    recomputed from cells.parquet's chosen cells."""
     cells = pq.read_table(panel.paths["cells"]).to_pylist()
     chosen = {(c["model"], c["prompt_sha256"]): c["mean_jaccard"] for c in cells
               if c["chosen_highest_budget_first"]}
-    a = {p: v for (m, p), v in chosen.items() if m == "ministral-3:8b"}
-    b = {p: v for (m, p), v in chosen.items() if m == "mistral-large-3:675b"}
-    d = np.round(np.array([b[p] - a[p] for p in sorted(set(a) & set(b))]), 12)
-    row = [p for p in pq.read_table(panel.paths["pairs"]).to_pylist() if p["family"] == "mistral"][0]
-    assert row["n_common"] == d.size == 18
-    assert row["p_zsplit"] == pytest.approx(wilcoxon(d, zero_method="zsplit").pvalue, rel=1e-12)
-
-
-def test_pairs_agree_with_scipy(analysed):
-    panel, _ = analysed
-    cells = pq.read_table(panel.paths["cells"]).to_pylist()
-    chosen = {(c["model"], c["prompt_sha256"]): c["mean_jaccard"] for c in cells
-              if c["chosen_highest_budget_first"]}
-    a = {p: v for (m, p), v in chosen.items() if m == "gpt-oss:120b"}
-    b = {p: v for (m, p), v in chosen.items() if m == "gpt-oss:20b"}
+    a = {p: v for (m, p), v in chosen.items() if m == model_a}
+    b = {p: v for (m, p), v in chosen.items() if m == model_b}
     d = np.round(np.array([b[p] - a[p] for p in sorted(set(a) & set(b))]), 12)
     row = [p for p in pq.read_table(panel.paths["pairs"]).to_pylist()
-           if p["model_a"] == "gpt-oss:120b"][0]
-    assert row["n_common"] == d.size and row["mean_diff"] == pytest.approx(d.mean())
+           if (p["model_a"], p["model_b"]) == (model_a, model_b)][0]
+    return row, d
+
+
+@pytest.mark.parametrize("model_a, model_b, n", [
+    ("gpt-oss:120b", "gpt-oss:20b", None), ("ministral-3:8b", "mistral-large-3:675b", 18)])
+def test_pairs_agree_with_scipy(analysed, model_a, model_b, n):
+    panel, _ = analysed
+    row, d = _pair_check(panel, model_a, model_b)
+    assert row["n_common"] == d.size and (n is None or d.size == n)
+    assert row["mean_diff"] == pytest.approx(d.mean())
     assert row["p_drop"] == pytest.approx(wilcoxon(d, zero_method="wilcox").pvalue, rel=1e-12)
     assert row["p_zsplit"] == pytest.approx(wilcoxon(d, zero_method="zsplit").pvalue, rel=1e-12)
 

@@ -123,16 +123,20 @@ end
 return n
 """
 
-# ARGV: max. Moves up to max due runs from delayed to queued (now); returns their ids.
+# ARGV: max, ahead_s. Moves up to max runs due within ahead_s from delayed to queued (now);
+# returns {run_id, seconds until due (<= 0: overdue), ...}.
 _POP_DUE = f"""
 local p = KEYS[1]
 {_NOW}
-local due = redis.call('ZRANGEBYSCORE', p .. ':delayed', '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
-for _, r in ipairs(due) do
-  redis.call('ZREM', p .. ':delayed', r)
-  redis.call('ZADD', p .. ':queued', now, r)
+local due = redis.call('ZRANGEBYSCORE', p .. ':delayed', '-inf', now + tonumber(ARGV[2]), 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[1]))
+local out = {{}}
+for i = 1, #due, 2 do
+  redis.call('ZREM', p .. ':delayed', due[i])
+  redis.call('ZADD', p .. ':queued', now, due[i])
+  table.insert(out, due[i])
+  table.insert(out, tostring(tonumber(due[i + 1]) - now))
 end
-return due
+return out
 """
 
 # ARGV: run_id... For each running run whose claim key is gone (its worker died or stalled
@@ -291,9 +295,11 @@ class CampaignState:
     def delayed_count(self) -> int:
         return int(self.client.zcard(self.key("delayed")))
 
-    def pop_due(self, limit: int) -> list[str]:
-        """Move up to ``limit`` due deferred runs to ``queued`` and return them (to publish)."""
-        return [_s(x) for x in self._pop_due(keys=[self.base], args=[int(limit)])]
+    def pop_due(self, limit: int, ahead_s: float = 0.0) -> dict[str, float]:
+        """Move up to ``limit`` deferred runs due within ``ahead_s`` to ``queued``; returns
+        run_id -> seconds until due (<= 0: overdue), to publish with that countdown."""
+        res = self._pop_due(keys=[self.base], args=[int(limit), max(ahead_s, 0.0)])
+        return {_s(res[i]): float(res[i + 1]) for i in range(0, len(res), 2)}
 
     def lost_running(self, run_ids: Iterable[str]) -> dict[str, int]:
         """Of ``run_ids`` (running), those whose claim expired: run_id -> failure count."""
