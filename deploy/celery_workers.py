@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
+__all__ = ["CeleryWorkers", "CeleryWorkersError"]
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -1,13 +1,16 @@
 """Campaign spec, corpus loading, planning, dispatch/resume/status, executors and the ``irbench``
-CLI (imports workers, storage, analysis, and simulator for ``irbench simulate``/``demo``)."""
+CLI (imports workers, storage, analysis, and the simulator and viewer it hosts: ``irbench
+simulate``, ``demo``, ``view``)."""
 
 __all__ = [
     "analysis_jobs",
+    "analysis_progress",
     "analysis_tasks",
     "artifact_import",
     "audit_cli",
     "availability",
     "campaign",
+    "campaign_limits",
     "celery_executor",
     "celery_options",
     "cli",
@@ -16,14 +19,20 @@ __all__ = [
     "distributed_campaign",
     "distributed_cli",
     "instruction",
+    "llama_server",
     "local",
     "ops_cli",
     "plan",
     "probe",
     "progress",
+    "real_cli",
+    "real_demo",
     "report_cli",
     "spec",
     "status_report",
     "store_cursor",
+    "user_errors",
+    "view_cli",
     "worker_app",
+    "worker_checks",
 ]

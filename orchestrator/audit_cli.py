@@ -14,11 +14,10 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from orchestrator.analysis_progress import StageProgress
-from orchestrator.user_errors import fail
+from orchestrator.user_errors import fail as _fail
 from storage.errors import IrbenchError
 
 _EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -26,10 +25,6 @@ _EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 def _console() -> Console:
     return Console(width=None if sys.stdout.isatty() else 140)
-
-
-def _fail(exc: Exception) -> None:
-    fail(exc)
 
 
 def _fmt(x, digits: int = 3) -> str:

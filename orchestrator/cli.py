@@ -74,10 +74,6 @@ def _setup_logging(log_file: Path | None, verbose: bool) -> Redactor:
     return configure_logging(level="DEBUG" if verbose else "WARNING")
 
 
-def _fail(exc: Exception) -> None:
-    fail(exc)
-
-
 @app.command()
 def run(
     campaign: Annotated[Path, typer.Argument(help="Campaign TOML file.", exists=True, dir_okay=False)],
@@ -143,7 +139,7 @@ def run(
             with ModelBars(console, enabled=progress) as bars:
                 skipped, summary = run_campaign_local(prepared, store, secrets, on_progress=bars.update)
     except IrbenchError as exc:
-        _fail(exc)
+        fail(exc)
         return
     console.print(
         f"campaign [bold]{spec.name}[/]: {len(prepared.tasks)} runs planned, {skipped} already stored, "
@@ -221,7 +217,7 @@ def status(
             wait_with_countdown(broker, broker_wait_s, sys.stderr)
             live = campaign_status_celery(prepared, RunStore(data), broker, skip_corrupt=skip_corrupt)
     except IrbenchError as exc:
-        _fail(exc)
+        fail(exc)
         return
     for path in st.skipped_files:
         _warn(f"skipped unreadable file {path}")
@@ -286,7 +282,7 @@ def cancel(
         wait_with_countdown(url, float(os.environ.get("IRBENCH_BROKER_WAIT_S", "10")), sys.stderr)
         cancel_campaign(spec.name, url, reason=reason)
     except IrbenchError as exc:
-        _fail(exc)
+        fail(exc)
         return
     console.print(f"campaign {spec.name}: cancelled ({reason}); workers record the remaining runs as cancelled")
 
@@ -315,7 +311,7 @@ def worker(
         settings = worker_settings(url, claim_ttl_s=claim_ttl_s, lease_ttl_s=lease_ttl_s,
                                    spool_max_rows=spool_max_rows, spool_max_age_s=spool_max_age_s)
     except IrbenchError as exc:
-        _fail(exc)
+        fail(exc)
         return
     run_worker(url, concurrency=concurrency, queues=tuple(q for q in queues.split(",") if q),
                data_dir=str(data.resolve()), loglevel=loglevel, settings=settings)
@@ -350,7 +346,7 @@ def simulate(
     try:
         cfg = load_sim_config(config)
     except (IrbenchError, ValueError) as exc:
-        _fail(exc)
+        fail(exc)
         return
     console.print(f"simulating {len(cfg.models)} models on http://{host}:{port} (Ctrl-C to stop)")
     serve(cfg, host, port)
@@ -372,7 +368,7 @@ def demo(
     try:
         run_demo(workdir, examples, console, progress=progress)
     except IrbenchError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 def _register_more_commands() -> None:

@@ -239,7 +239,7 @@ async def run_local(
             by_model[model][record.outcome.value] += 1
             state.done += 1
             state.outcomes[record.outcome.value] += 1
-            if record.outcome is not Outcome.OK or not record.succeeded:
+            if record.failed:
                 state.failed += 1
             if on_progress:
                 on_progress(model, state)

@@ -22,16 +22,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.user_errors import fail
+from orchestrator.user_errors import fail as _fail
 from workers.errors import ConfigError, IrbenchError
 
 
 def _console() -> Console:
     return Console(width=None if sys.stdout.isatty() else 160)
-
-
-def _fail(exc: Exception) -> None:
-    fail(exc)
 
 
 def _endpoint_urls(values: list[str] | None) -> dict[str, str]:

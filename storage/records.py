@@ -180,3 +180,9 @@ class RunRecord(BaseModel):
     def succeeded(self) -> bool:
         """A run that produced a parseable IR (the metrics' definition of a run)."""
         return run_succeeded(self.parse_outcome, self.ir_json)
+
+    @property
+    def failed(self) -> bool:
+        """What progress and campaign state count as failed: the call did not end ``ok`` or the
+        answer yielded no IR (a truncated answer that still parsed counts as failed here)."""
+        return self.outcome is not Outcome.OK or not self.succeeded

@@ -18,4 +18,5 @@ __all__ = [
     "providers",
     "retry",
     "runtask",
+    "secrets",
 ]

@@ -73,7 +73,6 @@ class CheckSettings:
     concurrency: int = 4
 
 
-
 def _status_of(exc: ProviderError, listed: bool | None) -> Availability:
     if isinstance(exc, ModelRetired):
         return Availability.RETIRED

@@ -27,7 +27,7 @@ from typing import Any
 import structlog
 from celery import Celery
 
-from storage.records import ERROR_TEXT_MAX_CHARS, Outcome
+from storage.records import ERROR_TEXT_MAX_CHARS
 from workers.celery.campaign_state import BUSY, DONE, CampaignState
 from workers.celery.gate import RedisGate
 from workers.celery.redis_retry import TRANSIENT, with_retry
@@ -78,7 +78,7 @@ def execute_one(rt: WorkerRuntime, state: CampaignState, task: RunTask, data_dir
     finally:
         rt.drop_claim(task.run_id)
     spool.append([record])  # durable (group commit) before the done marker and the ack
-    failed = record.outcome is not Outcome.OK or not record.succeeded
+    failed = record.failed
     with_retry(lambda: state.mark_done(task.run_id, task.model, record.outcome.value, failed, len(record.attempts)),
                "marking a run done", budget_s=s.redis_retry_s)
     return record.outcome.value
