@@ -93,7 +93,7 @@ def print_panel(console: Console, name: str, panel) -> None:  # noqa: ANN001
 
 
 def analyze_command(
-    data: Annotated[Path, typer.Option("--data", help="Dataset root (runs/ and cells/).")] = Path("data"),
+    data: Annotated[Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root (runs/ and cells/).")] = Path("data"),
     out: Annotated[Path, typer.Option("--out", help="Output directory (one subdirectory per panel).")] = Path("out"),
     min_runs: Annotated[int, typer.Option(help="Successful runs a cell needs to enter the table.")] = 2,
     min_prompts: Annotated[int, typer.Option(help="Distinct prompts with an included cell a model needs.")] = 3,
@@ -146,7 +146,7 @@ def analyze_command(
 
 def import_artifact_command(
     path: Annotated[Path, typer.Argument(help="The artifact's root (holds corpus/ and results/).")],
-    data: Annotated[Path, typer.Option("--data", help="Dataset root to import into.")] = Path("data"),
+    data: Annotated[Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root to import into.")] = Path("data"),
     mapping: Annotated[Path, typer.Option("--mapping", help="Campaign → panel/precedence mapping TOML.")] = _EXAMPLES / "artifact_campaigns.toml",
 ) -> None:
     """Import the published study artifact: raw IRs as runs, stability CSVs as cell measurements.

@@ -24,7 +24,9 @@ app = typer.Typer(
 console = Console(width=None if sys.stdout.isatty() else 120)
 err_console = Console(stderr=True)
 
-DataOpt = Annotated[Path, typer.Option("--data", help="Dataset root (runs are stored under DATA/runs/).")]
+DataOpt = Annotated[
+    Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root (runs are stored under DATA/runs/; or IRBENCH_DATA).")
+]
 BrokerOpt = Annotated[
     Optional[str],
     typer.Option("--broker", envvar="IRBENCH_BROKER_URL", help="Redis URL of the Celery broker (or IRBENCH_BROKER_URL)."),
@@ -58,7 +60,10 @@ def _fail(exc: Exception) -> None:
 
 @app.command()
 def run(
-    campaign: Annotated[Path, typer.Argument(help="Campaign TOML file.", exists=True, dir_okay=False)],
+    campaign: Annotated[
+        Optional[Path], typer.Argument(help="Campaign TOML file (or describe one with --model/--base-url/--prompts).",
+                                       exists=True, dir_okay=False)
+    ] = None,
     data: DataOpt = Path("data"),
     executor: Annotated[
         Optional[str], typer.Option(help="'local' (in-process) or 'celery'; default: the campaign's executor.kind.")
@@ -70,18 +75,34 @@ def run(
     progress: Annotated[bool, typer.Option(help="Show a progress bar per model.")] = True,
     log_file: Annotated[Optional[Path], typer.Option(help="Write JSON logs here instead of stderr.")] = None,
     verbose: bool = False,
+    model: Annotated[Optional[str], typer.Option(help="Ad-hoc run (no TOML): the model id to call.")] = None,
+    base_url: Annotated[Optional[str], typer.Option(help="Ad-hoc run: the endpoint, e.g. http://127.0.0.1:8765.")] = None,
+    wire_format: Annotated[str, typer.Option(help="Ad-hoc run: 'openai' or 'ollama'.")] = "openai",
+    api_key_env: Annotated[Optional[str], typer.Option(help="Ad-hoc run: NAME of the variable holding the key (.env is read).")] = None,
+    prompts: Annotated[Optional[Path], typer.Option(help="Ad-hoc run: folder of prompt files.")] = None,
+    runs: Annotated[int, typer.Option(help="Ad-hoc run: runs per prompt.")] = 1,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Ad-hoc run: token cap (default: none).")] = None,
+    temperature: Annotated[float, typer.Option(help="Ad-hoc run: sampling temperature.")] = 0.0,
+    name: Annotated[Optional[str], typer.Option(help="Ad-hoc run: campaign name (default: derived from the flags).")] = None,
 ) -> None:
     """Run (or resume) a campaign: only runs without a stored record are executed.
 
     Example: irbench run examples/demo.toml --data data/
+    Example: irbench run --model sim-steady --base-url http://127.0.0.1:8765 --prompts examples/prompts --runs 3 --data data/
+    (an ad-hoc run writes its campaign file to DATA/campaigns/; the same command again resumes it)
     """
     from orchestrator.campaign import prepare, resolve_secrets, run_campaign_local
     from orchestrator.progress import ModelBars
     from orchestrator.spec import load_campaign
     from storage.runs import RunStore
 
+    from orchestrator.adhoc import campaign_file_for
+
     redactor = _setup_logging(log_file, verbose)
     try:
+        campaign = campaign_file_for(campaign, data, model=model, base_url=base_url, wire_format=wire_format,
+                                     api_key_env=api_key_env, prompts=prompts, runs=runs, max_tokens=max_tokens,
+                                     temperature=temperature, name=name)
         spec = load_campaign(campaign)
         kind = executor or spec.executor.kind
         if kind not in ("local", "celery"):
@@ -318,7 +339,10 @@ _register_more_commands()
 
 def main() -> None:
     """Console-script entry point."""
+    from orchestrator.envfile import load_env_file
+
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    load_env_file(Path.cwd() / ".env")
     try:
         app()
     except KeyboardInterrupt:
