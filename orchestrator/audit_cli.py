@@ -148,13 +148,14 @@ def import_artifact_command(
     path: Annotated[Path, typer.Argument(help="The artifact's root (holds corpus/ and results/).")],
     data: Annotated[Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root to import into.")] = Path("data"),
     mapping: Annotated[Path, typer.Option("--mapping", help="Campaign → panel/precedence mapping TOML.")] = _EXAMPLES / "artifact_campaigns.toml",
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="List every incomplete cell and missing prompt file.")] = False,
 ) -> None:
     """Import the published study artifact: raw IRs as runs, stability CSVs as cell measurements.
 
     Also imports the availability audit and the budget probe (results/model_availability.csv,
     results/failure_attribution.csv) so availability history starts with real data.
-    Idempotent: importing twice writes nothing new. Prints, per CSV cell, runs found vs the
-    CSV's successful_runs when they differ.
+    Idempotent: importing twice writes nothing new. Prints what was read and written and the
+    coverage per panel × campaign (raw runs found vs the CSVs' successful_runs); -v lists each cell.
 
     Example: irbench import-artifact ../shared/paper-artifact --data data/
     """
@@ -167,13 +168,8 @@ def import_artifact_command(
     except (IrbenchError, ValueError, OSError) as exc:
         _fail(exc)
         return
+    from orchestrator.summary_tables import import_tables
+
     console = _console()
-    for line in report.lines():
-        console.print(line, markup=False, highlight=False)
-    console.print(
-        f"availability: {availability.availability_rows} checks imported "
-        f"({len(availability.retired_models)} models retired); probes: {availability.probe_rows} rows",
-        markup=False, highlight=False,
-    )
-    for note in availability.notes:
-        console.print(f"  note: {note}", markup=False, highlight=False)
+    for part in import_tables(report, availability, verbose=verbose):
+        console.print(part)

@@ -115,7 +115,7 @@ def run(
 
             url = _broker_url(broker, spec.executor.broker)
             done_before = len(store.completed_run_ids(spec.name) & {t.run_id for t in prepared.tasks})
-            with ModelBars(console, enabled=progress) as bars:
+            with ModelBars(enabled=progress) as bars:
                 summary = run_campaign_celery(
                     prepared,
                     store,
@@ -129,7 +129,7 @@ def run(
             secrets = resolve_secrets(spec)
             for value in secrets.values():
                 redactor.add_secret(value)
-            with ModelBars(console, enabled=progress) as bars:
+            with ModelBars(enabled=progress) as bars:
                 skipped, summary = run_campaign_local(prepared, store, secrets, on_progress=bars.update)
     except IrbenchError as exc:
         _fail(exc)
@@ -268,16 +268,20 @@ def worker(
 
 
 @app.command()
-def compact(data: DataOpt = Path("data")) -> None:
+def compact(
+    data: DataOpt = Path("data"),
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also one row per date partition.")] = False,
+) -> None:
     """Merge the small Parquet files of every date partition into one, deduplicated by run_id.
 
     Example: irbench compact --data data/
     """
+    from orchestrator.summary_tables import compaction_tables
     from storage.runs import RunStore
 
     _setup_logging(None, False)
-    report = RunStore(data).compact()
-    console.print(str(report))
+    for part in compaction_tables(RunStore(data).compact(), verbose=verbose):
+        console.print(part)
 
 
 @app.command()

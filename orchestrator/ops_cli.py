@@ -76,7 +76,7 @@ def probe_command(
             execute = celery_execute(broker)  # workers read keys from their own environment
         elif executor != "local":
             raise ConfigError(f"--executor {executor!r}: use 'local' or 'celery'")
-        with ModelBars(console, enabled=progress and executor == "local") as bars:
+        with ModelBars(enabled=progress and executor == "local") as bars:
             result = run_probe(probe, data, settings=settings, base_urls=_endpoint_urls(endpoint_url),
                                on_progress=bars.update, out_path=out, execute=execute)
     except (IrbenchError, ValueError) as exc:
