@@ -7,8 +7,8 @@ for completion. A reconciler re-dispatches runs with no stored outcome whose las
 (dispatch, start, heartbeat, deferral end; Redis clock) is older than ``reconcile_after_s``:
 that covers a worker killed mid-run, a Redis restart that lost queued messages and an
 orchestrator killed mid-dispatch. Restarting = calling it again. Redis errors are retried with
-backoff, never fatal. Duplicated messages are harmless: workers claim runs and the store keeps
-the first record of a run_id.
+backoff, never fatal. Duplicated messages are harmless: workers claim runs, and a run executed
+twice is stored as two executions (readers use the latest, ``storage.runs.EXECUTION_RULE``).
 
 Availability (issue 5), as in the local executor: a model whose latest availability check found
 it gone (``AvailabilityStore.unavailable_models``) is closed in the campaign's Redis gate, so a

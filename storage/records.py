@@ -11,11 +11,14 @@ Units are in field names: ``*_ms`` milliseconds, ``*_s`` seconds, ``*_chars`` ch
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
+#: 2: ``execution_id`` and ``finished_at`` (every execution of a run is its own row); files of
+#: version 1 stay readable (both columns read as null).
+SCHEMA_VERSION = 2
 ERROR_TEXT_MAX_CHARS = 2000
 
 
@@ -37,6 +40,7 @@ class Outcome(StrEnum):
     SERVER_ERROR = "server_error"
     PROTOCOL_ERROR = "protocol_error"
     CANCELLED = "cancelled"
+    WORKER_ERROR = "worker_error"  # the run's task raised or killed its worker N times (poison run)
 
 
 class ParseOutcome(StrEnum):
@@ -66,8 +70,18 @@ class Attempt(BaseModel):
     error: str | None = Field(default=None, max_length=ERROR_TEXT_MAX_CHARS)
 
 
+def new_execution_id() -> str:
+    """A fresh execution id (32 hex chars): one per execution of a run, never reused."""
+    return uuid.uuid4().hex
+
+
 class RunRecord(BaseModel):
-    """Everything known about one run. Flat so it maps 1:1 onto the Arrow schema."""
+    """Everything known about one *execution* of a run. Flat so it maps 1:1 onto the Arrow schema.
+
+    A run (``run_id``) may be executed more than once (redelivery under at-least-once, retry of a
+    failed run); every execution is stored as its own row with its own ``execution_id``, and
+    readers pick one per run_id by :data:`storage.runs.EXECUTION_RULE` (the latest).
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -127,6 +141,14 @@ class RunRecord(BaseModel):
     node_count: int = 0
     duplicate_id_count: int = 0
     irbench_version: str = ""
+    # schema version 2: which execution of the run this row is
+    execution_id: str | None = Field(
+        default_factory=new_execution_id,
+        description="one per execution of the run; None only in rows of schema version 1",
+    )
+    finished_at: dt.datetime | None = Field(
+        default=None, description="UTC end of the execution (None: imports, schema version 1)"
+    )
 
     @property
     def succeeded(self) -> bool:

@@ -96,6 +96,9 @@ RUN_FIELDS: list[pa.Field] = [
     _f("node_count", pa.int64(), False),
     _f("duplicate_id_count", pa.int64(), False),
     _f("irbench_version", pa.string(), False),
+    # schema version 2 (nullable: version 1 files lack them)
+    _f("execution_id", pa.string()),
+    _f("finished_at", TIMESTAMP),
 ]
 
 RUN_SCHEMA: pa.Schema = pa.schema(
@@ -118,6 +121,8 @@ def schema_version_of(schema: pa.Schema) -> int | None:
 
 def _check_aware(record: RunRecord) -> None:
     stamps: list[tuple[str, dt.datetime]] = [(f, getattr(record, f)) for f in _DATETIME_FIELDS]
+    if record.finished_at is not None:
+        stamps.append(("finished_at", record.finished_at))
     stamps += [(f"attempts[{a.attempt}].started_at", a.started_at) for a in record.attempts]
     for name, value in stamps:
         if value.tzinfo is None or value.utcoffset() is None:

@@ -210,6 +210,7 @@ def _record(
         measured_at=measured_at,
         measurement_date=task.measured_on or measured_at.date(),
         attempts=attempts,
+        finished_at=ctx.clock.now(),
         irbench_version=_package_version(),
     )
     if not attempts:  # closed before the first call

@@ -3,8 +3,9 @@
 Arguments are JSON only: ``RunTask.model_dump(mode="json")`` and the store root (never a
 secret: the API key is read by the worker from its own environment). Order of effects:
 claim (skip if done / live elsewhere) → already stored? → ``execute_run`` on the process's
-loop → ``RunStore.write([record])`` (``<run_id>.parquet``, first writer wins) → done marker and
-counters → return (ack). A permit that is not available within a second or two re-publishes
+loop → ``RunStore.write([record])`` (a new execution of the run: every execution is kept) →
+done marker and counters → return (ack). A crash between the write and the done marker makes
+the redelivery execute the run again: both executions are stored, readers use the latest. A permit that is not available within a second or two re-publishes
 the same run with a countdown (a deferral: no Celery retry, no attempt spent). When the limiter
 reserved a rate slot for the run, the countdown is exactly the time to that slot (no jitter:
 the slot has one owner); otherwise it is jittered so deferred runs do not return together.
@@ -18,13 +19,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import pyarrow.parquet as pq
 import structlog
 from celery import Celery
 from redis.exceptions import RedisError
 
 from storage.records import Outcome
-from storage.runs import RunStore, file_stem_for
 from workers.campaign_state import BUSY, DONE, CampaignState
 from workers.execute import RunContext, execute_run
 from workers.redis_gate import RedisGate
@@ -49,16 +48,6 @@ def _with_redis_retry(fn: Callable[[], T], budget_s: float) -> T:
             wait = min(wait * 2, 2.0)
 
 
-def _stored_outcome(store: RunStore, task: RunTask) -> str | None:
-    """The outcome of ``task``'s own record file if it is already published (crash after write)."""
-    if task.measured_on is None:
-        return None
-    path = store.dataset.partition_dir(task.measured_on) / f"{file_stem_for(task.run_id)}.parquet"
-    if not path.exists():
-        return None
-    return str(pq.read_table(path, columns=["outcome"]).column("outcome")[0].as_py())
-
-
 def execute_one(rt: WorkerRuntime, task: RunTask, data_dir: str | None, owner: str) -> str:
     """Run ``task`` exactly once across deliveries; returns what happened (for logs/tests).
 
@@ -70,11 +59,6 @@ def execute_one(rt: WorkerRuntime, task: RunTask, data_dir: str | None, owner: s
     if claim in (DONE, BUSY):
         return claim
     store = rt.store(data_dir)
-    stored = _stored_outcome(store, task)
-    if stored is not None:
-        failed = stored != Outcome.OK.value
-        _with_redis_retry(lambda: state.mark_done(task.run_id, task.model, stored, failed), s.redis_retry_s)
-        return "already_stored"
     gate = RedisGate(state, disable_after_consecutive=task.retry.disable_after_consecutive, async_client=rt.aredis)
     ctx = RunContext(provider_for=rt.provider_for, limiter=DeferringLimiter(rt.limiter, gate, rt), gate=gate)
     rt.hold_claim(state, task.run_id, owner)
