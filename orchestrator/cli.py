@@ -84,8 +84,16 @@ def run(
     max_tokens: Annotated[Optional[int], typer.Option(help="Ad-hoc run: token cap (default: none).")] = None,
     temperature: Annotated[float, typer.Option(help="Ad-hoc run: sampling temperature.")] = 0.0,
     name: Annotated[Optional[str], typer.Option(help="Ad-hoc run: campaign name (default: derived from the flags).")] = None,
+    retry_failed: Annotated[bool, typer.Option(help="Also execute again the runs whose latest execution failed "
+                                               "in one of --outcomes (earlier executions stay stored).")] = False,
+    outcomes: Annotated[Optional[str], typer.Option(help="With --retry-failed: classes to retry, comma-separated "
+                                                    "(default 'transient': rate_limited, server_error, connect_error, "
+                                                    "timeouts, protocol_error, cancelled).")] = None,
 ) -> None:
     """Run (or resume) a campaign: only runs without a stored record are executed.
+
+    With --retry-failed, runs whose latest execution ended in a transient failure run again.
+    Example: irbench run examples/demo.toml --data data/ --retry-failed --outcomes rate_limited,timeouts
 
     Example: irbench run examples/demo.toml --data data/
     Example: irbench run --model sim-steady --base-url http://127.0.0.1:8765 --prompts examples/prompts --runs 3 --data data/
@@ -97,9 +105,13 @@ def run(
     from storage.runs import RunStore
 
     from orchestrator.adhoc import campaign_file_for
+    from orchestrator.retry_failed import parse_outcomes, retryable
 
     redactor = _setup_logging(log_file, verbose)
     try:
+        if outcomes is not None and not retry_failed:
+            raise ConfigError("--outcomes only goes with --retry-failed")
+        retry_outcomes = parse_outcomes(outcomes) if retry_failed else frozenset()
         campaign = campaign_file_for(campaign, data, model=model, base_url=base_url, wire_format=wire_format,
                                      api_key_env=api_key_env, prompts=prompts, runs=runs, max_tokens=max_tokens,
                                      temperature=temperature, name=name)
@@ -110,9 +122,12 @@ def run(
         prepared = prepare(spec)
         store = RunStore(data)
         _report_corpus(prepared)
+        again = retryable(prepared, store, retry_outcomes) if retry_outcomes else None
         if kind == "celery":
             from orchestrator.celery_executor import CeleryOptions, run_campaign_celery
 
+            if retry_outcomes:
+                raise ConfigError("--retry-failed with --executor celery is not supported yet; use --executor local")
             url = _broker_url(broker, spec.executor.broker)
             done_before = len(store.completed_run_ids(spec.name) & {t.run_id for t in prepared.tasks})
             with ModelBars(enabled=progress) as bars:
@@ -130,15 +145,18 @@ def run(
             for value in secrets.values():
                 redactor.add_secret(value)
             with ModelBars(enabled=progress) as bars:
-                skipped, summary = run_campaign_local(prepared, store, secrets, on_progress=bars.update)
+                skipped, summary = run_campaign_local(prepared, store, secrets, on_progress=bars.update,
+                                                      retry_outcomes=retry_outcomes)
     except IrbenchError as exc:
         _fail(exc)
         return
+    retried = f", {again.total} retried (latest execution: {again.describe()})" if again and again.total else ""
     console.print(
-        f"campaign [bold]{spec.name}[/]: {len(prepared.tasks)} runs planned, {skipped} already stored, "
+        f"campaign [bold]{spec.name}[/]: {len(prepared.tasks)} runs planned, {skipped} already stored{retried}, "
         f"{summary.executed} executed now{' (interrupted)' if summary.interrupted else ''}; data in {data}/runs/"
     )
     if summary.interrupted:
+        err_console.print("interrupted: the runs stored so far are kept; run the same command again to resume")
         raise typer.Exit(code=130)
 
 
@@ -194,12 +212,22 @@ def status(
             ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())) or "-",
         )
     console.print(table)
+    _print_retryable(prepared, RunStore(data), campaign, data)
     if live is not None:
         console.print(f"outstanding (dispatched, not done): {live.outstanding}")
         if live.cancel_reason:
             console.print(f"cancelled: {live.cancel_reason}")
         for model, reason in live.closed_models.items():
             console.print(f"closed model {model}: {reason}")
+
+
+def _print_retryable(prepared, store, campaign: Path, data: Path) -> None:  # noqa: ANN001
+    from orchestrator.retry_failed import retry_command, retryable
+
+    again = retryable(prepared, store)
+    if again.total:
+        console.print(f"{again.total} runs retryable (latest execution {again.describe()}): "
+                      f"{retry_command(campaign, data)}", soft_wrap=True)
 
 
 @app.command()
