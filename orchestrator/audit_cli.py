@@ -92,6 +92,17 @@ def print_panel(console: Console, name: str, panel) -> None:  # noqa: ANN001
     console.print(f"  outputs: {panel.directory}")
 
 
+def execution_note(data: Path) -> str:
+    """Which execution of each run the analysis used, and how many earlier ones were set aside."""
+    from storage.runs import EXECUTION_RULE, RunStore
+
+    store = RunStore(data)
+    runs = store.read_table(columns=["run_id"]).num_rows
+    executions = store.read_executions(columns=["run_id"]).num_rows
+    return (f"the latest execution of each of {runs} runs is analysed ({EXECUTION_RULE}); "
+            f"{executions - runs} earlier executions stay stored as history")
+
+
 def analyze_command(
     data: Annotated[Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root (runs/ and cells/).")] = Path("data"),
     out: Annotated[Path, typer.Option("--out", help="Output directory (one subdirectory per panel).")] = Path("out"),
@@ -118,7 +129,7 @@ def analyze_command(
     """Audit stored runs and imported cells: per panel, models with CIs, rank sets and partition,
     pairs, sensitivity, drift, stabilisation, correctness, correlations, normalised Jaccard.
 
-    Example: irbench analyze --data data/ --out out/ --corpus corpus/synthetic --seed 7
+    Example: irbench analyze --data data/ --out out/ --corpus examples/prompts --seed 7
     """
     from analysis.options import AnalysisOptions
     from orchestrator.analysis_jobs import analyze_with_executor
@@ -138,6 +149,7 @@ def analyze_command(
         _fail(exc)
         return
     console = _console()
+    console.print(f"runs: {execution_note(data)}", soft_wrap=True)
     for name in result.skipped_files:
         console.print(f"[yellow]skipped unreadable file:[/] {name}")
     for name, p in result.panels.items():

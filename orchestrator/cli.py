@@ -375,6 +375,7 @@ def main() -> None:
 
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     load_env_file(Path.cwd() / ".env")
+    configure_logging(level="WARNING")  # stderr; commands that log more configure their own
     try:
         app()
     except KeyboardInterrupt:
