@@ -40,15 +40,16 @@ from orchestrator.local import ExecutionSummary, ModelProgress
 from storage.availability import AvailabilityRecord, AvailabilityStore
 from storage.records import Outcome
 from storage.runs import RunStore
-from workers.campaign_state import FAILED_FIELD, CampaignState
-from workers.celery_app import DEFAULT_QUEUE, make_celery_app
+from storage.spool import recover_orphans
+from workers.celery.campaign_state import FAILED_FIELD, CampaignState
+from workers.celery.app import DEFAULT_QUEUE, make_celery_app
 from workers.clock import SystemClock
 from workers.execute import RunContext, execute_run
 from workers.gate import MemoryGate
 from workers.limits.memory import MemoryLimiter
 from workers.runtask import RunTask
-from workers.tasks import RUN_TASK_NAME
-from workers.worker_runtime import sync_redis
+from workers.celery.tasks import RUN_TASK_NAME
+from workers.celery.runtime import sync_redis
 
 log = structlog.get_logger("irbench.celery")
 T = TypeVar("T")
@@ -349,6 +350,7 @@ def run_campaign_celery(
             # completion from the store (source of truth)
             done_hint = sum(p.done for p in progress.values())
             if t_now - last_scan >= opts.store_scan_s or done_hint >= len(by_id):
+                recover_orphans(store.dataset)  # spools of killed workers: durable, acked runs
                 stored = _planned_ids_stored(prepared, store)
                 for rid in stored:
                     remaining.pop(rid, None)

@@ -284,14 +284,14 @@ def worker(
     API keys are read from this machine's environment, by the variable names the campaign gives.
     Example: irbench worker --broker redis://127.0.0.1:6379/0 --data /shared/irbench-data --concurrency 8
     """
-    from workers.celery_app import start_worker
+    from orchestrator.worker_app import run_worker
 
     try:
         url = _broker_url(broker, None)
     except IrbenchError as exc:
         _fail(exc)
         return
-    start_worker(url, concurrency=concurrency, queues=tuple(q for q in queues.split(",") if q),
+    run_worker(url, concurrency=concurrency, queues=tuple(q for q in queues.split(",") if q),
                  data_dir=str(data.resolve()), loglevel=loglevel)
 
 

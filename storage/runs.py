@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from storage.compaction import CompactionConfig, CompactionReport, compact
 from storage.dataset import DatasetSpec, ParquetDataset, pick_latest
 from storage.records import RunRecord
+from storage.spool import recover_orphans
 from storage.schema import RUN_SCHEMA, records_to_table, table_to_records
 
 RUNS_DATASET = "runs"
@@ -180,5 +181,7 @@ class RunStore:
         return mm["min"], mm["max"]
 
     def compact(self, date: dt.date | None = None) -> CompactionReport:
-        """Merge small files of one partition (or all); see :mod:`storage.compaction`."""
+        """Publish the spools of dead writers, then merge small files of one partition (or
+        all); see :mod:`storage.compaction` and :mod:`storage.spool`."""
+        recover_orphans(self.dataset)
         return compact(self.dataset, date, self.compaction)

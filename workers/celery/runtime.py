@@ -38,13 +38,14 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from storage.runs import RunStore
+from storage.spool import RunSpool, SpoolConfig, recover_orphans
 from workers.errors import IrbenchError
 from workers.limits.base import Permit
 from workers.limits.memory import CONCURRENCY, LimiterError, LimiterUnavailable, WaitBudgetExceeded
-from workers.limits.redis_limiter import RedisLimiter
+from workers.celery.redis_limiter import RedisLimiter
 from workers.providers.base import Provider
 from workers.providers.registry import make_http_client, make_provider
-from workers.redis_gate import RedisGate
+from workers.celery.gate import RedisGate
 from workers.runtask import ModelLimits, RunTask
 
 log = structlog.get_logger("irbench.worker")
@@ -85,6 +86,9 @@ class WorkerSettings:
     reservation_grace_s: float = 30.0
     redis_retry_s: float = 30.0
     key_prefix: str = "irbench"
+    spool_max_rows: int = 2000
+    spool_max_age_s: float = 5.0
+    spool_idle_s: float = 0.5
 
     @property
     def heartbeat_s(self) -> float:
@@ -214,6 +218,7 @@ class WorkerRuntime:
         self._permits: dict[tuple[str, str], Permit] = {}
         self._providers: dict[tuple[str, str, str, str | None], Provider] = {}
         self._stores: dict[str, RunStore] = {}
+        self._spools: dict[str, RunSpool] = {}
         self._stop = threading.Event()
         self.http, self.aredis, self.limiter = self.run(self._setup())
         self._heartbeat = threading.Thread(target=self._beat, name="irbench-heartbeat", daemon=True)
@@ -257,6 +262,24 @@ class WorkerRuntime:
                 self._stores[root] = RunStore(Path(root))
             return self._stores[root]
 
+    def spool(self, data_dir: str | None) -> RunSpool:
+        """This process's group-commit spool for the store at ``data_dir`` (created on first
+        use, after publishing the spools of dead writers)."""
+        store = self.store(data_dir)
+        key = str(store.root)
+        with self._lock:
+            if key not in self._spools:
+                recovered = recover_orphans(store.dataset)
+                if recovered:
+                    log.info("spool_orphans_published", rows=recovered, root=key)
+                s = self.settings
+                self._spools[key] = RunSpool(
+                    store.dataset,
+                    config=SpoolConfig(s.spool_max_rows, s.spool_max_age_s, s.spool_idle_s),
+                    on_error=lambda exc: log.warning("spool_publish_failed", error=str(exc)),
+                )
+            return self._spools[key]
+
     # ----- heartbeat ----------------------------------------------------------------------------
     def hold_claim(self, state: Any, run_id: str, owner: str) -> None:
         with self._lock:
@@ -291,6 +314,11 @@ class WorkerRuntime:
 
     def close(self) -> None:
         self._stop.set()
+        with self._lock:
+            spools, self._spools = list(self._spools.values()), {}
+        for sp in spools:
+            with contextlib.suppress(Exception):
+                sp.close()
 
         async def _close() -> None:
             await self.limiter.aclose()

@@ -13,7 +13,7 @@ Keys (one hash tag per campaign, so a cluster keeps them on one slot), ``P = {pr
   lease horizon and which have no stored outcome.
 * ``P:cancel``      STRING reason: the campaign is cancelled
 * ``P:gate`` / ``P:streak`` HASH model -> closed reason / consecutive disabling outcomes
-  (``workers.redis_gate``)
+  (``workers.celery.gate``)
 
 Every time is Redis ``TIME`` (inside scripts), so machines' clocks never matter. Redis is a
 cache of progress, not the truth: the Parquet store says which runs have an outcome, and the

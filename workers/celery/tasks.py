@@ -3,7 +3,8 @@
 Arguments are JSON only: ``RunTask.model_dump(mode="json")`` and the store root (never a
 secret: the API key is read by the worker from its own environment). Order of effects:
 claim (skip if done / live elsewhere) → already stored? → ``execute_run`` on the process's
-loop → ``RunStore.write([record])`` (a new execution of the run: every execution is kept) →
+loop → the process's spool (``storage.spool``: group commit, fsynced before we go on; published
+as few large Parquet files; a new execution of the run, every execution is kept) →
 done marker and counters → return (ack). A crash between the write and the done marker makes
 the redelivery execute the run again: both executions are stored, readers use the latest. A permit that is not available within a second or two re-publishes
 the same run with a countdown (a deferral: no Celery retry, no attempt spent). When the limiter
@@ -24,11 +25,11 @@ from celery import Celery
 from redis.exceptions import RedisError
 
 from storage.records import Outcome
-from workers.campaign_state import BUSY, DONE, CampaignState
+from workers.celery.campaign_state import BUSY, DONE, CampaignState
 from workers.execute import RunContext, execute_run
-from workers.redis_gate import RedisGate
+from workers.celery.gate import RedisGate
 from workers.runtask import RunTask
-from workers.worker_runtime import Deferred, DeferringLimiter, RuntimeHolder, WorkerRuntime
+from workers.celery.runtime import Deferred, DeferringLimiter, RuntimeHolder, WorkerRuntime
 
 RUN_TASK_NAME = "irbench.run"
 log = structlog.get_logger("irbench.task")
@@ -58,7 +59,6 @@ def execute_one(rt: WorkerRuntime, task: RunTask, data_dir: str | None, owner: s
     claim = _with_redis_retry(lambda: state.claim(task.run_id, task.model, owner, s.claim_ttl_s), s.redis_retry_s)
     if claim in (DONE, BUSY):
         return claim
-    store = rt.store(data_dir)
     gate = RedisGate(state, disable_after_consecutive=task.retry.disable_after_consecutive, async_client=rt.aredis)
     ctx = RunContext(provider_for=rt.provider_for, limiter=DeferringLimiter(rt.limiter, gate, rt), gate=gate)
     rt.hold_claim(state, task.run_id, owner)
@@ -80,7 +80,7 @@ def execute_one(rt: WorkerRuntime, task: RunTask, data_dir: str | None, owner: s
         raise Deferred(countdown, reason, reserved=isinstance(exc, Deferred) and exc.reserved) from exc
     finally:
         rt.drop_claim(task.run_id)
-    store.write([record])
+    rt.spool(data_dir).append([record])  # durable (group commit) before the done marker and the ack
     failed = record.outcome is not Outcome.OK or not record.succeeded
     _with_redis_retry(
         lambda: state.mark_done(task.run_id, task.model, record.outcome.value, failed), s.redis_retry_s

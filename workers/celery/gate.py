@@ -2,7 +2,7 @@
 
 A 410 retires the model for the campaign on every worker; ``disable_after_consecutive``
 auth/not-found/client errors in a row (counted across workers) disable it; ``cancel_all`` closes
-every model (``irbench cancel``). Keys live under the campaign (``workers.campaign_state``):
+every model (``irbench cancel``). Keys live under the campaign (``workers.celery.campaign_state``):
 ``P:gate`` HASH model -> reason, ``P:streak`` HASH model -> count, ``P:cancel`` STRING reason.
 
 The protocol methods are synchronous because ``execute_run`` calls them synchronously; each is
@@ -31,7 +31,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from storage.records import Outcome
-from workers.campaign_state import CampaignState
+from workers.celery.campaign_state import CampaignState
 from workers.retry import DISABLING
 
 log = structlog.get_logger("irbench.gate")
