@@ -41,7 +41,7 @@ from storage.availability import AvailabilityRecord, AvailabilityStore
 from storage.records import Outcome
 from storage.runs import RunStore
 from storage.spool import recover_orphans
-from workers.celery.campaign_state import FAILED_FIELD, CampaignState
+from workers.celery.campaign_state import FAILED_FIELD, CampaignState, reopen_runs
 from workers.celery.app import DEFAULT_QUEUE, make_celery_app
 from workers.clock import SystemClock
 from workers.execute import RunContext, execute_run
@@ -165,7 +165,8 @@ def _progress(
         out[model] = CeleryModelProgress(
             total=total,
             done=done,
-            failed=c.get(FAILED_FIELD, 0),
+            failed=max(c.get(FAILED_FIELD, 0) - c.get(Outcome.CANCELLED.value, 0), 0),  # cancelled apart
+            cancelled=c.get(Outcome.CANCELLED.value, 0),
             in_flight=running.get(model, 0),
             outcomes=Counter({k: v for k, v in c.items() if k != FAILED_FIELD}),
             rate_per_s=rate,
@@ -265,8 +266,12 @@ def run_campaign_celery(
     app: Celery | None = None,
     analysis_options: object | None = None,
     on_analysis: Callable[[object], None] | None = None,
+    retry_outcomes: frozenset[Outcome] = frozenset(),
 ) -> ExecutionSummary:
     """Dispatch every planned run without a stored outcome and wait until each has one.
+
+    ``retry_outcomes`` (``--retry-failed``): also dispatch the runs whose latest execution ended
+    in one of these classes (their Redis done markers are dropped), and wait for a newer execution.
 
     ``reconcile_after_s`` overrides ``options.reconcile_after_s``. ``timeout_s``: give up
     waiting after this long (returns ``interrupted=True``; the workers carry on). The summary
@@ -287,7 +292,11 @@ def run_campaign_celery(
     retry = lambda fn, what: _retrying(fn, what, opts.redis_backoff_max_s, deadline)  # noqa: E731
 
     by_id = {t.run_id: t for t in prepared.tasks}
-    stored_at_start = _planned_ids_stored(prepared, store)
+    executions_at_start = _execution_keys(prepared, store)
+    again = _retry_start(prepared, store, retry_outcomes)
+    stored_at_start = _planned_ids_stored(prepared, store) - set(again)
+    if again:
+        retry(lambda: _reopen_for_retry(state, {rid: by_id[rid].model for rid in again}), "reopening retried runs")
     remaining = {rid: t for rid, t in by_id.items() if rid not in stored_at_start}  # planned order
     planned = dict(Counter(t.model for t in prepared.tasks))
     retry(lambda: state.set_planned(planned), "writing the plan")
@@ -351,7 +360,7 @@ def run_campaign_celery(
             done_hint = sum(p.done for p in progress.values())
             if t_now - last_scan >= opts.store_scan_s or done_hint >= len(by_id):
                 recover_orphans(store.dataset)  # spools of killed workers: durable, acked runs
-                stored = _planned_ids_stored(prepared, store)
+                stored = _stored_now(prepared, store, again)
                 for rid in stored:
                     remaining.pop(rid, None)
                 last_scan = t_now
@@ -369,7 +378,7 @@ def run_campaign_celery(
         interrupted = True
 
     _record_retirements(campaign, store, retired_seen)
-    summary = _summary(prepared, store, stored_at_start, interrupted)
+    summary = _summary(prepared, store, executions_at_start, interrupted)
     log.info("celery_campaign_end", campaign=campaign, executed=summary.executed, interrupted=interrupted)
     client.close()
     if opts.analyze_on_complete and not remaining and not interrupted:
@@ -386,13 +395,58 @@ def run_campaign_celery(
     return summary
 
 
-def _summary(prepared: PreparedCampaign, store: RunStore, before: set[str], interrupted: bool) -> ExecutionSummary:
+def _reopen_for_retry(state: CampaignState, runs: dict[str, str]) -> None:
+    """``--retry-failed`` asks for these runs to be executed again: drop their done markers, and
+    the campaign's cancel flag and 'disabled' model closures that would only cancel them again
+    (a retired model stays closed: its runs are recorded cancelled without a call)."""
+    reopen_runs(state, runs)
+    state.clear_cancel()
+    gate = state.key("gate")
+    for model in set(runs.values()):
+        reason = state.client.hget(gate, model)
+        if reason is not None and (reason.decode() if isinstance(reason, bytes) else reason).startswith("disabled"):
+            state.client.hdel(gate, model)
+            state.client.hdel(state.key("streak"), model)
+
+
+def _execution_keys(prepared: PreparedCampaign, store: RunStore) -> set[tuple[str, str | None]]:
+    """(run_id, execution_id) of every stored execution of the campaign."""
+    t = store.read_executions(campaigns=[prepared.spec.name], columns=["run_id", "execution_id"])
+    return set(zip(t.column("run_id").to_pylist(), t.column("execution_id").to_pylist()))
+
+
+def _retry_start(prepared: PreparedCampaign, store: RunStore, outcomes: frozenset[Outcome]) -> dict[str, str | None]:
+    """run_id -> latest execution_id, for the planned runs whose latest execution ended in ``outcomes``."""
+    if not outcomes:
+        return {}
+    wanted = {o.value for o in outcomes}
     planned = {t.run_id for t in prepared.tasks}
-    table = store.read_table(campaigns=[prepared.spec.name], columns=["run_id", "model", "outcome"])
+    t = store.read_table(campaigns=[prepared.spec.name], columns=["run_id", "execution_id", "outcome"])
+    return {r: e for r, e, o in zip(*(t.column(c).to_pylist() for c in ("run_id", "execution_id", "outcome")))
+            if r in planned and o in wanted}
+
+
+def _stored_now(prepared: PreparedCampaign, store: RunStore, again: dict[str, str | None]) -> set[str]:
+    """Planned runs with a stored outcome; a retried run counts once its latest execution is new."""
+    if not again:
+        return _planned_ids_stored(prepared, store)
+    planned = {t.run_id for t in prepared.tasks}
+    t = store.read_table(campaigns=[prepared.spec.name], columns=["run_id", "execution_id"])
+    return {r for r, e in zip(t.column("run_id").to_pylist(), t.column("execution_id").to_pylist())
+            if r in planned and (r not in again or again[r] != e)}
+
+
+def _summary(
+    prepared: PreparedCampaign, store: RunStore, before: set[tuple[str, str | None]], interrupted: bool
+) -> ExecutionSummary:
+    """The executions stored during this call (whoever dispatched them: an earlier, killed
+    orchestrator's runs count too), per model and outcome."""
+    planned = {t.run_id for t in prepared.tasks}
+    table = store.read_executions(campaigns=[prepared.spec.name], columns=["run_id", "execution_id", "model", "outcome"])
     by_model: dict[str, Counter[str]] = {}
     executed = 0
-    for rid, model, outcome in zip(*(table.column(c).to_pylist() for c in ("run_id", "model", "outcome"))):
-        if rid in planned and rid not in before:
+    for rid, eid, model, outcome in zip(*(table.column(c).to_pylist() for c in ("run_id", "execution_id", "model", "outcome"))):
+        if rid in planned and (rid, eid) not in before:
             executed += 1
             by_model.setdefault(model, Counter())[outcome] += 1
     return ExecutionSummary(executed=executed, by_model={m: dict(c) for m, c in by_model.items()}, interrupted=interrupted)
@@ -463,10 +517,11 @@ def celery_execute(
     ``kwargs`` go to :func:`run_campaign_celery` (e.g. ``timeout_s``)."""
 
     def execute(prepared: PreparedCampaign, store: RunStore, secrets: object = None,
-                on_progress: CeleryProgressCallback | None = None) -> tuple[int, ExecutionSummary]:
-        skipped = len(_planned_ids_stored(prepared, store))
+                on_progress: CeleryProgressCallback | None = None,
+                retry_outcomes: frozenset[Outcome] = frozenset()) -> tuple[int, ExecutionSummary]:
+        skipped = len(_planned_ids_stored(prepared, store) - set(_retry_start(prepared, store, retry_outcomes)))
         summary = run_campaign_celery(prepared, store, broker_url, on_progress=on_progress, options=options,
-                                      **kwargs)  # type: ignore[arg-type]
+                                      retry_outcomes=retry_outcomes, **kwargs)  # type: ignore[arg-type]
         return skipped, summary
 
     return execute

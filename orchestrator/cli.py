@@ -126,8 +126,6 @@ def run(
         if kind == "celery":
             from orchestrator.celery_executor import CeleryOptions, run_campaign_celery
 
-            if retry_outcomes:
-                raise ConfigError("--retry-failed with --executor celery is not supported yet; use --executor local")
             url = _broker_url(broker, spec.executor.broker)
             done_before = len(store.completed_run_ids(spec.name) & {t.run_id for t in prepared.tasks})
             with ModelBars(enabled=progress) as bars:
@@ -138,8 +136,9 @@ def run(
                     on_progress=bars.update,
                     options=CeleryOptions(analyze_on_complete=analyze),
                     on_analysis=lambda job: console.print(f"analysis enqueued; outputs will land in {job.out_dir}"),
+                    retry_outcomes=retry_outcomes,
                 )
-            skipped = done_before
+            skipped = done_before - (again.total if again else 0)
         else:
             secrets = resolve_secrets(spec)
             for value in secrets.values():
@@ -214,6 +213,11 @@ def status(
     console.print(table)
     _print_retryable(prepared, RunStore(data), campaign, data)
     if live is not None:
+        from orchestrator.rates import model_rates, rates_table
+
+        remaining = {m: n - sum(st.stored_by_model.get(m, {}).values()) for m, n in st.planned_by_model.items()}
+        rates = model_rates(RunStore(data), prepared.spec.name, remaining)
+        console.print(rates_table(rates, {m: p.in_flight for m, p in live.progress.items()}))
         console.print(f"outstanding (dispatched, not done): {live.outstanding}")
         if live.cancel_reason:
             console.print(f"cancelled: {live.cancel_reason}")

@@ -81,3 +81,27 @@ def test_local_executor_reports_cancelled_apart_from_failed(tmp_path, sim_server
     assert stored["ok"] == 5 and stored["cancelled"] > 0  # retired_after_requests = 5
     assert state.done == 24 and state.cancelled == stored["cancelled"]
     assert state.failed == sum(v for k, v in stored.items() if k not in ("ok", "cancelled")) >= 1
+
+
+def test_rates_from_finished_executions_and_eta(tmp_path) -> None:  # noqa: ANN001
+    """Rate = executions finished in the window / time since the first of them; ETA = remaining / rate."""
+    import datetime as dt
+
+    from orchestrator.rates import model_rates
+    from storage.runs import RunStore
+    from tests.test_storage import make_record
+
+    now = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.timezone.utc)
+    recs = []
+    for i in range(20):  # model a: one every 5 s over the last 100 s (20 runs); b: 5 runs over 50 s
+        recs.append(make_record(i, model="a", campaign="c", finished_at=now - dt.timedelta(seconds=100 - 5 * i)))
+    for i in range(5):
+        recs.append(make_record(100 + i, model="b", campaign="c", finished_at=now - dt.timedelta(seconds=50 - 10 * i)))
+    recs.append(make_record(200, model="b", campaign="c", finished_at=now - dt.timedelta(seconds=500)))  # outside
+    store = RunStore(tmp_path)
+    store.write(recs)
+    rates = {r.model: r for r in model_rates(store, "c", {"a": 40, "b": 0, "idle": 3}, now=now, window_s=120)}
+    assert rates["a"].finished_in_window == 20 and abs(rates["a"].runs_per_s - 20 / 100) < 1e-9
+    assert abs(rates["a"].eta_s - 40 / 0.2) < 1e-6
+    assert rates["b"].finished_in_window == 5 and rates["b"].eta_s == 0.0
+    assert rates["idle"].runs_per_s == 0.0 and rates["idle"].eta_s is None

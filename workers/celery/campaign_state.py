@@ -185,3 +185,34 @@ class CampaignState:
 
     def clear_cancel(self) -> None:
         self.client.delete(self.key("cancel"))
+
+
+# ARGV: pairs of run_id, model. Forget each run's done marker (``--retry-failed``: the run is to be
+# executed again) and take it out of the counters; returns how many markers were removed.
+_REOPEN = """
+local p = KEYS[1]
+local n = 0
+for i = 1, #ARGV, 2 do
+  local key = p .. ':done:' .. ARGV[i]
+  local outcome = redis.call('GET', key)
+  if outcome then
+    redis.call('DEL', key)
+    redis.call('HINCRBY', p .. ':counts', ARGV[i + 1] .. '|' .. outcome, -1)
+    if outcome ~= 'ok' then redis.call('HINCRBY', p .. ':counts', ARGV[i + 1] .. '|_failed', -1) end
+    n = n + 1
+  end
+end
+return n
+"""
+
+
+def reopen_runs(state: CampaignState, runs: Mapping[str, str]) -> int:
+    """Make ``runs`` (run_id -> model) executable again: workers' claims no longer see them done,
+    and the progress counters no longer count them. Returns the done markers removed."""
+    script = state.client.register_script(_REOPEN)
+    items = list(runs.items())
+    removed = 0
+    for i in range(0, len(items), 500):  # bounded script arguments
+        args = [x for pair in items[i : i + 500] for x in pair]
+        removed += int(script(keys=[state.base], args=args))
+    return removed
