@@ -458,7 +458,8 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     u.add_argument("--concurrency", type=int, default=8, help="threads per worker, -c (default 8)")
     u.add_argument("--port", type=int, default=0, help="Redis port on 127.0.0.1 (default: a free port)")
-    u.add_argument("--data", type=Path, default=None, help="shared dataset root (default <state>/data)")
+    u.add_argument("--data", type=Path, default=os.environ.get("IRBENCH_DATA") or None,
+                   help="shared dataset root (default $IRBENCH_DATA, else <state>/data)")
     u.add_argument("--beat", action="store_true", help="also start celery beat (exactly one per cluster)")
     u.add_argument("--app", default="orchestrator.worker_app", help="Celery app module (default orchestrator.worker_app)")
     u.add_argument("--queues", default=None, help="comma-separated queues for -Q (default: the app's default)")

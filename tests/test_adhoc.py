@@ -134,3 +134,32 @@ def test_adhoc_mistakes_are_one_line_errors(tmp_path: Path, args: list[str], mes
     out = _irbench("run", *args, "--data", str(tmp_path / "d"), "--no-progress", cwd=tmp_path)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert message in " ".join(out.stderr.split())
+
+
+def test_ctrl_c_says_run_again_and_the_same_command_resumes(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    cfg = SimConfig(models={"slow": SimModel(latency_ms_median=100)})
+    with start_background(cfg) as sim:
+        args = [*IRBENCH, "run", "--model", "slow", "--base-url", sim.base_url, "--prompts", str(PROMPTS),
+                "--runs", "10", "--data", str(tmp_path / "data"), "--no-progress"]
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                                env={**os.environ, "PYTHONPATH": str(REPO)})
+        store = RunStore(tmp_path / "data")
+        deadline = time.monotonic() + 60
+        while _requests(sim.base_url) < 20 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and "Traceback" not in err
+        assert "run the same command again to resume" in " ".join(err.split())
+        assert "(interrupted)" in out
+        campaign = next((tmp_path / "data" / "campaigns").glob("*.toml")).stem
+        stored = sum(store.count_by_outcome(campaign).values())
+        assert 0 < stored < 10 * N_PROMPTS
+        again = _irbench(*args[3:], cwd=tmp_path)
+        assert again.returncode == 0, again.stderr
+        assert f"{stored} already stored, {10 * N_PROMPTS - stored} executed now" in " ".join(again.stdout.split())
+        assert store.count_by_outcome(campaign) == {"ok": 10 * N_PROMPTS}
+        assert _requests(sim.base_url) >= 10 * N_PROMPTS  # calls cut off by Ctrl-C are made again
