@@ -138,20 +138,17 @@ def test_outcomes_without_retry_failed_is_a_user_error(tmp_path: Path) -> None:
 @pytest.mark.timeout(400)
 def test_retry_failed_on_the_celery_executor_with_a_real_worker(tmp_path: Path) -> None:
     """Endpoint down: every run is connect_error; endpoint up + --retry-failed on real `irbench
-    worker` processes: each failed run is called once more, both executions are stored, and
+    worker` processes (tests.support.celery_workers): each failed run is called once more, both executions are stored, and
     `status --broker` shows nothing left to retry."""
-    import signal
-
+    from tests.support.celery_workers import CeleryWorkers
     from tests.support.redis_server import RedisServer
 
     port = _free_port()
     campaign = _campaign(tmp_path, port, {"sim-a": ""})
     data = tmp_path / "data"
     planned = 2 * N_PROMPTS
-    with RedisServer() as redis_srv:
+    with RedisServer() as redis_srv, CeleryWorkers(redis_srv.url, count=1):
         env = {**os.environ, "IRBENCH_BROKER_URL": redis_srv.url, "COLUMNS": "250"}
-        worker = subprocess.Popen([*IRBENCH, "worker", "--data", str(data), "--concurrency", "4"], env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
         def celery(*args: str) -> subprocess.CompletedProcess:
             out = subprocess.run([*IRBENCH, "run", str(campaign), "--data", str(data), "--executor", "celery",
@@ -160,34 +157,26 @@ def test_retry_failed_on_the_celery_executor_with_a_real_worker(tmp_path: Path) 
             assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
             return out
 
-        try:
-            first = celery()
-            assert f"{planned} executed now" in " ".join(first.stdout.split())
-            store = RunStore(data)
-            assert store.count_by_outcome("retry-demo") == {"connect_error": planned}
-            with start_background(SimConfig(models={"sim-a": SimModel()}), port=port) as sim:
-                plain = celery()
-                assert "0 executed now" in " ".join(plain.stdout.split()) and _requests(sim.base_url, "sim-a") == 0
-                again = celery("--retry-failed")
-                text = " ".join(again.stdout.split())
-                assert f"{planned} retried (latest execution: connect_error {planned}), {planned} executed now" in text
-                assert _requests(sim.base_url, "sim-a") == planned
-                executions = store.read_executions(campaigns=["retry-demo"], columns=["outcome"])
-                assert sorted(executions.column("outcome").to_pylist()) == ["connect_error"] * planned + ["ok"] * planned
-                assert store.count_by_outcome("retry-demo") == {"ok": planned}
-                status = subprocess.run([*IRBENCH, "status", str(campaign), "--data", str(data)], env=env,
-                                        capture_output=True, text=True, timeout=120)
-                assert "retryable" not in status.stdout and f"{planned}/{planned} runs stored" in " ".join(status.stdout.split())
-                assert _requests(sim.base_url, "sim-a") == planned
-                live = subprocess.run([*IRBENCH, "status", str(campaign), "--data", str(data), "--broker", redis_srv.url],
-                                      env=env, capture_output=True, text=True, timeout=120)
-                flat = " ".join(live.stdout.split())
-                assert live.returncode == 0 and "runs finished in the last 120 s" in flat, live.stdout + live.stderr
-                assert re.search(rf"sim-a │ 0 │ {2 * planned} │ [\d.]+ │ 0 │ 0:00:00", flat), flat  # both executions, just now
-        finally:
-            os.killpg(worker.pid, signal.SIGTERM)
-            try:
-                worker.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(worker.pid, signal.SIGKILL)
-                worker.wait()
+        first = celery()
+        assert f"{planned} executed now" in " ".join(first.stdout.split())
+        store = RunStore(data)
+        assert store.count_by_outcome("retry-demo") == {"connect_error": planned}
+        with start_background(SimConfig(models={"sim-a": SimModel()}), port=port) as sim:
+            plain = celery()
+            assert "0 executed now" in " ".join(plain.stdout.split()) and _requests(sim.base_url, "sim-a") == 0
+            again = celery("--retry-failed")
+            text = " ".join(again.stdout.split())
+            assert f"{planned} retried (latest execution: connect_error {planned}), {planned} executed now" in text
+            assert _requests(sim.base_url, "sim-a") == planned
+            executions = store.read_executions(campaigns=["retry-demo"], columns=["outcome"])
+            assert sorted(executions.column("outcome").to_pylist()) == ["connect_error"] * planned + ["ok"] * planned
+            assert store.count_by_outcome("retry-demo") == {"ok": planned}
+            status = subprocess.run([*IRBENCH, "status", str(campaign), "--data", str(data)], env=env,
+                                    capture_output=True, text=True, timeout=120)
+            assert "retryable" not in status.stdout and f"{planned}/{planned} runs stored" in " ".join(status.stdout.split())
+            assert _requests(sim.base_url, "sim-a") == planned
+            live = subprocess.run([*IRBENCH, "status", str(campaign), "--data", str(data), "--broker", redis_srv.url],
+                                  env=env, capture_output=True, text=True, timeout=120)
+            flat = " ".join(live.stdout.split())
+            assert live.returncode == 0 and "runs finished in the last 120 s" in flat, live.stdout + live.stderr
+            assert re.search(rf"sim-a │ 0 │ {2 * planned} │ [\d.]+ │ 0 │ 0:00:00", flat), flat  # both executions, just now
