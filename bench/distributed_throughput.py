@@ -41,9 +41,9 @@ def campaign(tmp: Path, name: str, base_url: str, runs: int, cap: int) -> Prepar
 
 
 def time_celery(c: BenchCluster, prepared: PreparedCampaign, store: RunStore) -> float:
-    opts = CeleryOptions(store_scan_s=0.5)
+    opts = CeleryOptions(poll_interval_s=0.05)
     t0 = time.perf_counter()
-    summary = run_campaign_celery(prepared, store, c.url, poll_interval_s=0.05, options=opts, timeout_s=600)
+    summary = run_campaign_celery(prepared, store, c.url, options=opts, timeout_s=600)
     elapsed = time.perf_counter() - t0
     n = len(prepared.tasks)
     if summary.executed != n or summary.interrupted:

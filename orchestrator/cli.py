@@ -10,6 +10,16 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+from orchestrator.distributed_cli import (
+    ClaimTtlOpt,
+    LeaseTtlOpt,
+    MaxFailuresOpt,
+    ReconcileOpt,
+    SpoolAgeOpt,
+    SpoolRowsOpt,
+    celery_options,
+    worker_settings,
+)
 from workers.errors import ConfigError, IrbenchError
 from workers.logs import Redactor, configure_logging
 
@@ -89,13 +99,16 @@ def run(
     outcomes: Annotated[Optional[str], typer.Option(help="With --retry-failed: classes to retry, comma-separated "
                                                     "(default 'transient': rate_limited, server_error, connect_error, "
                                                     "timeouts, protocol_error, cancelled).")] = None,
+    claim_ttl_s: ClaimTtlOpt = None,
+    reconcile_interval_s: ReconcileOpt = None,
+    max_task_failures: MaxFailuresOpt = None,
 ) -> None:
     """Run (or resume) a campaign: only runs without a stored record are executed.
 
     With --retry-failed, runs whose latest execution ended in a transient failure run again.
-    Example: irbench run examples/demo.toml --data data/ --retry-failed --outcomes rate_limited,timeouts
 
     Example: irbench run examples/demo.toml --data data/
+    Example: irbench run examples/demo.toml --data data/ --retry-failed --outcomes rate_limited,timeouts
     Example: irbench run --model sim-steady --base-url http://127.0.0.1:8765 --prompts examples/prompts --runs 3 --data data/
     (an ad-hoc run writes its campaign file to DATA/campaigns/; the same command again resumes it)
     """
@@ -124,7 +137,7 @@ def run(
         _report_corpus(prepared)
         again = retryable(prepared, store, retry_outcomes) if retry_outcomes else None
         if kind == "celery":
-            from orchestrator.celery_executor import CeleryOptions, run_campaign_celery
+            from orchestrator.celery_executor import run_campaign_celery
 
             url = _broker_url(broker, spec.executor.broker)
             done_before = len(store.completed_run_ids(spec.name) & {t.run_id for t in prepared.tasks})
@@ -134,7 +147,7 @@ def run(
                     store,
                     url,
                     on_progress=bars.update,
-                    options=CeleryOptions(analyze_on_complete=analyze),
+                    options=celery_options(analyze, claim_ttl_s, reconcile_interval_s, max_task_failures),
                     on_analysis=lambda job: console.print(f"analysis enqueued; outputs will land in {job.out_dir}"),
                     retry_outcomes=retry_outcomes,
                 )
@@ -176,12 +189,20 @@ def status(
     campaign: Annotated[Path, typer.Argument(help="Campaign TOML file.", exists=True, dir_okay=False)],
     data: DataOpt = Path("data"),
     broker: BrokerOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (planned, stored, executions, "
+                                          "attempts, outcomes per model and in total) and nothing else.")] = False,
 ) -> None:
     """Show planned vs stored runs per model and outcome (plus live Redis state with --broker).
 
     Works from any machine that sees the dataset. Example: irbench status examples/demo.toml --data data/
     """
     from rich.table import Table
+
+    if as_json:
+        from orchestrator.status_report import print_status_json
+
+        print_status_json(campaign, data)
+        return
 
     from orchestrator.campaign import campaign_status, prepare
     from orchestrator.spec import load_campaign
@@ -248,7 +269,7 @@ def resume(
     """
     run(
         campaign=campaign, data=data, executor=executor, broker=broker, analyze=True, progress=progress,
-        log_file=None, verbose=False,
+        log_file=None, verbose=False, claim_ttl_s=None, reconcile_interval_s=None, max_task_failures=None,
     )
 
 
@@ -282,6 +303,10 @@ def worker(
     concurrency: Annotated[int, typer.Option(help="Threads (concurrent calls) in this worker process.")] = 8,
     queues: Annotated[str, typer.Option(help="Comma-separated queues to consume.")] = "irbench",
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
+    claim_ttl_s: ClaimTtlOpt = None,
+    lease_ttl_s: LeaseTtlOpt = None,
+    spool_max_rows: SpoolRowsOpt = None,
+    spool_max_age_s: SpoolAgeOpt = None,
 ) -> None:
     """Start a Celery worker that executes runs (wraps `celery worker -P threads`).
 
@@ -292,11 +317,13 @@ def worker(
 
     try:
         url = _broker_url(broker, None)
+        settings = worker_settings(url, claim_ttl_s=claim_ttl_s, lease_ttl_s=lease_ttl_s,
+                                   spool_max_rows=spool_max_rows, spool_max_age_s=spool_max_age_s)
     except IrbenchError as exc:
         _fail(exc)
         return
     run_worker(url, concurrency=concurrency, queues=tuple(q for q in queues.split(",") if q),
-                 data_dir=str(data.resolve()), loglevel=loglevel)
+               data_dir=str(data.resolve()), loglevel=loglevel, settings=settings)
 
 
 @app.command()

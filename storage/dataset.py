@@ -365,12 +365,21 @@ class ParquetDataset:
         raise AssertionError("unreachable")
 
     def read_files(
-        self, files: Sequence[Path], *, dedupe: bool = True, with_filename: bool = False
+        self,
+        files: Sequence[Path],
+        *,
+        dedupe: bool | str = True,
+        with_filename: bool = False,
+        columns: Sequence[str] | None = None,
+        filters: Mapping[str, Any] | None = None,
     ) -> pa.Table:
-        """All columns of exactly ``files`` (used by compaction); ``with_filename`` adds the
-        source path as column ``__filename``."""
-        columns = list(self.spec.schema.names) + ([FILENAME_COLUMN] if with_filename else [])
-        return self._read_files(list(files), None, columns, dedupe)
+        """``columns`` (default all) of exactly ``files`` (compaction, incremental readers);
+        ``with_filename`` adds the source path as column ``__filename``; ``filters`` as in
+        :meth:`read`. Raises FileNotFoundError if a file vanished (a compaction)."""
+        cols = list(columns) if columns is not None else list(self.spec.schema.names)
+        cols += [FILENAME_COLUMN] if with_filename else []
+        expr = self.filter_expression(filters=filters) if filters else None
+        return self._read_files(list(files), expr, cols, dedupe)
 
     def _dedupe_columns(self) -> list[str]:
         spec = self.spec

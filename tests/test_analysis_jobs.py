@@ -146,7 +146,7 @@ def test_completed_campaign_enqueues_its_dated_analysis(tmp_path: Path, broker: 
                                            prompts=4, runs=3))
         store = RunStore(tmp_path / "data")
         summary = run_campaign_celery(prepare(spec), store, broker, timeout_s=60, analysis_options=OPTIONS,
-                                      options=CeleryOptions(reconcile_after_s=4.0, store_scan_s=0.3),
+                                      options=CeleryOptions(claim_ttl_s=3.0, reconcile_interval_s=1.0),
                                       on_analysis=jobs.append)
     assert summary.executed == 36 and len(jobs) == 1
     done = wait_analysis(jobs[0], timeout_s=60, poll_interval_s=0.2)

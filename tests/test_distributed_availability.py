@@ -40,7 +40,7 @@ from workers.celery.campaign_state import CampaignState
 from workers.celery.runtime import sync_redis
 
 pytestmark = pytest.mark.timeout(120)
-FAST = CeleryOptions(reconcile_after_s=4.0, store_scan_s=0.5, analyze_on_complete=False)
+FAST = CeleryOptions(claim_ttl_s=3.0, reconcile_interval_s=1.0, analyze_on_complete=False)
 
 
 @pytest.fixture(scope="module")

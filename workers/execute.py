@@ -184,17 +184,16 @@ async def provider_call(ctx: RunContext, task: RunTask, request: ChatRequest) ->
     return await ctx.provider_for(task).complete(request)
 
 
-def _record(
-    task: RunTask,
-    ctx: RunContext,
-    measured_at,  # noqa: ANN001 - datetime
-    attempts: list[Attempt],
-    reply: Reply | None,
-    error: ProviderError | None,
-    cancel_reason: str | None,
-    backoff_ms: float = 0.0,
-) -> RunRecord:
-    base = dict(
+def worker_error_record(task: RunTask, error_text: str, clock: Clock | None = None) -> RunRecord:
+    """The record of a poison run: its task raised or killed its worker too often. No attempt
+    is recorded (the failed executions left none); ``cancel_reason`` holds the failure text."""
+    now = (clock or SystemClock()).now()
+    base = _base(task, now, [], now)
+    return RunRecord(**base, outcome=Outcome.WORKER_ERROR, cancel_reason=_truncate(error_text))
+
+
+def _base(task: RunTask, measured_at, attempts: list[Attempt], finished_at) -> dict:  # noqa: ANN001 - datetimes
+    return dict(
         run_id=task.run_id,
         campaign=task.campaign,
         panel=task.panel,
@@ -219,9 +218,22 @@ def _record(
         measured_at=measured_at,
         measurement_date=task.measured_on or measured_at.date(),
         attempts=attempts,
-        finished_at=ctx.clock.now(),
+        finished_at=finished_at,
         irbench_version=_package_version(),
     )
+
+
+def _record(
+    task: RunTask,
+    ctx: RunContext,
+    measured_at,  # noqa: ANN001 - datetime
+    attempts: list[Attempt],
+    reply: Reply | None,
+    error: ProviderError | None,
+    cancel_reason: str | None,
+    backoff_ms: float = 0.0,
+) -> RunRecord:
+    base = _base(task, measured_at, attempts, ctx.clock.now())
     if not attempts:  # closed before the first call
         return RunRecord(**base, outcome=Outcome.CANCELLED, cancel_reason=cancel_reason or "cancelled")
     last = attempts[-1]

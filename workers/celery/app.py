@@ -28,6 +28,7 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_init, worker_process_init, worker_shutdown
 
+from workers.celery import DEFAULT_QUEUE
 from workers.celery.availability_tasks import (
     beat_settings_from_env,
     configure_availability_beat,
@@ -39,8 +40,6 @@ from workers.logs import configure_logging
 
 #: Registers more tasks on an app (e.g. ``orchestrator.analysis_tasks.register_analysis_tasks``).
 Registrar = Callable[[Celery], None]
-
-DEFAULT_QUEUE = "irbench"
 
 
 def make_celery_app(

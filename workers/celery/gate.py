@@ -28,10 +28,10 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 import structlog
-from redis.exceptions import RedisError
 
 from storage.records import Outcome
 from workers.celery.campaign_state import CampaignState
+from workers.celery.redis_retry import TRANSIENT, with_retry
 from workers.retry import DISABLING
 
 log = structlog.get_logger("irbench.gate")
@@ -43,7 +43,7 @@ def _reason(cancel: Any, closed: Any) -> str | None:
 
 
 class RedisGate:
-    """Gate of one campaign. ``observe_retries``/``observe_backoff_s``: best-effort persistence.
+    """Gate of one campaign. ``observe_budget_s``: how long ``observe`` retries Redis (best effort).
     ``async_client``: used by :meth:`closed_reason_async` (else it runs the sync check in a
     thread). ``fresh_s``: how old a remembered answer :meth:`closed_reason` may return.
     ``clock``: monotonic seconds (injectable)."""
@@ -53,8 +53,7 @@ class RedisGate:
         state: CampaignState,
         *,
         disable_after_consecutive: int = 3,
-        observe_retries: int = 3,
-        observe_backoff_s: float = 0.1,
+        observe_budget_s: float = 0.3,
         async_client: aioredis.Redis | None = None,
         fresh_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
@@ -63,8 +62,7 @@ class RedisGate:
         self._client: redis.Redis = state.client
         self._aclient = async_client
         self._limit = disable_after_consecutive
-        self._retries = observe_retries
-        self._backoff_s = observe_backoff_s
+        self._observe_budget_s = observe_budget_s
         self._fresh_s = fresh_s
         self._clock = clock
         self._known: dict[str, tuple[float, str | None]] = {}  # model -> (checked at, answer)
@@ -115,15 +113,11 @@ class RedisGate:
             self._client.hdel(streak, model)
 
     def observe(self, model: str, outcome: Outcome, detail: str | None = None) -> None:
-        for i in range(self._retries):
-            try:
-                self._observe_once(model, outcome, detail)
-                return
-            except RedisError as exc:
-                if i + 1 == self._retries:
-                    log.warning("gate_observe_lost", model=model, outcome=outcome.value, error=str(exc))
-                    return
-                time.sleep(self._backoff_s * (2**i))
+        try:
+            with_retry(lambda: self._observe_once(model, outcome, detail), "gate observe",
+                       budget_s=self._observe_budget_s, max_backoff_s=0.2)
+        except TRANSIENT as exc:
+            log.warning("gate_observe_lost", model=model, outcome=outcome.value, error=str(exc))
 
     def cancel_all(self, reason: str) -> None:
         self._state.cancel(reason)

@@ -86,6 +86,7 @@ class WorkerSettings:
     reservation_grace_s: float = 30.0
     redis_retry_s: float = 30.0
     key_prefix: str = "irbench"
+    failure_backoff_s: float = 1.0
     spool_max_rows: int = 2000
     spool_max_age_s: float = 5.0
     spool_idle_s: float = 0.5
