@@ -1,0 +1,16 @@
+"""Run store → tables, statistics and the dated report.
+
+Where things live (each room's ``__init__`` says more):
+
+* ``pipeline``  — ``irbench analyze``: read the store, build each panel's tables, hand them to
+  ``outputs`` (files on disk, manifest);
+* ``options``   — every analysis choice, with its unit and default;
+* ``metrics/``  — per-cell and per-run measures (Jaccard, id-stability, drift, correctness,
+  stabilisation);
+* ``stats/``    — bootstrap intervals, ranks and rank sets, paired comparisons, correlations;
+* ``tables/``   — cells, imported measurements and merge rules, model tables, families,
+  sensitivity, timeouts, probes, the per-panel audit;
+* ``report/``   — the Markdown/HTML report built from the analysis outputs.
+"""
+
+__all__ = ["metrics", "options", "pipeline", "report", "stats", "tables"]

@@ -127,6 +127,14 @@ class AnalysisOptions(BaseModel):
         description="absolute stabilisation tolerance",
         json_schema_extra=_unit("nodes"),
     )
+    blas_threads: int = Field(
+        default=1,
+        ge=1,
+        description="threads BLAS may use for the bootstrap matrix products; the products are "
+        "chunked and small, and multi-threaded OpenBLAS spin-waits on a busy machine (measured "
+        "5-100x slower under load), so 1 unless the machine is idle",
+        json_schema_extra=_unit("threads"),
+    )
     tol_rel: float = Field(
         default=0.05,
         ge=0.0,

@@ -5,7 +5,7 @@ processes + the simulator in its own process, all stopped on exit (also on Ctrl-
         c.redis.url, c.sim.base_url, c.sim_stats()
         c.restart_workers(count=2)      # same Redis and simulator, a fresh set of workers
 
-Redis and worker helpers come from ``tests/support`` (the same ones the distributed tests use):
+Redis and worker launchers come from ``deploy/`` (the same ones the distributed tests use):
 a private redis-server on a free loopback port, workers each in their own process group.
 Also: ``write_campaign`` (a campaign TOML over generated prompts) and ``sliding_window_max``.
 """
@@ -28,8 +28,8 @@ if str(REPO) not in sys.path:  # `python bench/x.py` puts bench/ first, not the 
     sys.path.insert(0, str(REPO))
 
 from simulator.server import SubprocessSimulator, start_subprocess  # noqa: E402
-from tests.support.celery_workers import CeleryWorkers  # noqa: E402
-from tests.support.redis_server import RedisServer  # noqa: E402
+from deploy.celery_workers import CeleryWorkers  # noqa: E402
+from deploy.redis_server import RedisServer  # noqa: E402
 
 
 @contextlib.contextmanager

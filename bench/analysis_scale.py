@@ -2,7 +2,7 @@
 
 Panels of (8 models × 22 prompts), (100 × 1,000) and (100 × 10,000) with 30% missing cells,
 10,000 replicates (seeded). For each: the joint cluster bootstrap
-(:func:`analysis.ranks.joint_cluster_bootstrap`, including the marginal rank intervals, the
+(:func:`analysis.stats.ranks.joint_cluster_bootstrap`, including the marginal rank intervals, the
 max-t and the pairwise-Holm rank sets) and the whole ``analyze`` (imported cell measurements
 in a real CellStore → every per-panel file). For the smallest panel also a straightforward
 loop-per-replicate implementation of the same retention statistic, run in this process, and the
@@ -93,7 +93,7 @@ def loop_retention(scores: np.ndarray, replicates: int, seed: int) -> np.ndarray
 def retention_only(scores: np.ndarray, replicates: int, seed: int) -> tuple[np.ndarray, float]:
     """The loop's statistic, vectorised (counts matrix per chunk, positions by argsort): the
     like-for-like comparison with :func:`loop_retention`. (held share, median wall s of 5)."""
-    from analysis.ranks import _draw_means, _panel, _positions
+    from analysis.stats.ranks import _draw_means, _panel, _positions
 
     def run() -> np.ndarray:
         sc, obs = _panel(scores)
@@ -132,7 +132,7 @@ _CHILD = """
 import json, resource, sys, time
 t0 = time.perf_counter()
 from pathlib import Path
-from analysis.analyze import run_analysis
+from analysis.pipeline import run_analysis
 from analysis.options import AnalysisOptions
 t1 = time.perf_counter()
 run_analysis(Path(sys.argv[1]), Path(sys.argv[2]),
@@ -158,7 +158,7 @@ def whole_analyze(scores: np.ndarray, replicates: int, seed: int) -> dict:
 
 
 def main() -> None:
-    from analysis.ranks import joint_cluster_bootstrap
+    from analysis.stats.ranks import joint_cluster_bootstrap
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="8x22,100x1000,100x10000")

@@ -185,7 +185,8 @@ def stop_processes(procs: Sequence[ProcInfo], grace_s: float, out=sys.stderr) ->
 # ------------------------------------------------------------------------------------------ helpers
 
 
-def free_port(host: str) -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS reports free right now (it may be taken later; the caller retries)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])

@@ -1,13 +1,13 @@
 """``irbench analyze --executor celery``: the per-cell reduction of each date partition (or file
 group) runs as a map task on the workers, one reduce task merges the cell tables and writes the
-same outputs as the local path (``analysis.analyze.run_analysis``). Protocol and files:
+same outputs as the local path (``analysis.pipeline.run_analysis``). Protocol and files:
 ``orchestrator.analysis_tasks``.
 
 Why map tasks return cells *and* run-level features: a cell's runs can sit in several partitions
 (a campaign crossing midnight UTC, a resume on a later day), and its Jaccard/ID-stability need
 every pair of its runs, so partial cell aggregates do not merge. Each part's cells are kept for
 cells that live in that part only; the reduce rebuilds cells seen in two or more parts from the
-parts' run-level features (``analysis.analyze.combine_partial_cells``), which gives exactly the
+parts' run-level features (``analysis.tables.partial.combine_partial_cells``), which gives exactly the
 local ``build_cells`` table.
 
 Planning needs the dataset root at the same path as the workers see it (as for campaigns).
@@ -27,9 +27,10 @@ from typing import Any
 import structlog
 from celery import Celery
 
-from analysis.analyze import AnalysisResult, PanelResult, panel_dirname
+from analysis.outputs import AnalysisResult, PanelResult, panel_dirname
 from analysis.options import AnalysisOptions
-from analysis.tables import ModelTable
+from analysis.tables.models import ModelTable
+from storage.clock import utc_now
 from storage.runs import RunStore
 from orchestrator.analysis_tasks import MAP_TASK, REDUCE_TASK, done_path, error_path, jobs_dir, parts_done, scratch_dir
 from workers.celery.app import DEFAULT_QUEUE, make_celery_app
@@ -100,7 +101,7 @@ def enqueue_analysis(
     if not data_dir.is_dir():
         raise AnalysisJobError(f"data directory {data_dir} does not exist; pass the dataset root the workers share")
     parts = plan_parts(data_dir, options, max_files_per_part)
-    job_id = job_id or dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:8]
+    job_id = job_id or utc_now().strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:8]
     message = {"job_id": job_id, "data_dir": str(data_dir), "out_dir": str(out_dir),
                "options": options.model_dump(mode="json"), "parts": len(parts), "queue": queue}
     jobs_dir(out_dir).mkdir(parents=True, exist_ok=True)
@@ -206,7 +207,7 @@ def enqueue_campaign_analysis(
     options: AnalysisOptions | None = None,
     app: Celery | None = None,
     queue: str = DEFAULT_QUEUE,
-    now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
+    now: Callable[[], dt.datetime] = utc_now,
 ) -> AnalysisJob:
     """Enqueue (not await) the analysis of ``campaign``'s runs: ``options`` (default options)
     restricted to this campaign, outputs in :func:`campaign_analysis_dir` of today (UTC)."""
@@ -228,7 +229,7 @@ def analyze_with_executor(
 ) -> AnalysisResult:
     """What ``irbench analyze`` calls: ``executor`` 'local' (in-process) or 'celery' (needs
     ``broker_url``). Raises ``ValueError`` subclasses for bad input, like ``run_analysis``."""
-    from analysis.analyze import run_analysis
+    from analysis.pipeline import run_analysis
     from workers.errors import ConfigError
 
     if executor == "local":

@@ -5,7 +5,7 @@ Only small JSON goes through Redis: the job description (paths, options), the pa
 names and the part index. Data moves through the shared filesystem (every worker sees the same
 dataset root, as for campaigns):
 
-* map ``i`` reads its files (``analysis.analyze.read_run_files``), reduces them to the part's
+* map ``i`` reads its files (``analysis.inputs.read_run_files``), reduces them to the part's
   cell table and run-level features (``partial_cells``) and writes them to the job's scratch
   directory ``OUT/.jobs/<job_id>/part-<i>.{cells,feats}.parquet``, then ``part-<i>.json`` last
   (the part's done marker). The map that finds every part done sends the reduce, once (a Redis
@@ -22,7 +22,6 @@ a worker died) rewrites the same files; the analysis code is imported on a worke
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import shutil
@@ -31,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+
+from storage.clock import utc_now
 
 MAP_TASK = "irbench.analysis_map"
 REDUCE_TASK = "irbench.analysis_reduce"
@@ -68,20 +69,16 @@ def parts_done(job: dict[str, Any]) -> int:
         return 0
 
 
-def _utc_now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat()
-
-
 def write_error(job: dict[str, Any], stage: str, exc: BaseException) -> None:
     """Record the job's first failure (later ones are consequences; the first says what to fix)."""
-    from analysis.analyze import write_json_atomic
+    from storage.atomic import write_json_atomic
 
     path = error_path(job)
     if path.exists():
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic({"job_id": job["job_id"], "stage": stage, "error_type": type(exc).__name__,
-                       "message": str(exc), "at": _utc_now(),
+                       "message": str(exc), "at": utc_now().isoformat(),
                        "traceback": "".join(traceback.format_exception(exc))[-4000:]}, path)
 
 
@@ -93,7 +90,9 @@ def _options(job: dict[str, Any]) -> Any:
 
 def run_map(job: dict[str, Any], index: int, files: list[str]) -> dict[str, Any]:
     """Reduce part ``index`` (``files``) to its partial cell table and features; idempotent."""
-    from analysis.analyze import partial_cells, read_run_files, write_json_atomic, write_parquet_atomic
+    from analysis.inputs import read_run_files
+    from analysis.tables.partial import partial_cells
+    from storage.atomic import write_json_atomic, write_parquet_atomic
 
     cells_p, feats_p, marker = part_paths(job, index)
     if marker.exists():
@@ -105,7 +104,7 @@ def run_map(job: dict[str, Any], index: int, files: list[str]) -> dict[str, Any]
     write_parquet_atomic(cells, cells_p)
     write_parquet_atomic(feats, feats_p)
     info = {"part": index, "files": len(files), "runs": runs.num_rows, "cells": cells.num_rows,
-            "skipped_corrupt_files": bad, "finished_at": _utc_now()}
+            "skipped_corrupt_files": bad, "finished_at": utc_now().isoformat()}
     write_json_atomic(info, marker)
     return info
 
@@ -114,7 +113,9 @@ def run_reduce(job: dict[str, Any]) -> dict[str, Any]:
     """Combine the parts and write every output of ``run_analysis``; idempotent."""
     import pyarrow.parquet as pq
 
-    from analysis.analyze import combine_partial_cells, run_analysis, write_json_atomic
+    from analysis.pipeline import run_analysis
+    from analysis.tables.partial import combine_partial_cells
+    from storage.atomic import write_json_atomic
 
     if done_path(job).exists():
         return json.loads(done_path(job).read_text(encoding="utf-8"))
@@ -130,7 +131,7 @@ def run_reduce(job: dict[str, Any]) -> dict[str, Any]:
     info = {"job_id": job["job_id"], "parts": n, "runs_read": result.runs_read,
             "cells_imported": result.cells_imported, "skipped_files": list(result.skipped_files),
             "panels": {name: str(p.directory) for name, p in result.panels.items()},
-            "raw_cells": None if raw is None else raw.num_rows, "finished_at": _utc_now()}
+            "raw_cells": None if raw is None else raw.num_rows, "finished_at": utc_now().isoformat()}
     write_json_atomic(info, done_path(job))
     shutil.rmtree(scratch_dir(job), ignore_errors=True)
     return info

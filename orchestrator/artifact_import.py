@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analysis.merge import read_cell_csv
+from analysis.tables.merge import read_cell_csv
 from storage.cells import CellMeasurement, CellStore, measurement_id
-from storage.records import Outcome, ParseOutcome, RunRecord
+from storage.records import Outcome, RunRecord, run_succeeded
 from storage.runs import RunStore
 from storage.schema import records_to_table
 from workers.errors import ConfigError
@@ -197,7 +197,7 @@ def _record(path: Path, src: _IRSource, model: str, prompt: str, key: str, k: in
     text = path.read_text(encoding="utf-8")
     ext = extract_ir(text)
     at = dt.datetime.combine(mapping.window_start, dt.time(0), tzinfo=dt.UTC)
-    ok = ext.parse_outcome in (ParseOutcome.OK, ParseOutcome.REPAIRED)
+    ok = run_succeeded(ext.parse_outcome, ext.ir_json)
     return RunRecord(
         run_id=_run_id(src.campaign, model, prompt, k), campaign=src.campaign, panel=src.panel,
         prompt_sha256=key, prompt_name=prompt,

@@ -12,9 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from analysis.probes import ProbeSettings, probe_input_from_study_csv, probe_table
+from analysis.tables.probes import ProbeSettings, probe_input_from_study_csv, probe_table
 from orchestrator.spec import CampaignSpec
 from storage.availability import Availability, AvailabilityRecord, AvailabilityStore
+from storage.clock import utc_now
 from storage.probes import ProbeStore
 from workers.availability import (
     MESSAGE_CHARS,
@@ -30,10 +31,6 @@ __all__ = [
     "ArtifactImport", "CheckSettings", "CheckTarget", "check_availability", "check_endpoint",
     "import_availability_artifact", "targets_from_campaign",
 ]
-
-
-def _utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
 
 
 def targets_from_campaign(spec: CampaignSpec) -> list[CheckTarget]:
@@ -90,7 +87,7 @@ class ArtifactImport:
 
 def import_availability_artifact(
     artifact_dir: Path, data_dir: Path, *, reference_timeout_s: float = 60.0,
-    now: Callable[[], dt.datetime] = _utc_now,
+    now: Callable[[], dt.datetime] = utc_now,
 ) -> ArtifactImport:
     """Import ``results/model_availability.csv`` into ``availability/`` and
     ``results/failure_attribution.csv`` into ``probes/`` (attributed under the study's 60 s

@@ -11,7 +11,6 @@ import os
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import structlog
 
@@ -144,7 +143,3 @@ def campaign_status(prepared: PreparedCampaign, store: RunStore) -> CampaignStat
         planned_by_model=dict(Counter(t.model for t in prepared.tasks)),
         stored_by_model={m: dict(c) for m, c in stored.items()},
     )
-
-
-def default_data_dir(spec_path: Path) -> Path:
-    return spec_path.parent / "data"

@@ -39,7 +39,6 @@ from orchestrator.distributed_campaign import (
     progress_from_counts,
 )
 from orchestrator.local import ExecutionSummary
-from orchestrator.retry_failed import retry_start
 from storage.availability import AvailabilityRecord, AvailabilityStore
 from storage.records import Outcome, RunRecord
 from storage.runs import RunStore
@@ -148,8 +147,8 @@ def run_campaign_celery(
 ) -> ExecutionSummary:
     """Dispatch every planned run without a stored record and wait until each has one.
 
-    ``retry_outcomes`` (``--retry-failed``): also the runs whose latest execution ended in one
-    of these classes; each completes when a newer execution is stored (the earlier one stays).
+    ``retry_outcomes`` (``--retry-failed``): also dispatch the runs whose latest execution ended
+    in one of these classes (their Redis done markers are dropped), and wait for a newer execution.
 
     ``timeout_s``: give up waiting after this long (returns ``interrupted=True``; the workers
     carry on). The summary counts the runs stored during this call, per model and outcome.
@@ -170,7 +169,7 @@ def run_campaign_celery(
         unavailable = (with_retry(lambda: _close_unavailable(state, store, models), "closing unavailable models",
                                   budget_s=budget) if options.honour_availability else {})
         run = DistributedCampaign(prepared, bundle, options, _cancelled_records, unavailable, on_progress,
-                                  retry=retry_start(prepared, store, retry_outcomes))
+                                  frozenset(o.value for o in retry_outcomes))
         summary = run.run(timeout_s)
         if any(p.outcomes.get(Outcome.RETIRED.value) for p in run.progress.values()):
             _record_retirements(campaign, store, set())  # reads the store: only when a 410 happened
@@ -237,9 +236,12 @@ def celery_execute(
     def execute(prepared: PreparedCampaign, store: RunStore, secrets: object = None,
                 on_progress: CeleryProgressCallback | None = None,
                 retry_outcomes: frozenset[Outcome] = frozenset()) -> tuple[int, ExecutionSummary]:
+        from orchestrator.retry_failed import retryable
+
         planned = {t.run_id for t in prepared.tasks}
-        skipped = len((store.completed_run_ids(prepared.spec.name) & planned)
-                      - set(retry_start(prepared, store, retry_outcomes)))
+        skipped = len(store.completed_run_ids(prepared.spec.name) & planned)
+        if retry_outcomes:
+            skipped -= retryable(prepared, store, retry_outcomes).total
         summary = run_campaign_celery(prepared, store, broker_url, on_progress=on_progress, options=options,
                                       retry_outcomes=retry_outcomes, **kwargs)  # type: ignore[arg-type]
         return skipped, summary

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from analysis.analyze import run_analysis
+from analysis.pipeline import run_analysis
 from analysis.options import AnalysisOptions
-from analysis.report import build_report
+from analysis.report.build import build_report
 from orchestrator.audit_cli import print_panel
 from orchestrator.campaign import prepare, run_campaign_local
 from orchestrator.progress import ModelBars

@@ -24,7 +24,6 @@ Side effects go through an injected :class:`Bundle` (clock, Redis, broker, store
 
 from __future__ import annotations
 
-import datetime as dt
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,11 +36,12 @@ from orchestrator.campaign import PreparedCampaign
 from orchestrator.celery_options import CeleryOptions
 from orchestrator.local import ExecutionSummary, ModelProgress
 from orchestrator.store_cursor import StoreCursor
+from storage.clock import utc_now
 from storage.records import RunRecord
 from storage.runs import RunStore
 from storage.spool import recover_orphans
 from workers.celery.broker_view import unacked_ids, waiting_ids
-from workers.celery.campaign_state import META_FIELDS, CampaignState, reopen_for_retry
+from workers.celery.campaign_state import META_FIELDS, CampaignState
 from workers.celery.redis_retry import with_retry
 from workers.celery.tasks import RUN_TASK_NAME
 from workers.execute import worker_error_record
@@ -107,7 +107,8 @@ class DistributedCampaign:
 
     ``closed_records(tasks, reason, by_model)`` builds the records of runs never sent (cancelled
     or unavailable; ``orchestrator.celery_executor`` passes one); ``unavailable`` maps the
-    models closed for availability to the reason.
+    models closed for availability to the reason. ``retry_outcomes`` (``--retry-failed``):
+    outcome values whose runs go again; each such run is done once a newer execution is stored.
     """
 
     prepared: PreparedCampaign
@@ -116,11 +117,10 @@ class DistributedCampaign:
     closed_records: RecordsFor
     unavailable: dict[str, str] = field(default_factory=dict)
     on_progress: CeleryProgressCallback | None = None
-    #: ``--retry-failed``: run_id -> its latest execution_id at start; these run again
-    retry: dict[str, str | None] = field(default_factory=dict)
+    retry_outcomes: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
-        b, o = self.bundle, self.options
+        b = self.bundle
         self.campaign = self.prepared.spec.name
         self.state = CampaignState(b.redis, self.campaign)
         self.cursor = StoreCursor(b.store, self.campaign)
@@ -130,18 +130,20 @@ class DistributedCampaign:
         self._clocks = _Clocks()
         self._done_cursor = 0
         self._redis_run_id: str | None = None
-        self._today = dt.datetime.now(dt.timezone.utc).date()
+        self._today = utc_now().date()
         self.deadline: float | None = None
         self.resent = Counter[str]()  # why runs were published again: lost, claim_expired, ...
         self.poisoned: list[str] = []
         # the one read of the whole store, at start (resume): later looks read new files only
         self.cursor.refresh()
-        self.stored_at_start = (self.cursor.run_ids & set(self.by_id)) - set(self.retry)
-        self._stale_done_until = 0  # done-log entries before this are the retried runs' earlier executions
+        latest = self.cursor.latest()
+        self.again = {r: e for r, e, o in zip(*(latest.column(c).to_pylist() for c in ("run_id", "execution_id", "outcome")))
+                      if r in self.by_id and o in self.retry_outcomes}
+        self.stored_at_start = (self.cursor.run_ids & set(self.by_id)) - set(self.again)
+        self._stale_done_until = 0  # set when the retried runs are reopened (start)
         self.remaining = {rid: t for rid, t in self.by_id.items() if rid not in self.stored_at_start}
         self.unverified: set[str] = set()  # done per Redis, not yet seen in the store
         self.to_send: list[RunTask] = []
-        self._retry_budget = o.redis_backoff_max_s
 
     # ------------------------------------------------------------------ helpers
     def _redis(self, fn, what: str):  # noqa: ANN001, ANN202 - a thin wrapper
@@ -191,14 +193,34 @@ class DistributedCampaign:
         """Write the plan and decide what to send: pending runs Redis does not know (the rest
         are queued, running, deferred or done from an earlier orchestrator)."""
         self._redis(lambda: self.state.set_planned(self.planned), "writing the plan")
-        if self.retry:
-            self._stale_done_until = self._redis(
-                lambda: reopen_for_retry(self.state, {r: self.by_id[r].model for r in self.retry}), "reopening retried runs")
+        if self.again:
+            self._redis(self._reopen_for_retry, "reopening retried runs")
         self._redis_run_id = self._redis(self._server_id, "reading the server id")
         known = self._redis(lambda: self.state.known(self.remaining), "reading the campaign state")
         self.to_send = [t for rid, t in self.remaining.items() if rid not in known]
         log.info("celery_campaign_start", campaign=self.campaign, planned=len(self.by_id),
                  pending=len(self.remaining), to_send=len(self.to_send))
+
+    def _reopen_for_retry(self) -> None:
+        """Drop the retried runs' done markers, the cancel flag and 'disabled' closures that would
+        only cancel them again (a retired model stays closed: its runs are recorded cancelled)."""
+        self.state.reopen({r: self.by_id[r].model for r in self.again})
+        # done-log entries before this position announce the earlier executions (nothing of a
+        # retried run is dispatched yet): completion skips them for the retried runs
+        self._stale_done_until = int(self.state.client.llen(self.state.key("donelog")))
+        self.state.clear_cancel()
+        for model in {self.by_id[r].model for r in self.again}:
+            reason = self.state.client.hget(self.state.key("gate"), model)
+            if reason is not None and (reason.decode() if isinstance(reason, bytes) else reason).startswith("disabled"):
+                self.state.client.hdel(self.state.key("gate"), model)
+                self.state.client.hdel(self.state.key("streak"), model)
+
+    def _stored(self, run_id: str) -> bool:
+        """In the store; a retried run only with an execution newer than the one it had."""
+        execs = self.cursor.executions.get(run_id)
+        if not execs:
+            return False
+        return run_id not in self.again or bool(execs - {self.again[run_id]})
 
     def _server_id(self) -> str:
         return str(self.bundle.redis.info("server").get("run_id", ""))
@@ -272,8 +294,8 @@ class DistributedCampaign:
                 break
             first = self._done_cursor - len(ids)
             for i, rid in enumerate(ids):
-                if rid in self.retry and first + i < self._stale_done_until:
-                    continue  # the earlier execution's announcement, not the retry's
+                if rid in self.again and first + i < self._stale_done_until:
+                    continue  # a retried run's earlier execution, not the retry
                 if self.remaining.pop(rid, None) is not None:
                     self.unverified.add(rid)
         if self.remaining:
@@ -281,14 +303,16 @@ class DistributedCampaign:
         now = self.bundle.clock()
         if self._clocks.all_done is None:
             self._clocks.all_done = now
-        self._verify()
+        self.cursor.refresh()
+        self.unverified = {r for r in self.unverified if not self._stored(r)}
         if not self.unverified:
             return True
         waited = now - self._clocks.all_done
         if waited >= self.options.verify_grace_s / 4 and now - self._clocks.orphans >= 1.0:
             self._clocks.orphans = now
             if recover_orphans(self.bundle.store.dataset):  # a killed worker's spool: durable, acked
-                self._verify()
+                self.cursor.refresh()
+                self.unverified = {r for r in self.unverified if not self._stored(r)}
         if self.unverified and waited >= self.options.verify_grace_s:
             lost = sorted(self.unverified)
             log.warning("done_runs_missing_from_store", campaign=self.campaign, runs=len(lost))
@@ -299,16 +323,6 @@ class DistributedCampaign:
             self._clocks.all_done = None
             self._publish([self.by_id[r] for r in lost], "missing_from_store")
         return not self.remaining and not self.unverified
-
-    def _verify(self) -> None:
-        """Drop from ``unverified`` the runs the store now holds; a retried run needs an
-        execution newer than the one it had at start."""
-        self.cursor.refresh()
-        self.unverified -= self.cursor.run_ids - set(self.retry)
-        if self.unverified & set(self.retry):
-            latest = self.cursor.latest()
-            ids, eids = latest.column("run_id").to_pylist(), latest.column("execution_id").to_pylist()
-            self.unverified -= {r for r, e in zip(ids, eids) if r in self.retry and self.retry[r] != e}
 
     def reconcile(self) -> int:
         """Re-send runs whose worker died (claim expired) or that the broker lost; after a Redis
@@ -387,10 +401,9 @@ class DistributedCampaign:
         table = self.cursor.latest()
         by_model: dict[str, Counter[str]] = {}
         executed = 0
-        cols = ("run_id", "model", "outcome", "execution_id")
-        for rid, model, outcome, eid in zip(*(table.column(c).to_pylist() for c in cols)):
-            if rid in self.retry and self.retry[rid] == eid:
-                continue  # retried, but no newer execution stored yet
+        for rid, model, outcome in zip(*(table.column(c).to_pylist() for c in ("run_id", "model", "outcome"))):
+            if rid in self.again and not self._stored(rid):
+                continue  # retried, but no newer execution stored (yet): not this call's
             if rid in self.by_id and rid not in self.stored_at_start:
                 executed += 1
                 by_model.setdefault(model, Counter())[outcome] += 1

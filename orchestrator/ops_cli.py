@@ -66,9 +66,8 @@ def probe_command(
     Example: irbench probe examples/probe.toml --data data/ --reference-timeout 60
     (examples/probe.toml calls the probe simulator: irbench simulate --config examples/sim_probe.toml --port 8766)
     """
+    from analysis.tables.probes import ProbeSettings
     from orchestrator.retry_failed import parse_outcomes
-
-    from analysis.probes import ProbeSettings
     from orchestrator.probe import attribution_lines, probe_rich_table, run_probe
     from orchestrator.progress import ModelBars
 

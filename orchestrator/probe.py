@@ -4,27 +4,26 @@ A probe file is an ordinary campaign TOML (``orchestrator.spec``) with at least 
 ``budgets`` (e.g. ``[1500, 8000]``) and a generous ``total_timeout_s`` for every model — above
 the reference timeout being audited, so slow answers are measured instead of cut off. Its runs
 are stored like any campaign's (``runs/``, so ``irbench status`` and resume work); the summary
-(``analysis.probes``) goes to the ``probes/`` dataset and to a flat ``probes.parquet``.
+(``analysis.tables.probes``) goes to the ``probes/`` dataset and to a flat ``probes.parquet``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import os
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from rich.table import Table
 
-from analysis.probes import ProbeSettings, probe_input_from_runs, probe_table
+from analysis.tables.probes import ProbeSettings, probe_input_from_runs, probe_table
+from storage.atomic import write_parquet_atomic
 from orchestrator.campaign import PreparedCampaign, prepare, resolve_secrets, run_campaign_local
 from orchestrator.local import ProgressCallback
 from orchestrator.spec import CampaignSpec, load_campaign
+from storage.clock import utc_now
 from storage.probes import ProbeStore
 from storage.runs import RunStore
 from workers.errors import ConfigError
@@ -81,13 +80,7 @@ def summarise_probe(
 
 def write_table_atomic(table: pa.Table, path: Path) -> None:
     """Write ``table`` to ``path`` via a temporary file and ``os.replace`` (no partial file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_parquet_atomic(table, path)
 
 
 @dataclass(frozen=True)
@@ -110,7 +103,7 @@ def run_probe(
     execute: Executor | None = None,
     on_progress: ProgressCallback | None = None,
     out_path: Path | None = None,
-    now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
+    now: Callable[[], dt.datetime] = utc_now,
     retry_outcomes: frozenset = frozenset(),
 ) -> ProbeResult:
     """Run (or resume) the probe at ``probe_spec_path`` and summarise it.

@@ -30,10 +30,10 @@ def report_command(
     Example: irbench report --data data/ --out report/
     Example: irbench report --data data/ --analysis out/ --out report/
     """
-    from analysis.analyze import run_analysis
+    from analysis.pipeline import run_analysis
     from analysis.options import AnalysisOptions
-    from analysis.report import ReportInputError, build_report
-    from analysis.report_sections import ReportOptions
+    from analysis.report.build import build_report
+    from analysis.report.sections import ReportOptions
     from workers.errors import IrbenchError
 
     console, err = Console(), Console(stderr=True)
@@ -47,7 +47,7 @@ def report_command(
             console.print(f"analysis outputs: {analysis}")
         paths = build_report(analysis, out, data_dir=data,
                              options=ReportOptions(max_table_rows=max_table_rows))
-    except (IrbenchError, ReportInputError, ValueError, OSError) as exc:
+    except (IrbenchError, ValueError, OSError) as exc:  # ReportInputError is an IrbenchError
         err.print(f"[bold red]error:[/] {exc}")
         raise typer.Exit(code=2) from None
     console.print(f"report: {paths.html} ({paths.html_bytes / 1e6:.2f} MB), {paths.md} "

@@ -102,14 +102,3 @@ def retry_command(campaign_file: Path, data: Path, outcomes: frozenset[Outcome] 
         cmd += " --outcomes " + ",".join(sorted(o.value for o in outcomes))
     return cmd
 
-
-def retry_start(prepared: PreparedCampaign, store: RunStore, outcomes: frozenset[Outcome]) -> dict[str, str | None]:
-    """run_id -> its latest execution_id, for the planned runs a retry re-executes (empty when
-    ``outcomes`` is): the distributed executor waits for a newer execution of each."""
-    if not outcomes:
-        return {}
-    wanted = {o.value for o in outcomes}
-    planned = {t.run_id for t in prepared.tasks}
-    t = store.read_table(campaigns=[prepared.spec.name], columns=["run_id", "execution_id", "outcome"])
-    return {r: e for r, e, o in zip(*(t.column(c).to_pylist() for c in ("run_id", "execution_id", "outcome")))
-            if r in planned and o in wanted}

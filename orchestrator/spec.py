@@ -44,7 +44,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from workers.errors import ConfigError
-from workers.runtask import EndpointRef, ModelLimits, RetryPolicy, TimeoutPolicy
+from workers.runtask import EndpointRef, ModelLimits, RetryPolicy, TimeoutPolicy, WireFormat
 
 SLUG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -92,7 +92,7 @@ class CorpusSpec(_Strict):
 
 class EndpointSpec(_Strict):
     base_url: str
-    wire_format: Literal["openai", "ollama"] = "openai"
+    wire_format: WireFormat = "openai"
     api_key_env: str | None = None
 
     @field_validator("base_url")

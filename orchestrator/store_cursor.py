@@ -27,10 +27,11 @@ class StoreCursor:
         self._seen: set[Path] = set()
         self._tables: list[pa.Table] = []
         self.run_ids: set[str] = set()
+        self.executions: dict[str, set[str | None]] = {}  # run_id -> execution ids seen
         self.files_read = 0
 
     def refresh(self) -> set[str]:
-        """Read the files published since the last call; returns the run_ids they added."""
+        """Read the files published since the last call; returns the run_ids they hold."""
         dataset = self.store.dataset
         for _ in range(dataset.read_retries + 1):
             new = [f for f in dataset.data_files() if f not in self._seen]
@@ -43,14 +44,18 @@ class StoreCursor:
             self._seen.update(new)
             self.files_read += len(new)
             self._tables.append(table)
-            ids = set(table.column("run_id").to_pylist()) - self.run_ids
+            rids, eids = table.column("run_id").to_pylist(), table.column("execution_id").to_pylist()
+            for rid, eid in zip(rids, eids):
+                self.executions.setdefault(rid, set()).add(eid)
+            ids = set(rids) - self.run_ids
             self.run_ids |= ids
-            return ids
+            return set(rids)
         return set()
 
     def latest(self) -> pa.Table:
-        """One row per stored run (``storage.runs.EXECUTION_RULE``): run_id, model, outcome, execution_id."""
+        """One row per stored run (``storage.runs.EXECUTION_RULE``): run_id, model, outcome,
+        execution_id."""
+        cols = ["run_id", "model", "outcome", "execution_id"]
         if not self._tables:
-            return pa.table({c: pa.array([], pa.string()) for c in ("run_id", "model", "outcome", "execution_id")})
-        rows = latest_executions(pa.concat_tables(self._tables))
-        return rows.select(["run_id", "model", "outcome", "execution_id"])
+            return pa.table({c: pa.array([], pa.string()) for c in cols})
+        return latest_executions(pa.concat_tables(self._tables)).select(cols)

@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from analysis.annotations import AnnotationSet, parse_annotations
+from storage.annotations import AnnotationSet, parse_annotations
 from simulator.config import SimConfig, SimModel
 from simulator.model import (
     apply_token_budget,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from workers.errors import ConfigError
+from storage.errors import ConfigError
 
 DEFAULT_INFERRED_WORDS: tuple[str, ...] = (
     "overview", "context", "persona", "output_format", "examples", "constraints",

@@ -18,7 +18,7 @@ from itertools import combinations
 
 import numpy as np
 
-from analysis.annotations import Annotation, AnnotationSet
+from storage.annotations import Annotation, AnnotationSet
 from simulator.config import SimModel
 
 IR_VERSION = 1

@@ -20,7 +20,7 @@ import uvicorn
 
 from simulator.app import SimApp
 from simulator.config import SimConfig, load_sim_config
-from workers.errors import ConfigError
+from storage.errors import ConfigError
 
 
 def _uvicorn_config(app: SimApp, host: str, port: int, graceful_shutdown_s: float) -> uvicorn.Config:

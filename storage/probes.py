@@ -2,7 +2,7 @@
 ``probe_date``.
 
 A row summarises the runs of one probe cell (outcome counts, latency, reasoning and answer
-sizes) and carries the model's failure attribution (``analysis.probes``) with its evidence.
+sizes) and carries the model's failure attribution (``analysis.tables.probes``) with its evidence.
 Rows are derived: the probe's raw runs stay in ``runs/`` (a probe is a campaign whose runs are
 ordinary RunRecords with ``budget_max_tokens``), or, for the study's published probe, in
 ``results/failure_attribution.csv``. Re-summarising a probe replaces its file

@@ -14,6 +14,8 @@ import datetime as dt
 import uuid
 from enum import StrEnum
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field
 
 #: 2: ``execution_id`` and ``finished_at`` (every execution of a run is its own row); files of
@@ -53,6 +55,23 @@ class ParseOutcome(StrEnum):
     EMPTY = "empty"
     TRUNCATED = "truncated"
     NOT_ATTEMPTED = "not_attempted"  # no answer text to parse (the call failed)
+
+
+# What a *successful run* is, everywhere (metrics, probes, timeouts, manifests, imports): a run
+# whose answer yielded a validated IR, possibly after repairs. Defined once, here.
+SUCCESS_PARSE_OUTCOMES: frozenset[str] = frozenset({ParseOutcome.OK.value, ParseOutcome.REPAIRED.value})
+
+
+def run_succeeded(parse_outcome: str | None, ir_json: str | None) -> bool:
+    """One run: a parsed IR is present and its parse outcome is ``ok`` or ``repaired``."""
+    return ir_json is not None and parse_outcome in SUCCESS_PARSE_OUTCOMES
+
+
+def succeeded_mask(runs: pa.Table) -> pa.ChunkedArray:
+    """The same predicate over a runs table (columns ``parse_outcome``, ``ir_json``): a boolean
+    array, one entry per row, never null."""
+    outcome_ok = pc.is_in(runs.column("parse_outcome"), value_set=pa.array(sorted(SUCCESS_PARSE_OUTCOMES)))
+    return pc.and_(pc.fill_null(outcome_ok, False), pc.is_valid(runs.column("ir_json")))
 
 
 class Attempt(BaseModel):
@@ -158,7 +177,4 @@ class RunRecord(BaseModel):
     @property
     def succeeded(self) -> bool:
         """A run that produced a parseable IR (the metrics' definition of a run)."""
-        return self.ir_json is not None and self.parse_outcome in (
-            ParseOutcome.OK,
-            ParseOutcome.REPAIRED,
-        )
+        return run_succeeded(self.parse_outcome, self.ir_json)

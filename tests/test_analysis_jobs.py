@@ -17,8 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.analyze import partial_cells, read_run_files, run_analysis
-from analysis.cells import build_cells
+from analysis.inputs import read_run_files
+from analysis.pipeline import run_analysis
+from analysis.tables.partial import partial_cells
+from analysis.tables.cells import build_cells
 from analysis.options import AnalysisOptions
 from orchestrator.analysis_jobs import (
     AnalysisJobError,
@@ -34,8 +36,8 @@ from orchestrator.spec import load_campaign
 from simulator.config import SimConfig, SimModel
 from simulator.server import start_background
 from storage.runs import RunStore
-from tests.support.celery_workers import CeleryWorkers
-from tests.support.redis_server import RedisServer
+from deploy.celery_workers import CeleryWorkers
+from deploy.redis_server import RedisServer
 from tests.test_analyze import record
 from tests.test_distributed import WORKER_ENV, make_campaign
 

@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
-from analysis.analyze import NoRunsError, panel_dirname, run_analysis
+from analysis.outputs import panel_dirname
+from analysis.pipeline import NoRunsError, run_analysis
 from analysis.options import AnalysisOptions
 from storage.errors import StorageError
 from storage.records import Outcome, ParseOutcome, RunRecord

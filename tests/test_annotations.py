@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analysis.annotations import AnnotationSet, parse_annotations
+from storage.annotations import AnnotationSet, parse_annotations
 from tests.support.paths import ARTIFACT
 
 CORPUS = ARTIFACT / "corpus" / "synthetic"

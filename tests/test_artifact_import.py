@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 from scipy.stats import wilcoxon
 
-from analysis.analyze import run_analysis
-from analysis.annotations import parse_annotations
-from analysis.cells import build_cells
+from analysis.pipeline import run_analysis
+from storage.annotations import parse_annotations
+from analysis.tables.cells import build_cells
 from analysis.options import AnalysisOptions
 from orchestrator.artifact_import import import_artifact
 from storage.cells import CellStore

@@ -13,8 +13,8 @@ import typer
 from scipy.stats import bootstrap
 from typer.testing import CliRunner
 
-from analysis.analyze import CorruptDataError, NoRunsError, run_analysis
-from analysis.families import default_family
+from analysis.pipeline import CorruptDataError, NoRunsError, run_analysis
+from analysis.tables.families import default_family
 from analysis.options import AnalysisOptions
 from orchestrator.audit_cli import analyze_command, import_artifact_command
 from storage.cells import CellMeasurement, CellStore, measurement_id

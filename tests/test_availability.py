@@ -180,7 +180,7 @@ def test_beat_one_check_per_interval_with_two_beats(tmp_path: Path) -> None:
 
     import redis
 
-    from tests.support.redis_server import RedisServer
+    from deploy.redis_server import RedisServer
     from workers.celery.availability_tasks import LOCK_PREFIX, slot_of, targets_to_json
 
     interval_s = 2.0

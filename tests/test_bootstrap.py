@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from analysis.bootstrap import (
+from analysis.errors import AnalysisError
+from analysis.stats.bootstrap import (
     bca_ci,
     bootstrap_means,
     expanded_percentile_ci,
@@ -82,11 +83,11 @@ def test_degenerate_data():
 
 
 def test_input_errors():
-    with pytest.raises(ValueError, match="NaN"):
+    with pytest.raises(AnalysisError, match="NaN"):
         percentile_ci(np.array([1.0, np.nan]), seed=0)
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(AnalysisError, match="empty"):
         percentile_ci(np.array([]), seed=0)
-    with pytest.raises(ValueError, match="level"):
+    with pytest.raises(AnalysisError, match="level"):
         percentile_ci(DATA, seed=0, level=1.5)
 
 
@@ -117,7 +118,7 @@ def test_coverage_simulation_known_mean():
 
 # ---------------------------------------------------------------- shared-stream scheme (large panels)
 
-from analysis.bootstrap import percentile_ci_many_metrics, shared_bootstrap_means  # noqa: E402
+from analysis.stats.bootstrap import percentile_ci_many_metrics, shared_bootstrap_means  # noqa: E402
 
 
 def test_shared_scheme_resamples_exactly_n_values_multinomially():

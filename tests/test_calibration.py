@@ -1,12 +1,12 @@
 """Calibration by simulation with known truth (seeded).
 
 * Mean intervals: the per-model 95% percentile interval used in models.parquet
-  (:func:`analysis.bootstrap.percentile_ci`) must cover the true mean at the rates of the
+  (:func:`analysis.stats.bootstrap.percentile_ci`) must cover the true mean at the rates of the
   research note's simulation (rank-statistics.md §5; 2000 datasets) within ±3 points:
   Beta(2,5): 0.82 at n = 5, 0.93 at n = 22; "mix_ones" (40% exactly 1.0, 60% Beta(5,2)):
   0.85 at n = 5, 0.94 at n = 22.
 * Rank sets: the simultaneous set used for rank_set_low/high and the partition
-  (:func:`analysis.ranks.pairwise_rank_set`) must cover all true ranks at once in ≥ 95% of
+  (:func:`analysis.stats.ranks.pairwise_rank_set`) must cover all true ranks at once in ≥ 95% of
   panels on a non-tied design with 30% missing cells, and still ≥ 95% with exact ties
   (true rank by "min" ties).
 """
@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.bootstrap import percentile_ci
-from analysis.ranks import min_ranks, pairwise_rank_set
+from analysis.stats.bootstrap import percentile_ci
+from analysis.stats.ranks import min_ranks, pairwise_rank_set
 
 N_SIM = 2000
 CHUNK = 100  # datasets per call (they share one index matrix; each chunk has its own seed)

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.analyze import run_analysis
-from analysis.annotations import parse_annotations
+from analysis.pipeline import run_analysis
+from storage.annotations import parse_annotations
 from analysis.options import AnalysisOptions
 from orchestrator.campaign import campaign_status, prepare, run_campaign_local
 from orchestrator.spec import load_campaign

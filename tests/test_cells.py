@@ -14,9 +14,10 @@ import pyarrow as pa
 import pytest
 from rich.console import Console
 
-from analysis.cells import CELL_SCHEMA, MIN_RUNS_METADATA_KEY, build_cells
-from analysis.render import excluded_lines, models_rich_table
-from analysis.tables import model_table
+from analysis.errors import AnalysisError
+from analysis.tables.cells import CELL_SCHEMA, MIN_RUNS_METADATA_KEY, build_cells
+from analysis.report.terminal import excluded_lines, models_rich_table
+from analysis.tables.models import model_table
 
 ARTIFACT = Path("/work/shared/paper-artifact/results")
 D1 = dt.date(2026, 3, 1)
@@ -122,7 +123,7 @@ def test_cells_split_by_key_and_null_metrics_below_two_runs() -> None:
         assert keyed[k]["mean_jaccard"] is None and keyed[k]["std_nodes"] is None
         assert keyed[k]["node_set_perfect"] is None
     assert keyed[("c1", "m2", None)]["included"] is True
-    with pytest.raises(ValueError, match="min_runs"):
+    with pytest.raises(AnalysisError, match="min_runs"):
         build_cells(runs, min_runs=1)
 
 
@@ -134,7 +135,7 @@ def test_duplicate_run_ids_count_once() -> None:
 
 
 def test_missing_columns_named() -> None:
-    with pytest.raises(ValueError, match="node_ids"):
+    with pytest.raises(AnalysisError, match="node_ids"):
         build_cells(run_table([{"ids": ["a"]}]).drop_columns(["node_ids"]))
 
 
@@ -214,13 +215,13 @@ def _cell_row(model: str, sha: str, jac: float, stab: float) -> dict[str, Any]:
 def test_model_table_rejects_mixed_panels_and_extends() -> None:
     rows = _cells_for("m", [[["a"], ["a"]]] * 3)
     runs = run_table(rows + [{**r, "panel": "q"} for r in rows])
-    with pytest.raises(ValueError, match="one panel"):
+    with pytest.raises(AnalysisError, match="one panel"):
         model_table(build_cells(runs))
     mt = model_table(build_cells(run_table(rows)))
     ext = mt.with_columns(ci_low=[0.9], rank_held=pa.array([0.5]))
     assert ext.included.column_names[-2:] == ["ci_low", "rank_held"]
     assert ext.included.column("ci_low").to_pylist() == [0.9]
-    with pytest.raises(ValueError, match="1 models"):
+    with pytest.raises(AnalysisError, match="1 models"):
         mt.with_columns(bad=[1, 2])
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.redis_server import RedisServer
+from deploy.redis_server import RedisServer
 
 IRBENCH = [sys.executable, "-m", "orchestrator.cli"]
 VERBS = ["run", "status", "resume", "cancel", "worker", "analyze", "compact", "simulate", "demo", "probe"]

@@ -6,9 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from analysis.errors import AnalysisError
 from tests.support.paths import ARTIFACT
 
-from analysis.correctness import (
+from analysis.metrics.correctness import (
     emitted_from_json,
     model_means,
     score_run,
@@ -65,7 +66,7 @@ def test_model_means_are_run_weighted():
     np.testing.assert_allclose(mm.recall, [0.25, 1.0])
     np.testing.assert_allclose(mm.all_precision, [0.5, 1.0])
     assert list(mm.no_explicit_runs) == [1, 0]
-    with pytest.raises(ValueError):
+    with pytest.raises(AnalysisError):
         score_runs([set()], [], [])
 
 
@@ -82,10 +83,10 @@ def test_real_prompt_and_ir():
     assert {"RULE:ROLE", "CONDITION:LANGUAGE"} <= emitted & explicit
 
 
-# --- correlations (analysis/correlations.py) -------------------------------------------------
+# --- correlations (analysis/stats/correlations.py) -------------------------------------------------
 from scipy import stats  # noqa: E402
 
-from analysis.correlations import correlate, leave_one_out, stability_vs_correctness  # noqa: E402
+from analysis.stats.correlations import correlate, leave_one_out, stability_vs_correctness  # noqa: E402
 
 
 def test_correlate_matches_scipy_and_handles_degenerate():

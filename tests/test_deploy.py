@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from deploy.local_cluster import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
 LAUNCHER = DEPLOY / "local_cluster.py"
@@ -64,14 +66,6 @@ def _launcher(args: list[str], env: dict[str, str], timeout_s: float = 60.0) -> 
     return subprocess.run([sys.executable, str(LAUNCHER), *args], env=env, capture_output=True, text=True, timeout=timeout_s)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def app_env(tmp_path: Path) -> dict[str, str]:
     """Environment with the throwaway app importable (PYTHONPATH) and the repo for the real one."""
@@ -109,7 +103,7 @@ def _inspect_ping(app: str, broker_url: str, env: dict[str, str]) -> dict:
 
 
 def _up_and_check(app: str, state: Path, data: Path, env: dict[str, str], *, task_roundtrip: bool) -> None:
-    port = _free_port()
+    port = free_port()
     t0 = time.monotonic()
     up = _launcher(["up", "--workers", "2", "--concurrency", "2", "--port", str(port), "--state", str(state),
                     "--data", str(data), "--app", app], env)
@@ -229,7 +223,7 @@ def test_env_file_reaches_workers_and_foreground_ctrl_c_leaves_nothing(cluster_d
 @pytest.mark.timeout(60)
 def test_failed_worker_start_stops_redis_too(cluster_dirs, app_env):
     state, data = cluster_dirs
-    port = _free_port()
+    port = free_port()
     (state / "logs").mkdir(parents=True)
     for i in (1, 2):  # a previous run's "ready" lines must not count as this run's readiness
         (state / "logs" / f"worker-{i}.log").write_text(f"[..: INFO/MainProcess] w{i}@host ready.\n")

@@ -37,9 +37,9 @@ from orchestrator.spec import load_campaign
 from simulator.config import SimConfig, SimModel
 from simulator.server import RunningSimulator, start_background
 from storage.runs import RunStore
+from deploy.celery_workers import CeleryWorkers
+from deploy.redis_server import RedisServer
 from storage.spool import pending_rows
-from tests.support.celery_workers import CeleryWorkers
-from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parent.parent
@@ -156,6 +156,22 @@ def assert_every_run_stored(store: RunStore, prepared: PreparedCampaign, *, max_
     return execs
 
 
+def settle(store: RunStore, url: str, campaign: str, timeout_s: float = 15.0) -> None:
+    """Wait until no execution of ``campaign`` is still running and every spool is published: a
+    duplicate execution (a claim that expired under load) may still be finishing when the
+    orchestrator returns, and its call must be matched by its stored attempts."""
+    import redis as _redis
+
+    from workers.celery.campaign_state import CampaignState
+
+    client = _redis.Redis.from_url(url)
+    try:
+        state = CampaignState(client, campaign)
+        wait_for(lambda: not state.running() and pending_rows(store.dataset) == 0, timeout_s, "executions settled")
+    finally:
+        client.close()
+
+
 def assert_calls_equal_attempts(store: RunStore, campaign: str, st: dict, models, *, lost: int = 0) -> None:  # noqa: ANN001
     """Calls the endpoint received == attempts stored (all executions), per model; ``lost``:
     calls allowed in flight on a SIGKILLed worker (their answers died with it)."""
@@ -222,6 +238,7 @@ def test_crossed_campaign_three_workers(live: Cluster, tmp_path: Path) -> None:
         seen: list[str] = []
         summary = run_campaign_celery(prepared, store, live.url, options=FAST, timeout_s=60,
                                       on_progress=lambda m, p: seen.append(m))
+        settle(store, live.url, "t1")
         st = stats(s.base_url)
     assert len(prepared.tasks) == 60 and not summary.interrupted
     assert summary.executed == 60
@@ -283,6 +300,7 @@ def test_redis_restart_mid_campaign(live: Cluster, tmp_path: Path) -> None:
         restarted_at, t_restart = stored_count(store, "t3"), time.monotonic()
         summary = bg.join(110)
         recovery_s = time.monotonic() - t_restart
+        settle(store, live.url, "t3")
         st = stats(s.base_url)
     assert restarted_at < len(prepared.tasks)
     assert not summary.interrupted
@@ -352,6 +370,7 @@ def test_rate_limit_storm_obeys_limit_and_cooldown(live: Cluster, tmp_path: Path
                                                        runs=6, retry={"max_attempts": 8})))
         store = RunStore(tmp_path / "data")
         summary = run_campaign_celery(prepared, store, live.url, options=FAST, timeout_s=90)
+        settle(store, live.url, "t5")
         st = stats(s.base_url)["t5-rl"]
     assert not summary.interrupted
     assert_every_run_stored(store, prepared)

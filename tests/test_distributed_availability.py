@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.probes import ProbeSettings
+from analysis.tables.probes import ProbeSettings
 from orchestrator.campaign import prepare
 from orchestrator.celery_executor import (
     AVAILABILITY_MARK,
@@ -33,8 +33,8 @@ from simulator.config import SimConfig, SimModel, load_sim_config
 from simulator.server import start_background
 from storage.availability import Availability, AvailabilityRecord, AvailabilityStore
 from storage.runs import RunStore
-from tests.support.celery_workers import CeleryWorkers
-from tests.support.redis_server import RedisServer
+from deploy.celery_workers import CeleryWorkers
+from deploy.redis_server import RedisServer
 from tests.test_distributed import WORKER_ENV, make_campaign
 from workers.celery.campaign_state import CampaignState
 from workers.celery.runtime import sync_redis

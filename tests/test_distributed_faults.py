@@ -22,8 +22,8 @@ from orchestrator.celery_options import CeleryOptions
 from orchestrator.spec import load_campaign
 from simulator.config import SimModel
 from storage.runs import RunStore
-from tests.support.celery_workers import CeleryWorkers
-from tests.support.redis_server import RedisServer
+from deploy.celery_workers import CeleryWorkers
+from deploy.redis_server import RedisServer
 from tests.test_distributed import (
     REPO,
     WORKER_ENV,
@@ -57,10 +57,6 @@ def up(faults: Cluster) -> Iterator[Cluster]:
     yield faults
 
 
-def running_on(url: str, campaign: str) -> int:
-    return len(CampaignState(redis.Redis.from_url(url), campaign).running())
-
-
 def test_worker_stopped_past_its_claim_keeps_both_executions(up: Cluster, tmp_path: Path) -> None:
     models = {"f1-a": SimModel(latency_ms_median=400, latency_sigma=0.05)}
     with sim(models) as s:
@@ -68,7 +64,8 @@ def test_worker_stopped_past_its_claim_keeps_both_executions(up: Cluster, tmp_pa
                                                        prompts=4, runs=6)))
         store = RunStore(tmp_path / "data")
         bg = Background(prepared, store, up.url, options=FAST, timeout_s=120)
-        wait_for(lambda: running_on(up.url, "f1") >= 8, 30, "runs executing")
+        # the first wave: each of the 12 threads has sent its call (0.4 s each)
+        wait_for(lambda: stats(s.base_url).get("f1-a", {}).get("requests", 0) >= 12, 30, "calls in flight")
         up.workers.kill(0, signal.SIGSTOP)  # frozen mid-call, past its 3 s claim TTL
         try:
             time.sleep(8)  # the reconciler re-sends its runs to the live workers
@@ -84,7 +81,8 @@ def test_worker_stopped_past_its_claim_keeps_both_executions(up: Cluster, tmp_pa
     assert not summary.interrupted
     execs = executions_per_run(store)
     twice = [r for r, n in execs.items() if n > 1]
-    assert twice, "the stopped worker's runs should have been executed again elsewhere"
+    assert twice, ("the stopped worker's runs should have been executed again elsewhere", st,
+                   up.workers.tail(0)[-4000:])
     assert len(twice) <= 4  # at most the stopped worker's 4 threads
     assert_calls_equal_attempts(store, "f1", st, models)  # its attempts are not lost: every call stored
     # analysis sees one record per run: the latest execution
@@ -147,3 +145,31 @@ def test_deferred_runs_survive_their_worker(up: Cluster, tmp_path: Path) -> None
     # ~40 runs at 8/s after the kill: ~5 s of rate-limited work, plus one claim TTL at most
     assert after_s < 20, after_s
     assert "run_deferred" in up.workers.logs()
+
+
+def test_retry_failed_adds_a_newer_execution(up: Cluster, tmp_path: Path) -> None:
+    """``retry_outcomes`` (``--retry-failed``): runs whose latest execution failed go again and
+    are done once a newer execution is stored; both executions stay in the store."""
+    from orchestrator.celery_executor import run_campaign_celery
+    from simulator.config import SimConfig
+    from simulator.server import start_background
+    from storage.records import Outcome
+    from deploy.local_cluster import free_port
+
+    port = free_port()
+    path = make_campaign(tmp_path, "f4", f"http://127.0.0.1:{port}/v1", {"f4-a": {}}, prompts=3, runs=2,
+                         retry={"max_attempts": 1})
+    prepared = prepare(load_campaign(path))
+    store = RunStore(tmp_path / "data")
+    first = run_campaign_celery(prepared, store, up.url, options=FAST, timeout_s=60)  # nothing listens
+    assert first.by_model == {"f4-a": {"connect_error": 6}}
+    with start_background(SimConfig(models={"f4-a": SimModel(latency_ms_median=5)}), port=port) as s:
+        plain = run_campaign_celery(prepared, store, up.url, options=FAST, timeout_s=60)
+        assert plain.executed == 0 and stats(s.base_url).get("f4-a", {}).get("requests", 0) == 0
+        again = run_campaign_celery(prepared, store, up.url, options=FAST, timeout_s=60,
+                                    retry_outcomes=frozenset({Outcome.CONNECT_ERROR}))
+        st = stats(s.base_url)
+    assert again.by_model == {"f4-a": {"ok": 6}} and st["f4-a"]["requests"] == 6
+    execs = store.read_executions(campaigns=["f4"], columns=["outcome"]).column("outcome").to_pylist()
+    assert sorted(execs) == ["connect_error"] * 6 + ["ok"] * 6
+    assert store.count_by_outcome("f4") == {"ok": 6}

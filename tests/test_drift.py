@@ -8,7 +8,7 @@ import pytest
 
 from tests.support.paths import ARTIFACT
 
-from analysis.drift import (
+from analysis.metrics.drift import (
     CLASSES,
     cell_drift,
     classify_pair,

@@ -18,7 +18,7 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from tests.support.redis_server import RedisServer
+from deploy.redis_server import RedisServer
 from workers.celery.redis_limiter import RedisLimiter
 from workers.limits import Lease, MemoryLimiter, ModelDisabled, WaitBudgetExceeded
 from workers.runtask import ModelLimits

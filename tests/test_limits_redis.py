@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
-from tests.support.redis_server import RedisServer
+from deploy.redis_server import RedisServer
 from workers.celery.redis_limiter import RedisLimiter
 from workers.limits import Lease, LimiterUnavailable, ModelDisabled
 from workers.runtask import ModelLimits
@@ -379,7 +379,7 @@ def test_release_on_another_instance_wakes_waiters(redis_srv: RedisServer) -> No
     async def body() -> None:
         c1, c2 = aioredis.Redis.from_url(redis_srv.url), aioredis.Redis.from_url(redis_srv.url)
         other = RedisLimiter(c1, key_prefix=prefix, period_s=1.0)
-        lim = RedisLimiter(c2, key_prefix=prefix, period_s=1.0)
+        lim = RedisLimiter(c2, key_prefix=prefix, period_s=1.0, max_block_s=30.0)  # no wake: a 30 s wait
         try:
             d = await other.try_acquire("m", limits, "other-holder", 100)
             assert d.permit is not None and await other.outstanding("m") == 1
@@ -389,8 +389,8 @@ def test_release_on_another_instance_wakes_waiters(redis_srv: RedisServer) -> No
             t0 = time.monotonic()
             await other.release(d.permit, 5)  # frees the slot and refunds 95 tokens
             p = await waiter
-            assert time.monotonic() - t0 < 1.5, "the release message must wake the waiter (else ~5 s)"
-            assert p.waited_ms > 90
+            assert time.monotonic() - t0 < 10, "the release message must wake the waiter (else ~30 s)"
+            assert p.waited_ms > 0  # measured on Redis's clock from its first denial
         finally:
             for x in (other, lim):
                 await x.aclose()

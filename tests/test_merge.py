@@ -1,10 +1,12 @@
 """Merge precedence rules: unit cases and the published per-campaign tables (NOTES.md figures)."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from analysis.merge import (
+from analysis.errors import AnalysisError
+from analysis.tables.merge import (
     CellRow,
     compare_merges,
     merge_earliest_then_top_up,
@@ -49,13 +51,13 @@ def test_rules_on_small_panel_with_budget_tie():
 
 
 def test_validation_errors(tmp_path):
-    with pytest.raises(ValueError, match="no entry"):
+    with pytest.raises(AnalysisError, match="no entry"):
         merge_earliest_then_top_up([row("x")], {"y": 0})
-    with pytest.raises(ValueError, match="twice"):
+    with pytest.raises(AnalysisError, match="twice"):
         merge_earliest_then_top_up([row("x"), row("x")], {"x": 0})
     bad = tmp_path / "bad.csv"
     bad.write_text("prompt,model,successful_runs\r\np,m,three\r\n")
-    with pytest.raises(ValueError, match="bad.csv:2"):
+    with pytest.raises(AnalysisError, match="bad.csv:2"):
         read_cell_csv(bad)
 
 
@@ -114,7 +116,7 @@ import datetime as dt  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
-from analysis.measurements import (  # noqa: E402
+from analysis.tables.measurements import (  # noqa: E402
     AUDIT_CELL_SCHEMA,
     chosen_flags,
     measurement_cells,
@@ -143,7 +145,7 @@ def _random_cells(seed: int, n: int = 400) -> pa.Table:
 
 
 def _reference_merge(cells: pa.Table, budget, time):
-    """The previous row-wise implementation: CellRow objects through analysis.merge."""
+    """The previous row-wise implementation: CellRow objects through analysis.tables.merge."""
     rows = [r for r in cells.to_pylist() if r["included"]]
     best = {}
     for i, r in enumerate(rows):
@@ -190,11 +192,15 @@ def test_vectorised_merge_cells_equals_rowwise_rules(seed):
         expect = [tuple(r[k] for k in ("campaign", "model", "prompt_sha256",
                                        "budget_max_tokens", "source")) in keys for r in rows]
         assert flags[rule].tolist() == expect
+    # the source-row shortcut and the key lookup agree (and the lookup still works alone)
+    by_key = chosen_flags(cells, dataclasses.replace(got, source_rows=None))
+    assert {r: f.tolist() for r, f in by_key.items()} == {r: f.tolist() for r, f in flags.items()}
+    assert got.source_rows is not None and all(f.any() for f in flags.values())
 
 
 def test_merge_cells_names_a_campaign_missing_from_the_mapping():
     cells = _random_cells(0, 40)
-    with pytest.raises(ValueError, match="no entry in the precedence mapping"):
+    with pytest.raises(AnalysisError, match="no entry in the precedence mapping"):
         merge_cells(cells, {"c0": 1}, {"c0": 0, "c1": 1, "c2": 2, "c3": 3})
     empty = merge_cells(cells.slice(0, 0), {}, {})
     assert all(t.num_rows == 0 for t in empty.tables.values())

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis.metrics import (
+from analysis.errors import AnalysisError
+from analysis.metrics.agreement import (
     count_agreement,
     id_stability,
     is_node_set_perfect,
@@ -81,11 +82,11 @@ def test_duplicate_ids_use_set_semantics() -> None:
 
 
 def test_needs_two_runs() -> None:
-    with pytest.raises(ValueError, match="at least 2 runs"):
+    with pytest.raises(AnalysisError, match="at least 2 runs"):
         node_set_jaccard([{"a"}])
-    with pytest.raises(ValueError, match="at least 2 runs"):
+    with pytest.raises(AnalysisError, match="at least 2 runs"):
         count_agreement([3])
-    with pytest.raises(ValueError):
+    with pytest.raises(AnalysisError):
         id_stability([])
     assert id_stability([{"a"}]) == 1.0
 
@@ -150,7 +151,7 @@ def test_normalise_id(raw: str, unicode: str, ascii: str) -> None:
 
 
 def test_normalise_id_rejects_unknown_variant() -> None:
-    with pytest.raises(ValueError, match="variant"):
+    with pytest.raises(AnalysisError, match="variant"):
         normalise_id("x", "latin1")  # type: ignore[arg-type]
 
 

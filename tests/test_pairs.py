@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from analysis.pairs import paired_comparison, rank_biserial
+from analysis.errors import AnalysisError
+from analysis.stats.pairs import paired_comparison, rank_biserial
 
 CURETON = np.array([6, 8, 14, 16, 23, 24, 28, 29, 41, -48, 49, 56, 60, -67, 75], dtype=float)
 
@@ -58,7 +59,7 @@ def test_all_zero_and_tiny_samples():
     assert one.rank_biserial == 1.0
     none = paired_comparison(np.array([np.nan]), np.array([1.0]))
     assert none.n_common == 0 and np.isnan(none.mean_diff) and np.isnan(none.p_drop)
-    with pytest.raises(ValueError):
+    with pytest.raises(AnalysisError):
         paired_comparison(np.zeros(3), np.zeros(4))
 
 

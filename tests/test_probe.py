@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.probes import (
+from analysis.tables.probes import (
     Attribution,
     ProbeSettings,
     attribute,

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from analysis.ranks import (
+from analysis.errors import AnalysisError
+from analysis.stats.ranks import (
     RankSet,
     joint_cluster_bootstrap,
     min_ranks,
@@ -75,7 +76,7 @@ def test_usable_share_matches_closed_form():
 def test_empty_prompt_columns_are_not_in_the_panel_and_empty_models_rejected():
     s = np.array([[1.0, np.nan, 0.5], [0.8, np.nan, 0.7]])
     assert joint_cluster_bootstrap(s, replicates=50, seed=0).n_prompts == 2
-    with pytest.raises(ValueError, match="no measured prompt"):
+    with pytest.raises(AnalysisError, match="no measured prompt"):
         point_estimates(np.array([[1.0, 0.5], [np.nan, np.nan]]))
 
 
@@ -179,19 +180,19 @@ def test_partition_rule_and_validation():
                                       "undetermined"]
     assert list(partition(rs, 4, top_size=3)) == ["clearly reproducible"] * 2 + [
         "undetermined", "undetermined"]
-    with pytest.raises(ValueError):
+    with pytest.raises(AnalysisError):
         partition(rs, 5)
 
 
 def test_bad_point_order_rejected():
-    with pytest.raises(ValueError, match="permutation"):
+    with pytest.raises(AnalysisError, match="permutation"):
         joint_cluster_bootstrap(np.ones((2, 3)), replicates=10, seed=0, point_order=[0, 0])
 
 
 def test_pairwise_pvalues_match_scipy_ttest_rel_and_holm():
     from scipy import stats
 
-    from analysis.ranks import pairwise_rank_set
+    from analysis.stats.ranks import pairwise_rank_set
 
     rng = np.random.default_rng(13)
     s, _ = _panel(rng, 4, 10, gap=0.08)
@@ -226,7 +227,7 @@ def test_maxt_variant_is_reported_and_bounded():
 
 def test_maxt_blocks_equal_the_whole_array_computation():
     # Memory blocks (pairs for σ, replicates for max-|t|) must not change any value.
-    from analysis.ranks import _max_abs_t, _pair_sd
+    from analysis.stats.ranks import _max_abs_t, _pair_sd
 
     rng = np.random.default_rng(3)
     ts = rng.normal(size=(500, 12))

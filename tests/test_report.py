@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.report import ReportInputError, build_report
-from analysis.report_sections import ReportOptions
+from analysis.report.build import ReportInputError, build_report
+from analysis.report.sections import ReportOptions
 
 FIXED_NOW = dt.datetime(2026, 7, 1, 9, 30, tzinfo=dt.UTC)
 SECTION_IDS = ["partition", "leaderboard", "plots", "sensitivity", "pairs", "correctness",
@@ -404,8 +404,8 @@ def test_empty_or_absent_analysis_dir_is_a_clear_error(tmp_path) -> None:
 def test_heatmap_shows_missing_cells_in_grey(tmp_path) -> None:
     from matplotlib.image import imread
 
-    from analysis.report_plots import MISSING_GREY
-    from analysis.report_sections import heatmap_matrix
+    from analysis.report.plots import MISSING_GREY
+    from analysis.report.sections import heatmap_matrix
 
     pdir = write_synthetic_analysis(tmp_path / "out", n_models=4, n_prompts=6, missing=0.4)
     cells = pq.read_table(pdir / "cells.parquet")
@@ -512,7 +512,7 @@ def test_several_panels_get_one_subsection_each_in_every_section(tmp_path) -> No
 
 def test_report_on_the_imported_artifact(tmp_path, artifact_dir) -> None:
     """The published study: import, analyse (few replicates, for speed), report every panel."""
-    from analysis.analyze import run_analysis
+    from analysis.pipeline import run_analysis
     from analysis.options import AnalysisOptions
     from orchestrator.artifact_import import import_artifact
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.report import build_report
+from analysis.report.build import build_report
 from tests.test_report import (
     FIXED_NOW, PNG_MAGIC, SECTION_IDS, parse, write_availability, write_synthetic_analysis,
 )

@@ -138,10 +138,10 @@ def test_outcomes_without_retry_failed_is_a_user_error(tmp_path: Path) -> None:
 @pytest.mark.timeout(400)
 def test_retry_failed_on_the_celery_executor_with_a_real_worker(tmp_path: Path) -> None:
     """Endpoint down: every run is connect_error; endpoint up + --retry-failed on real `irbench
-    worker` processes (tests.support.celery_workers): each failed run is called once more, both executions are stored, and
+    worker` processes (deploy.celery_workers): each failed run is called once more, both executions are stored, and
     `status --broker` shows nothing left to retry."""
-    from tests.support.celery_workers import CeleryWorkers
-    from tests.support.redis_server import RedisServer
+    from deploy.celery_workers import CeleryWorkers
+    from deploy.redis_server import RedisServer
 
     port = _free_port()
     campaign = _campaign(tmp_path, port, {"sim-a": ""})

@@ -14,7 +14,7 @@ import ollama
 import openai
 import pytest
 
-from analysis.annotations import parse_annotations
+from storage.annotations import parse_annotations
 from simulator.app import extract_prompt
 from simulator.config import SimConfig, SimModel, load_sim_config
 from simulator.model import apply_token_budget, expected_node_set_jaccard, node_set_jaccard, simulate_ir

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from analysis.stabilisation import (
+from analysis.errors import AnalysisError
+from analysis.metrics.stabilisation import (
     stabilisation_index,
     stabilisation_ragged,
     summarise_stabilisation,
@@ -70,7 +71,7 @@ def test_ragged_equals_per_length_and_summary():
 
 
 def test_errors():
-    with pytest.raises(ValueError):
+    with pytest.raises(AnalysisError):
         stabilisation_index(np.array([1.0, np.nan]))
-    with pytest.raises(ValueError):
+    with pytest.raises(AnalysisError):
         stabilisation_index(np.zeros((2, 0)))

@@ -9,9 +9,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.cells import build_cells
-from analysis.tables import model_table
-from analysis.timeouts import analyze_timeouts, lost_runs, timeout_lines, timeout_sensitivity
+from analysis.errors import AnalysisError
+from analysis.tables.cells import build_cells
+from analysis.tables.models import model_table
+from analysis.tables.timeouts import analyze_timeouts, lost_runs, timeout_lines, timeout_sensitivity
 from storage.records import Attempt, Outcome, ParseOutcome, RunRecord
 from storage.runs import RunStore
 
@@ -104,7 +105,7 @@ def test_hand_computed_losses_and_inclusion(runs_table) -> None:
 
 
 def test_recorded_inclusion_matches_the_stability_table(runs_table) -> None:
-    """Independent reference: analysis.cells + analysis.tables decide inclusion as recorded."""
+    """Independent reference: analysis.tables.cells + analysis.tables.models decide inclusion as recorded."""
     res = timeout_sensitivity(runs_table, min_runs=2, min_prompts=3)
     panel = runs_table.filter(runs_table.column("panel").to_numpy(zero_copy_only=False) == "p")
     table = model_table(build_cells(panel, min_runs=2), min_prompts=3)
@@ -130,9 +131,9 @@ def test_lost_runs_listing_and_wiring(runs_table, tmp_path: Path) -> None:
 
 
 def test_rejects_bad_timeouts(runs_table) -> None:
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(AnalysisError, match="positive"):
         timeout_sensitivity(runs_table, (0, 60))
-    with pytest.raises(ValueError, match="run columns"):
+    with pytest.raises(AnalysisError, match="run columns"):
         timeout_sensitivity(runs_table.drop_columns(["latency_ms"]))
 
 
@@ -140,7 +141,7 @@ def test_irbench_analyze_writes_the_timeout_table(tmp_path: Path) -> None:
     """End to end through run_analysis: files on disk and the manifest's flagged models."""
     import json
 
-    from analysis.analyze import run_analysis
+    from analysis.pipeline import run_analysis
     from analysis.options import AnalysisOptions
 
     store = RunStore(tmp_path / "data", fsync=False)

@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 
 from storage.availability import Availability, AvailabilityRecord, AvailabilityStore
+from storage.clock import utc_now
 from workers.errors import (
     AuthFailed,
     ConfigError,
@@ -69,9 +70,6 @@ class CheckSettings:
     )
     concurrency: int = 4
 
-
-def _utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
 
 
 def _status_of(exc: ProviderError, listed: bool | None) -> Availability:
@@ -128,7 +126,7 @@ def check_availability(
     targets: Sequence[CheckTarget],
     store: AvailabilityStore | None,
     *,
-    now: Callable[[], dt.datetime] = _utc_now,
+    now: Callable[[], dt.datetime] = utc_now,
     secrets: Mapping[str, str] | None = None,
     settings: CheckSettings = CheckSettings(),
     client: httpx.AsyncClient | None = None,

@@ -7,6 +7,8 @@ import datetime as dt
 import time
 from typing import Protocol
 
+from storage.clock import utc_now
+
 
 class Clock(Protocol):
     def now(self) -> dt.datetime:
@@ -22,7 +24,7 @@ class Clock(Protocol):
 
 class SystemClock:
     def now(self) -> dt.datetime:
-        return dt.datetime.now(dt.timezone.utc)
+        return utc_now()
 
     def monotonic(self) -> float:
         return time.monotonic()

@@ -3,6 +3,12 @@
     IrbenchError
     ├── ConfigError            a spec, corpus or option is wrong; the message says how to fix it
     ├── StorageError           the dataset cannot be read or written
+    │                          (these two live in storage.errors, so every layer may raise them)
+    ├── LimiterError           a limiter could not decide
+    │   ├── LimiterUnavailable     its backend (Redis) cannot be reached
+    │   ├── ModelDisabled          the model was disabled (410 Gone)
+    │   └── WaitBudgetExceeded     no permit within the wait budget (carries the decision)
+    ├── GateClosed             the model's gate closed while a run waited for a permit
     └── ProviderError          one attempt did not yield a usable answer; carries its Outcome
         ├── ProviderUnreachable    never got an answer
         │   ├── ConnectTimeout     (timeout_connect)
@@ -24,18 +30,61 @@ leave ``workers/``.
 
 from __future__ import annotations
 
-from storage.errors import IrbenchError, StorageError
+from typing import TYPE_CHECKING
+
+from storage.errors import ConfigError, IrbenchError, StorageError
 from storage.records import Outcome
 
-__all__ = ["IrbenchError", "StorageError", "ConfigError", "ProviderError"]
+if TYPE_CHECKING:
+    from workers.limits.memory import LimitDecision
+
+__all__ = [
+    "ConfigError",
+    "GateClosed",
+    "IrbenchError",
+    "LimiterError",
+    "LimiterUnavailable",
+    "ModelDisabled",
+    "ProviderError",
+    "StorageError",
+    "WaitBudgetExceeded",
+]
 
 
-class ConfigError(IrbenchError):
-    """Bad configuration. ``problems`` lists one human-readable line per problem."""
+class LimiterError(IrbenchError):
+    """A limiter could not decide."""
 
-    def __init__(self, message: str, problems: list[str] | None = None) -> None:
-        self.problems = problems or [message]
-        super().__init__(message if problems is None else message + "\n" + "\n".join(f"  - {p}" for p in self.problems))
+
+class LimiterUnavailable(LimiterError):
+    """The limiter's backend (Redis) cannot be reached; retry the task later."""
+
+
+class ModelDisabled(LimiterError):
+    """The model was disabled (e.g. HTTP 410 Gone); no further calls will be admitted."""
+
+    def __init__(self, model: str, reason: str) -> None:
+        super().__init__(
+            f"model {model!r} is disabled ({reason}); no further calls are admitted. "
+            "Remove it from the campaign, or re-enable it with Limiter.enable() if this was a mistake."
+        )
+        self.model = model
+        self.reason = reason
+
+
+class WaitBudgetExceeded(LimiterError):
+    """``acquire(max_wait_s=...)`` would have to wait past its budget; ``decision`` says how long
+    and whether a slot is reserved for the holder (come back at ``decision.wait_s``)."""
+
+    def __init__(self, model: str, decision: LimitDecision) -> None:
+        super().__init__(
+            f"no permit for model {model!r} within the wait budget ({decision.reason}, "
+            f"next chance in {decision.wait_s:.3f} s); defer the work and retry then"
+        )
+        self.decision = decision
+
+
+class GateClosed(IrbenchError):
+    """The model was closed while this run waited for a permit; ``str()`` is the gate's reason."""
 
 
 class ProviderError(IrbenchError):

@@ -8,11 +8,13 @@ variable (``api_key_env``) and resolved in the worker's own process.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# The wire formats a provider client exists for: the one list (specs, tasks and the registry read it).
 WireFormat = Literal["openai", "ollama"]
+WIRE_FORMATS: tuple[str, ...] = get_args(WireFormat)
 
 
 class TimeoutPolicy(BaseModel):

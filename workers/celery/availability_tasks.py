@@ -19,13 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from storage.availability import AvailabilityStore
+from storage.clock import utc_now
 from workers.availability import CheckSettings, CheckTarget, check_availability
 from workers.errors import ConfigError
 from workers.runtask import EndpointRef, TimeoutPolicy
 
-
-def _utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
 
 AVAILABILITY_TASK_NAME = "irbench.availability_check"
 BEAT_ENTRY = "irbench-availability-check"
@@ -70,7 +68,7 @@ def run_scheduled_check(
     data_dir: Path,
     interval_s: float,
     *,
-    now: Callable[[], dt.datetime] = _utc_now,
+    now: Callable[[], dt.datetime] = utc_now,
     secrets: Mapping[str, str] | None = None,
     settings: CheckSettings = CheckSettings(),
     owner: str = "",

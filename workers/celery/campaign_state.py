@@ -104,6 +104,25 @@ if ARGV[4] == '1' then redis.call('HINCRBY', p .. ':counts', ARGV[2] .. '|_faile
 return 1
 """
 
+# ARGV: run_id, model, ... Drops done markers and un-counts them (``--retry-failed``); returns
+# how many markers were removed.
+_REOPEN = """
+local p = KEYS[1]
+local n = 0
+for i = 1, #ARGV, 2 do
+  local r, m = ARGV[i], ARGV[i + 1]
+  local outcome = redis.call('GET', p .. ':done:' .. r)
+  if outcome then
+    redis.call('DEL', p .. ':done:' .. r)
+    redis.call('HINCRBY', p .. ':counts', m .. '|' .. outcome, -1)
+    if outcome ~= 'ok' then redis.call('HINCRBY', p .. ':counts', m .. '|_failed', -1) end
+    n = n + 1
+  end
+  redis.call('HDEL', p .. ':fails', r)
+end
+return n
+"""
+
 # ARGV: max. Moves up to max due runs from delayed to queued (now); returns their ids.
 _POP_DUE = f"""
 local p = KEYS[1]
@@ -154,6 +173,7 @@ class CampaignState:
         self._done = client.register_script(_DONE)
         self._pop_due = client.register_script(_POP_DUE)
         self._lost = client.register_script(_LOST)
+        self._reopen = client.register_script(_REOPEN)
 
     def key(self, name: str) -> str:
         return f"{self.base}:{name}"
@@ -209,6 +229,15 @@ class CampaignState:
         ids = list(run_ids)
         if ids:
             self.client.delete(*(self.key(f"done:{r}") for r in ids))
+
+    def reopen(self, runs: Mapping[str, str]) -> int:
+        """Make ``runs`` (run_id -> model) executable again (``--retry-failed``): their done
+        markers and counts are dropped, so claims no longer see them done. Returns markers removed."""
+        items = list(runs.items())
+        removed = 0
+        for i in range(0, len(items), 500):  # bounded script arguments
+            removed += int(self._reopen(keys=[self.base], args=[x for pair in items[i : i + 500] for x in pair]))
+        return removed
 
     # ----- completion and progress (orchestrator side) ---------------------------------------------
     def done_since(self, cursor: int, limit: int = 10_000) -> tuple[list[str], int]:
@@ -271,17 +300,22 @@ class CampaignState:
         n, text = pipe.execute()
         return (int(n) if n is not None else 0), (None if text is None else _s(text))
 
-    def known(self, run_ids: Iterable[str]) -> set[str]:
-        """Of ``run_ids``, those Redis knows (queued, running, delayed or done; pipelined)."""
+    def known(self, run_ids: Iterable[str], chunk: int = 5000) -> set[str]:
+        """Of ``run_ids``, those Redis knows (queued, running, delayed or done; pipelined in
+        chunks of ``chunk`` runs)."""
         ids = list(run_ids)
-        pipe = self.client.pipeline(transaction=False)
-        for r in ids:
-            pipe.zscore(self.key("queued"), r)
-            pipe.hexists(self.key("running"), r)
-            pipe.zscore(self.key("delayed"), r)
-            pipe.exists(self.key(f"done:{r}"))
-        res = pipe.execute()
-        return {r for i, r in enumerate(ids) if any(res[4 * i : 4 * i + 4])}
+        out: set[str] = set()
+        for start in range(0, len(ids), chunk):
+            part = ids[start : start + chunk]
+            pipe = self.client.pipeline(transaction=False)
+            for r in part:
+                pipe.zscore(self.key("queued"), r)
+                pipe.hexists(self.key("running"), r)
+                pipe.zscore(self.key("delayed"), r)
+                pipe.exists(self.key(f"done:{r}"))
+            res = pipe.execute()
+            out |= {r for i, r in enumerate(part) if any(res[4 * i : 4 * i + 4])}
+        return out
 
     def outstanding(self) -> int:
         """Published or executing, unfinished runs (what the broker and workers hold)."""
@@ -301,42 +335,3 @@ class CampaignState:
 
     def clear_cancel(self) -> None:
         self.client.delete(self.key("cancel"))
-
-
-# ARGV: pairs of run_id, model. Forget each run's done marker (``--retry-failed``: the run is to be
-# executed again) and take it out of the per-outcome counters (the execution and attempt totals
-# keep counting every execution). Returns the length of the done log afterwards: entries before
-# it announce the earlier executions.
-_REOPEN = """
-local p = KEYS[1]
-for i = 1, #ARGV, 2 do
-  local key = p .. ':done:' .. ARGV[i]
-  local outcome = redis.call('GET', key)
-  if outcome then
-    redis.call('DEL', key)
-    redis.call('HINCRBY', p .. ':counts', ARGV[i + 1] .. '|' .. outcome, -1)
-    if outcome ~= 'ok' then redis.call('HINCRBY', p .. ':counts', ARGV[i + 1] .. '|_failed', -1) end
-  end
-end
-return redis.call('LLEN', p .. ':donelog')
-"""
-
-
-def reopen_for_retry(state: CampaignState, runs: Mapping[str, str]) -> int:
-    """Make ``runs`` (run_id -> model) executable again for ``--retry-failed``: drop their done
-    markers (claims no longer see them done; counters no longer count them), the campaign's
-    cancel flag, and 'disabled' model closures that would only cancel them again (a retired
-    model stays closed: its runs are recorded cancelled without a call). Returns the done log's
-    length once they are reopened."""
-    script = state.client.register_script(_REOPEN)
-    items = list(runs.items())
-    log_len = int(state.client.llen(state.key("donelog")))
-    for i in range(0, len(items), 500):  # bounded script arguments
-        log_len = int(script(keys=[state.base], args=[x for pair in items[i : i + 500] for x in pair]))
-    state.clear_cancel()
-    for model in set(runs.values()):
-        reason = state.client.hget(state.key("gate"), model)
-        if reason is not None and _s(reason).startswith("disabled"):
-            state.client.hdel(state.key("gate"), model)
-            state.client.hdel(state.key("streak"), model)
-    return log_len

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
@@ -35,15 +36,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from workers.errors import LimiterError, LimiterUnavailable, ModelDisabled, WaitBudgetExceeded
 from workers.limits.base import Permit
 from workers.limits.memory import (
     CONCURRENCY,
     Lease,
     LimitDecision,
-    LimiterError,
-    LimiterUnavailable,
-    ModelDisabled,
-    WaitBudgetExceeded,
     check_config,
     check_cost,
     intervals_s,
@@ -210,10 +208,11 @@ class RedisLimiter:
         started: float | None = None
         while True:
             changed = self._events.setdefault(model, asyncio.Event())  # before deciding: no lost wake-up
+            asked_at = time.monotonic()  # the grant happens after this: the grant-to-send delay's origin
             d = await self.try_acquire(model, limits, holder, cost_tokens, reserve=True)
             started = d.now_s if started is None else started
             if d.permit is not None:
-                return replace(d.permit, waited_ms=(d.now_s - started) * 1000.0)
+                return replace(d.permit, waited_ms=(d.now_s - started) * 1000.0, granted_mono_s=asked_at)
             waited_s = d.now_s - started
             if over_budget(d, waited_s, max_wait_s):
                 raise WaitBudgetExceeded(model, d)

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -39,10 +40,10 @@ from redis.retry import Retry
 
 from storage.runs import RunStore
 from storage.spool import RunSpool, SpoolConfig, recover_orphans
-from workers.errors import IrbenchError
-from workers.limits.base import Permit
-from workers.limits.memory import CONCURRENCY, LimiterError, LimiterUnavailable, WaitBudgetExceeded
 from workers.celery.redis_limiter import RedisLimiter
+from workers.errors import ConfigError, GateClosed, LimiterError, LimiterUnavailable, WaitBudgetExceeded
+from workers.limits.base import Permit
+from workers.limits.memory import CONCURRENCY
 from workers.providers.base import Provider
 from workers.providers.registry import make_http_client, make_provider
 from workers.celery.gate import RedisGate
@@ -87,6 +88,7 @@ class WorkerSettings:
     redis_retry_s: float = 30.0
     key_prefix: str = "irbench"
     failure_backoff_s: float = 1.0
+    max_regrants: int = 5
     spool_max_rows: int = 2000
     spool_max_age_s: float = 5.0
     spool_idle_s: float = 0.5
@@ -120,10 +122,6 @@ class Deferred(Exception):  # noqa: N818 - a control-flow signal, not an error
         self.reserved = reserved
 
 
-class GateClosed(IrbenchError):
-    """The model was closed while this run waited for a permit; ``str()`` is the gate's reason."""
-
-
 def sync_redis(url: str, *, socket_timeout_s: float = 5.0) -> redis.Redis:
     """A pooled sync client that retries dropped connections briefly (Redis restarts)."""
     return redis.Redis.from_url(
@@ -153,6 +151,8 @@ class DeferringLimiter:
         self._inner, self._gate, self._rt = inner, gate, runtime
         self._max_wait_s = runtime.settings.max_wait_s
         self._min_defer_s = runtime.settings.min_defer_s
+        self._allowance_s = runtime.settings.limit_jitter_allowance_s
+        self._max_regrants = runtime.settings.max_regrants
         self._acquisitions = 0  # one instance per run execution
 
     async def acquire(self, model: str, limits: ModelLimits, holder: str, cost_tokens: int) -> Permit:
@@ -160,16 +160,33 @@ class DeferringLimiter:
         # A retry inside execute_run must not defer: that would drop the attempts already made
         # (every attempt must be stored), so it waits; the wait is a cooldown or rate slot.
         budget_s = self._max_wait_s if self._acquisitions == 1 else None
-        try:
-            permit = await self._inner.acquire(model, limits, holder, cost_tokens, max_wait_s=budget_s)
-        except WaitBudgetExceeded as exc:
-            d = exc.decision
-            if d.reason == CONCURRENCY:  # the wait is an upper bound: a release comes sooner
-                raise Deferred(self._min_defer_s, d.reason) from None
-            raise Deferred(d.wait_s, d.reason, reserved=d.reserved_at_s is not None) from None
-        except LimiterUnavailable as exc:
-            raise Deferred(self._min_defer_s * 4, "limiter unavailable") from exc
-        return await self._admit(permit)
+        for regrant in range(self._max_regrants + 1):
+            try:
+                permit = await self._inner.acquire(model, limits, holder, cost_tokens, max_wait_s=budget_s)
+            except WaitBudgetExceeded as exc:
+                d = exc.decision
+                if d.reason == CONCURRENCY:  # the wait is an upper bound: a release comes sooner
+                    raise Deferred(self._min_defer_s, d.reason) from None
+                raise Deferred(d.wait_s, d.reason, reserved=d.reserved_at_s is not None) from None
+            except LimiterUnavailable as exc:
+                raise Deferred(self._min_defer_s * 4, "limiter unavailable") from exc
+            permit = await self._admit(permit)
+            late_s = self._late_s(permit)
+            if late_s is None or regrant == self._max_regrants:
+                return permit
+            # CPU starvation: the grant is older than the limiter's jitter allowance, so sending
+            # now could put one request too many into the provider's window. Give it back (its
+            # rate slot stays spent: never a burst) and take a fresh one.
+            log.info("permit_regranted", model=model, late_s=round(late_s, 3), regrant=regrant + 1)
+            await self.release(permit)
+        raise AssertionError("unreachable")
+
+    def _late_s(self, permit: Permit) -> float | None:
+        """How far past the allowance the grant-to-send delay is, or None if within it."""
+        if permit.granted_mono_s is None:
+            return None
+        delay = time.monotonic() - permit.granted_mono_s
+        return delay if delay > self._allowance_s else None
 
     async def _admit(self, permit: Permit) -> Permit:
         # A 410 may have closed the model while we waited: don't make the call.
@@ -257,7 +274,7 @@ class WorkerRuntime:
     def store(self, data_dir: str | None) -> RunStore:
         root = self.settings.data_dir or data_dir
         if not root:
-            raise IrbenchError("no data directory: set IRBENCH_DATA_DIR on the worker or pass data_dir in the task")
+            raise ConfigError("no data directory: set IRBENCH_DATA_DIR on the worker or pass data_dir in the task")
         with self._lock:
             if root not in self._stores:
                 self._stores[root] = RunStore(Path(root))

@@ -5,16 +5,9 @@ a grant log and slot reservations), cooldown, disable.
 (global, Redis clock) implement the same contract, checked by one shared test suite.
 """
 
+from workers.errors import LimiterError, LimiterUnavailable, ModelDisabled, WaitBudgetExceeded
 from workers.limits.base import Limiter, Permit
-from workers.limits.memory import (
-    Lease,
-    LimitDecision,
-    LimiterError,
-    LimiterUnavailable,
-    MemoryLimiter,
-    ModelDisabled,
-    WaitBudgetExceeded,
-)
+from workers.limits.memory import Lease, LimitDecision, MemoryLimiter
 
 __all__ = [
     "Lease",

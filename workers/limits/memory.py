@@ -56,7 +56,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
-from workers.errors import IrbenchError
+from workers.errors import LimiterError, ModelDisabled, WaitBudgetExceeded
 from workers.limits.base import Permit
 from workers.runtask import ModelLimits
 
@@ -73,26 +73,6 @@ TOKENS = "tokens"
 WINDOW = "window"  # the grant log: `limit` grants already in the last window
 RESERVED = "reserved"  # the holder's reserved slot is not due yet
 CLAIMED = "claimed"  # granted on the holder's reservation (no second rate charge)
-
-
-class LimiterError(IrbenchError):
-    """A limiter could not decide."""
-
-
-class LimiterUnavailable(LimiterError):
-    """The limiter's backend (Redis) cannot be reached; retry the task later."""
-
-
-class ModelDisabled(LimiterError):
-    """The model was disabled (e.g. HTTP 410 Gone); no further calls will be admitted."""
-
-    def __init__(self, model: str, reason: str) -> None:
-        super().__init__(
-            f"model {model!r} is disabled ({reason}); no further calls are admitted. "
-            "Remove it from the campaign, or re-enable it with Limiter.enable() if this was a mistake."
-        )
-        self.model = model
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -118,18 +98,6 @@ class LimitDecision:
     reason: str
     now_s: float
     reserved_at_s: float | None = None
-
-
-class WaitBudgetExceeded(LimiterError):
-    """``acquire(max_wait_s=...)`` would have to wait past its budget; ``decision`` says how long
-    and whether a slot is reserved for the holder (come back at ``decision.wait_s``)."""
-
-    def __init__(self, model: str, decision: LimitDecision) -> None:
-        super().__init__(
-            f"no permit for model {model!r} within the wait budget ({decision.reason}, "
-            f"next chance in {decision.wait_s:.3f} s); defer the work and retry then"
-        )
-        self.decision = decision
 
 
 def check_cost(cost_tokens: int) -> None:

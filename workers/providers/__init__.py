@@ -1,5 +1,10 @@
-"""Provider clients (OpenAI-compatible and Ollama wire formats) and what other layers may use."""
+"""Provider clients, one per wire format (OpenAI-compatible, Ollama), behind ``base.Provider``.
+
+``registry.make_provider`` picks one for an endpoint; ``_http`` (sending, status classification,
+bounded decoding) is private to this package; ``parse_retirement`` (a 410 body's retirement date
+and reference) is the part other layers use.
+"""
 
 from workers.providers._http import parse_retirement
 
-__all__ = ["parse_retirement"]
+__all__ = ["base", "ollama", "openai_compat", "parse_retirement", "registry"]

@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from storage.clock import WallClock, utc_now  # noqa: F401  utc_now: the providers' default clock
 from storage.records import ERROR_TEXT_MAX_CHARS, Outcome
 from workers.errors import (
     AuthFailed,
@@ -46,14 +47,9 @@ from workers.errors import (
 from workers.runtask import TimeoutPolicy
 
 Clock = Callable[[], float]  # monotonic seconds
-WallClock = Callable[[], dt.datetime]  # timezone-aware UTC now
 
 _RETIRED_ON_RE = re.compile(r"retire[ds]?\s+(?:on|at|since)?\s*:?\s*(\d{4}-\d{2}-\d{2})", re.I)
 _REFERENCE_RE = re.compile(r"\b(?:ref(?:erence)?)\b\s*(?:id)?\s*[:#=]?\s*([A-Za-z0-9][A-Za-z0-9_.:-]*[A-Za-z0-9])", re.I)
-
-
-def utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
 
 
 @dataclass(frozen=True)

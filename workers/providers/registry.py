@@ -8,9 +8,9 @@ from workers.errors import ConfigError
 from workers.providers.base import Provider
 from workers.providers.ollama import OllamaProvider
 from workers.providers.openai_compat import OpenAIProvider
-from workers.runtask import EndpointRef
+from workers.runtask import WIRE_FORMATS, EndpointRef
 
-WIRE_FORMATS = ("openai", "ollama")
+__all__ = ["WIRE_FORMATS", "make_http_client", "make_provider"]
 
 
 def make_provider(endpoint: EndpointRef, client: httpx.AsyncClient, api_key: str | None) -> Provider:

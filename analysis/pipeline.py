@@ -1,0 +1,195 @@
+"""``irbench analyze``: run store → per-panel cell and model tables plus a manifest.
+
+Inputs (:mod:`analysis.inputs`): the data directory of a :class:`storage.runs.RunStore` (and of
+imported cell measurements, :class:`storage.cells.CellStore`) and :class:`AnalysisOptions`.
+Raw-run cells and imported cells of one panel are merged under ``options.merge_rule`` (the other
+rule is in ``sensitivity.parquet``); ``cells.parquet`` keeps every campaign's cell with its
+``source`` and whether it supplies the merged cell under each rule (``chosen_highest_budget_first``,
+``chosen_earliest_then_top_up``). The files written per panel are listed in :mod:`analysis.outputs`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from threadpoolctl import threadpool_limits
+
+from analysis.inputs import CorruptDataError, NoRunsError, read_inputs
+from analysis.options import AnalysisOptions
+from analysis.outputs import (
+    AnalysisResult,
+    PanelResult,
+    build_manifest,
+    panel_dirname,
+    write_manifest,
+    write_panel,
+)
+from analysis.tables.audit import RunLevel, corpus_index, correlations_table, run_level, score_matrix
+from analysis.tables.audit import with_intervals
+from analysis.tables.cells import build_cells
+from analysis.tables.families import family_map, load_families, pairs_table
+from analysis.tables.measurements import (
+    AUDIT_CELL_SCHEMA,
+    chosen_flags,
+    complete_excluded,
+    load_precedence,
+    measurement_cells,
+    merge_cells,
+    precedence,
+    run_cells,
+)
+from analysis.tables.models import ModelTable, model_table
+from analysis.tables.sensitivity import sensitivity_table
+from analysis.tables.timeouts import analyze_timeouts
+from storage.clock import utc_now
+
+__all__ = ["AnalysisResult", "CorruptDataError", "NoRunsError", "PanelResult", "run_analysis"]
+
+
+def _sum(mask: pa.ChunkedArray | pa.Array) -> int:
+    return int(pc.sum(mask.cast(pa.int64())).as_py() or 0)
+
+
+def _panel_cells(panel_runs: pa.Table, imported: pa.Table, min_runs: int,
+                 raw_cells: pa.Table | None = None) -> pa.Table:
+    """``raw_cells``: this panel's ``build_cells`` table when computed elsewhere (analysis jobs)."""
+    schema = AUDIT_CELL_SCHEMA.with_metadata(
+        {b"irbench.min_runs": str(min_runs).encode()})
+    parts = [measurement_cells(imported, min_runs).cast(schema)]
+    raw = raw_cells
+    if raw is None and panel_runs.num_rows:
+        raw = build_cells(panel_runs, min_runs=min_runs)
+    if raw is not None and raw.num_rows:
+        parts.insert(0, run_cells(raw).cast(schema))
+    return pa.concat_tables(parts)
+
+
+def _audit_panel(panel_runs: pa.Table, imported: pa.Table, options: AnalysisOptions,
+                 index: dict, families: dict[str, str], override: dict,
+                 raw_cells: pa.Table | None = None,
+                 ) -> tuple[pa.Table, ModelTable, dict[str, pa.Table], dict[str, Any]]:
+    """All tables of one panel: (cells, model table, other tables by file stem, summaries)."""
+    cells = _panel_cells(panel_runs, imported, options.min_runs, raw_cells)
+    budget, time = precedence(cells, imported, override)
+    merged = merge_cells(cells, budget, time)
+    for rule, flags in chosen_flags(cells, merged).items():
+        cells = cells.append_column("chosen_" + rule.replace("-", "_"), pa.array(flags))
+    chosen = merged.tables[options.merge_rule]
+    models = complete_excluded(
+        model_table(chosen, min_prompts=options.min_prompts, min_runs=options.min_runs), cells)
+    models, rb = with_intervals(models, chosen, options)
+    all_models = sorted(set(chosen.column("model").to_pylist()))
+    scores, _ = score_matrix(chosen, all_models)
+    pairs = pairs_table(scores, all_models, family_map(all_models, families), options.pair_scope,
+                        alpha=1 - options.level)
+    rl: RunLevel = run_level(panel_runs, options, index)
+    sens, sens_summary = sensitivity_table(
+        cells, budget, time, merge_rule=options.merge_rule, min_runs=options.min_runs,
+        min_prompts=options.min_prompts, stabilisation=rl.stabilisation)
+    tables = {"pairs": pairs, "sensitivity": sens, "drift": rl.drift,
+              "stabilisation": rl.stabilisation, "correctness": rl.correctness,
+              "correlations": correlations_table(models, rl.correctness),
+              "normalised": rl.normalised}
+    summary = {
+        "merge": {**sens_summary, "budget_rank": budget, "time_order": time},
+        "rank_bootstrap": None if rb is None else {
+            "replicates": rb.replicates, "usable": rb.usable,
+            "unusable": rb.replicates - rb.usable, "n_prompts": rb.n_prompts,
+            "tie_rule": "stable sort by mean, ties broken by the point-estimate order",
+            "rank_set": rb.simultaneous.kind, "partition_top_size": rb.n_models // 2},
+        "drift": rl.drift_summary, "stabilisation": rl.stabilisation_summary,
+        "correctness": {"runs_scored": rl.correctness.num_rows,
+                        "prompts_without_ground_truth": rl.prompts_without_truth,
+                        "runs_without_explicit_nodes": _sum(rl.correctness.column("no_explicit"))
+                        if rl.correctness.num_rows else 0},
+        "families": family_map(all_models, families),
+    }
+    return cells, models, tables, summary
+
+
+def run_analysis(
+    data_dir: Path,
+    out_dir: Path,
+    options: AnalysisOptions | None = None,
+    *,
+    now: Callable[[], dt.datetime] = utc_now,
+    raw_cells: pa.Table | None = None,
+) -> AnalysisResult:
+    """Read the store, build and merge cells, write every per-panel table with a manifest.
+
+    ``now`` is the clock stamped into ``generated_at`` (injected for reproducible tests).
+    ``raw_cells``: the ``build_cells`` table of the (filtered) runs, all panels, when the
+    per-cell reduction already ran elsewhere (:func:`analysis.tables.partial.combine_partial_cells` of the analysis
+    jobs); default: computed here from the runs.
+    Raises :class:`NoRunsError` when nothing matches (naming the directory and the filters),
+    :class:`CorruptDataError` naming unreadable files (unless ``options.skip_corrupt``).
+    """
+    options = options or AnalysisOptions()
+    with threadpool_limits(limits=options.blas_threads, user_api="blas"):
+        return _run_analysis(Path(data_dir), Path(out_dir), options, now, raw_cells)
+
+
+def _run_analysis(data_dir: Path, out_dir: Path, options: AnalysisOptions,
+                  now: Callable[[], dt.datetime], raw_cells: pa.Table | None) -> AnalysisResult:
+    data_dir = Path(data_dir)
+    out_dir = Path(out_dir)
+    runs, imported, skipped = read_inputs(data_dir, options)
+    runs_read = runs.num_rows
+    panels = sorted(set(runs.column("panel").to_pylist())
+                    | set(imported.column("panel").to_pylist()))
+    if options.panel is not None:
+        if options.panel not in panels:
+            raise NoRunsError(
+                f"panel {options.panel!r} has no runs in {data_dir} (with the given filters); "
+                f"panels present: {panels}"
+            )
+        panels = [options.panel]
+    index = corpus_index(options.corpus_dirs)
+    families = load_families(options.families_path)
+    override = load_precedence(options.precedence_path) if options.precedence_path else {}
+
+    generated_at = now()
+    results: dict[str, PanelResult] = {}
+    for panel in panels:
+        panel_runs = runs.filter(pc.equal(runs.column("panel"), panel))
+        panel_imp = imported.filter(pc.equal(imported.column("panel"), panel))
+        panel_raw = (None if raw_cells is None
+                     else raw_cells.filter(pc.equal(raw_cells.column("panel"), panel)))
+        cells, models, tables, summary = _audit_panel(
+            panel_runs, panel_imp, options, index, families, override, panel_raw)
+        pdir = out_dir / panel_dirname(panel)
+        tables = {"cells": cells, "models": models.included, "excluded": models.excluded,
+                  **tables}
+        paths = write_panel(pdir, tables)
+        manifest = build_manifest(
+            panel=panel, data_dir=data_dir, options=options, runs=panel_runs,
+            runs_read=runs_read, cells=cells, models=models, generated_at=generated_at,
+            imported=panel_imp,
+        )
+        manifest["files"] = {k: p.name for k, p in paths.items()}
+        if panel_runs.num_rows:
+            # which runs a shorter (or longer) total timeout would have lost, from recorded latencies
+            sensitivity, ts_paths = analyze_timeouts(
+                panel_runs, pdir, min_runs=options.min_runs, min_prompts=options.min_prompts,
+                timeouts_s=options.timeouts_s,
+            )
+            manifest["files"].update({k: p.name for k, p in ts_paths.items()})
+            summary = {**summary, "timeout_sensitivity": sensitivity.summary()}
+        manifest["summary"] = summary
+        manifest["skipped_corrupt_files"] = skipped
+        manifest_path = write_manifest(manifest, pdir)
+        results[panel] = PanelResult(
+            panel=panel, directory=pdir, cells_path=paths["cells"],
+            models_path=paths["models"], excluded_path=paths["excluded"],
+            manifest_path=manifest_path, cells=cells, models=models, manifest=manifest,
+            tables=tables, paths=paths,
+        )
+    return AnalysisResult(
+        data_dir=data_dir, out_dir=out_dir, options=options, runs_read=runs_read,
+        panels=results, cells_imported=imported.num_rows, skipped_files=tuple(skipped),
+    )

@@ -1,0 +1,328 @@
+"""Per-panel assembly of the audit outputs beyond cells/models/excluded (``irbench analyze``).
+
+Inputs: one panel's merged cell table (one row per model × prompt, :mod:`analysis.tables.measurements`),
+its raw run table (may be empty for an import-only panel) and :class:`AnalysisOptions`.
+Outputs (:class:`PanelAudit`), written by :mod:`analysis.pipeline`:
+
+* models with intervals and ranks — ``jaccard_ci_low/high``, ``id_ci_low/high`` (percentile
+  bootstrap over the model's prompts, ``level``, ``replicates``, ``seed``; bit-equal to scipy on
+  paper-scale panels, a documented shared-stream scheme on large ones — ``ci_method`` says which),
+  ``rank`` (position in the point table), ``rank_held`` (joint cluster bootstrap retention; ties
+  within a replicate broken by the point order), ``rank_ci_low/high`` (marginal percentile rank
+  interval), ``rank_set_low/high`` (simultaneous pairwise-Holm rank set), ``partition``;
+* per raw cell with ≥ ``min_runs`` successful runs: drift, stabilisation, normalised rows;
+* per successful run on an annotated prompt (prompt text found, ≥ 1 annotation): correctness;
+* correlations of per-model stability (merged mean Jaccard) with run-weighted correctness.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from analysis.errors import AnalysisError
+from storage.annotations import parse_annotations
+from storage.records import run_succeeded
+from analysis.stats.bootstrap import percentile_ci_many, percentile_ci_many_metrics
+from analysis.metrics.correctness import emitted_from_json, model_means, score_run
+from analysis.stats.correlations import stability_vs_correctness
+from analysis.metrics.drift import CLASSES, cell_drift, run_ir_from_json, summarise_drift
+from analysis.metrics.agreement import count_agreement, node_set_agreement, normalised_jaccard
+from analysis.options import AnalysisOptions
+from analysis.stats.ranks import RankBootstrap, joint_cluster_bootstrap, partition
+from analysis.metrics.stabilisation import stabilisation_ragged, summarise_stabilisation
+from analysis.tables.models import ModelTable
+
+
+def score_matrix(merged: pa.Table, models: Sequence[str], column: str = "mean_jaccard"
+                 ) -> tuple[np.ndarray, list[str]]:
+    """(M, P) matrix of ``column`` for ``models`` (rows in that order) over the prompts any of
+    them measured (sorted by sha256); NaN where a model lacks the prompt."""
+    sel = merged.select(["model", "prompt_sha256", column])
+    mi = pc.index_in(sel.column("model"), value_set=pa.array(list(models), pa.string()))
+    keep = pc.is_valid(mi)
+    sel, mi = sel.filter(keep), mi.filter(keep)
+    prompts = sorted(pc.unique(sel.column("prompt_sha256")).to_pylist())
+    pj = pc.index_in(sel.column("prompt_sha256"), value_set=pa.array(prompts, pa.string()))
+    s = np.full((len(models), len(prompts)), np.nan)
+    # vectorised scatter (a to_pylist loop was the memory peak at 100 models x 10,000 prompts)
+    s[mi.to_numpy(zero_copy_only=False), pj.to_numpy(zero_copy_only=False)] = (
+        sel.column(column).cast(pa.float64()).to_numpy(zero_copy_only=False)
+    )
+    return s, prompts
+
+
+def with_intervals(table: ModelTable, merged: pa.Table, options: AnalysisOptions
+                   ) -> tuple[ModelTable, RankBootstrap | None]:
+    """Add the interval, rank and partition columns (module docstring) to the included table."""
+    models = table.models
+    m = len(models)
+    if m == 0:
+        empty = {c: pa.array([], pa.float64()) for c in
+                 ("jaccard_ci_low", "jaccard_ci_high", "id_ci_low", "id_ci_high", "rank_held")}
+        empty["ci_method"] = pa.array([], pa.string())
+        ints = {c: pa.array([], pa.int64()) for c in
+                ("rank_ci_low", "rank_ci_high", "rank_set_low", "rank_set_high")}
+        return table.with_columns(**empty, **ints, partition=pa.array([], pa.string())), None
+    cols: dict[str, Any] = {}
+    jac, _ = score_matrix(merged, models, "mean_jaccard")
+    ids, _ = score_matrix(merged, models, "id_stability")
+    reps = max(2, options.replicates)
+    jac_groups = [row[np.isfinite(row)] for row in jac]
+    id_groups = [row[np.isfinite(row)] for row in ids]
+    if [len(g) for g in jac_groups] == [len(g) for g in id_groups]:  # one resampling for both
+        all_cis = percentile_ci_many_metrics(
+            [jac_groups, id_groups], replicates=reps, seed=options.seed, level=options.level
+        )
+    else:
+        all_cis = tuple(
+            percentile_ci_many(g, replicates=reps, seed=options.seed, level=options.level)
+            for g in (jac_groups, id_groups)
+        )
+    for name, cis in zip(("jaccard", "id"), all_cis):
+        cols[f"{name}_ci_low"] = [c.low for c in cis]
+        cols[f"{name}_ci_high"] = [c.high for c in cis]
+    # "percentile" = scipy-identical draws; "percentile_shared" = the large-panel scheme
+    cols["ci_method"] = pa.array([c.method for c in all_cis[0]], pa.string())
+    rb = joint_cluster_bootstrap(jac, replicates=options.replicates, seed=options.seed,
+                                 level=options.level, point_order=np.arange(m))
+    cols["rank_held"] = pa.array(rb.held_share, pa.float64(), from_pandas=True)
+    cols["rank_ci_low"] = rb.marginal.low.astype(np.int64)
+    cols["rank_ci_high"] = rb.marginal.high.astype(np.int64)
+    cols["rank_set_low"] = np.asarray(rb.simultaneous.low, dtype=np.int64)
+    cols["rank_set_high"] = np.asarray(rb.simultaneous.high, dtype=np.int64)
+    # one model has nothing to be ranked against: documented degenerate label
+    labels = list(partition(rb.simultaneous, m)) if m > 1 else ["undetermined"]
+    cols["partition"] = pa.array(labels, pa.string())
+    return table.with_columns(**cols), rb
+
+
+# ---------------------------------------------------------------- run-level tables
+
+
+@dataclass(frozen=True)
+class _RawCell:
+    campaign: str
+    model: str
+    prompt: str
+    sha: str
+    runs: list[dict]  # successful runs in run-index order
+
+
+def _raw_cells(runs: pa.Table, min_runs: int) -> list[_RawCell]:
+    if runs.num_rows == 0:
+        return []
+    cols = ["campaign", "model", "prompt_name", "prompt_sha256", "budget_max_tokens",
+            "run_index", "parse_outcome", "ir_json", "node_ids", "node_count", "prompt_source"]
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs.select(cols).to_pylist():
+        if not run_succeeded(r["parse_outcome"], r["ir_json"]):
+            continue
+        key = (r["campaign"], r["model"], r["prompt_sha256"], r["budget_max_tokens"])
+        groups.setdefault(key, []).append(r)
+    out = []
+    for key in sorted(groups, key=lambda k: (k[0], k[1], k[2], k[3] or -1)):
+        rs = sorted(groups[key], key=lambda r: r["run_index"])
+        if len(rs) >= min_runs:
+            out.append(_RawCell(key[0], key[1], rs[0]["prompt_name"], key[2], rs))
+    return out
+
+
+def _head(c: _RawCell) -> dict[str, Any]:
+    return {"campaign": c.campaign, "model": c.model, "prompt": c.prompt,
+            "prompt_sha256": c.sha, "runs": len(c.runs)}
+
+
+def drift_table(cells: list[_RawCell]) -> tuple[pa.Table, dict[str, Any]]:
+    """One row per raw cell (pair counts per drift class) and the three aggregate views."""
+    rows, drifts = [], []
+    for c in cells:
+        d = cell_drift([run_ir_from_json(r["ir_json"]) for r in c.runs])
+        drifts.append(d)
+        rows.append({**_head(c), "pairs": d.n_pairs, "count_drift": int(d.counts[0]),
+                     "id_drift": int(d.counts[1]), "metadata_drift": int(d.counts[2]),
+                     "agree": d.agree, "label_only": d.label_only})
+    s = summarise_drift(drifts)
+    summary = {"classes": list(CLASSES), "macro_all_cells": s.macro_all.tolist(),
+               "pooled_pairs": s.pooled.tolist(),
+               "macro_disagreeing_cells": [None if np.isnan(x) else float(x)
+                                           for x in s.macro_disagreeing],
+               "cells": s.n_cells, "cells_disagreeing": s.n_cells_disagreeing,
+               "pairs": s.n_pairs, "disagreeing_pairs": s.n_disagreeing_pairs,
+               "label_only_pairs": s.label_only_pairs}
+    schema = pa.schema([("campaign", pa.string()), ("model", pa.string()),
+                        ("prompt", pa.string()), ("prompt_sha256", pa.string()),
+                        ("runs", pa.int64()), ("pairs", pa.int64()), ("count_drift", pa.int64()),
+                        ("id_drift", pa.int64()), ("metadata_drift", pa.int64()),
+                        ("agree", pa.int64()), ("label_only", pa.int64())])
+    return pa.Table.from_pylist(rows, schema=schema), summary
+
+
+def stabilisation_table(cells: list[_RawCell], options: AnalysisOptions
+                        ) -> tuple[pa.Table, dict[str, Any]]:
+    """r* per raw cell under both tolerances (null = right-censored) and the summary counts."""
+    schema = pa.schema([("campaign", pa.string()), ("model", pa.string()),
+                        ("prompt", pa.string()), ("prompt_sha256", pa.string()),
+                        ("runs", pa.int64()), ("long_run_mean", pa.float64()),
+                        ("r_star_absolute", pa.int64()), ("r_star_relative", pa.int64()),
+                        ("tol_absolute_nodes", pa.float64()), ("tol_relative", pa.float64())])
+    if not cells:
+        return schema.empty_table(), {}
+    res = stabilisation_ragged([[r["node_count"] for r in c.runs] for c in cells],
+                               tol_abs_nodes=options.tol_abs_nodes, tol_rel=options.tol_rel)
+    ra, rr = res.r_star_or_none("abs"), res.r_star_or_none("rel")
+    rows = [{**_head(c), "long_run_mean": float(res.long_run_mean_nodes[i]),
+             "r_star_absolute": ra[i], "r_star_relative": rr[i],
+             "tol_absolute_nodes": options.tol_abs_nodes, "tol_relative": options.tol_rel}
+            for i, c in enumerate(cells)]
+    summary = {s.kind: {"cells": s.n_cells, "stabilising": s.n_stabilising,
+                        "censored": s.n_censored,
+                        "median_r_star": None if np.isnan(s.median_r_star) else s.median_r_star}
+               for s in summarise_stabilisation(res)}
+    return pa.Table.from_pylist(rows, schema=schema), summary
+
+
+def normalised_table(cells: list[_RawCell]) -> pa.Table:
+    """Exact and normalised (ASCII and Unicode) Jaccard, count agreement, empty/collision ids."""
+    rows = []
+    for c in cells:
+        sets = [frozenset(r["node_ids"] or ()) for r in c.runs]
+        exact = node_set_agreement(sets)
+        asc, uni = normalised_jaccard(sets, "ascii"), normalised_jaccard(sets, "unicode")
+        ca, eq = count_agreement([r["node_count"] for r in c.runs])
+        rows.append({**_head(c), "jaccard_exact": exact.mean_jaccard,
+                     "id_stability": exact.id_stability,
+                     "jaccard_norm_ascii": asc.mean_jaccard,
+                     "jaccard_norm_unicode": uni.mean_jaccard, "count_agreement": ca,
+                     "count_equal_share": eq, "empty_ids_ascii": asc.empty_ids,
+                     "empty_ids_unicode": uni.empty_ids, "collisions_ascii": asc.colliding_ids,
+                     "collisions_unicode": uni.colliding_ids})
+    return pa.Table.from_pylist(rows) if rows else pa.table({
+        "campaign": pa.array([], pa.string()), "model": pa.array([], pa.string()),
+        "prompt": pa.array([], pa.string())})
+
+
+def corpus_index(dirs: Sequence[Path] | None) -> dict[str, Path]:
+    """sha256 of file bytes → path, for every file under ``dirs`` (recursively)."""
+    out: dict[str, Path] = {}
+    for d in dirs or ():
+        if not Path(d).is_dir():
+            raise AnalysisError(f"corpus directory {d} does not exist; pass the folder holding the "
+                             "campaign's prompt files")
+        for p in sorted(Path(d).rglob("*")):
+            if p.is_file():
+                out.setdefault(hashlib.sha256(p.read_bytes()).hexdigest(), p)
+    return out
+
+
+def _truth(sha: str, source: str | None, index: dict[str, Path],
+           cache: dict[str, frozenset | None]) -> frozenset | None:
+    if sha not in cache:
+        path = index.get(sha)
+        if path is None and source and Path(source).is_file():
+            if hashlib.sha256(Path(source).read_bytes()).hexdigest() == sha:
+                path = Path(source)
+        ids = parse_annotations(path.read_text(encoding="utf-8", errors="replace")).ids \
+            if path is not None else frozenset()
+        cache[sha] = ids if ids else None  # unannotated or not found: no ground truth
+    return cache[sha]
+
+
+def correctness_table(runs: pa.Table, index: dict[str, Path]) -> tuple[pa.Table, int]:
+    """One row per successful run on an annotated prompt; returns (table, prompts not found)."""
+    cache: dict[str, frozenset | None] = {}
+    rows = []
+    if runs.num_rows:
+        cols = ["campaign", "model", "prompt_name", "prompt_sha256", "run_index",
+                "parse_outcome", "ir_json", "prompt_source"]
+        for r in runs.select(cols).to_pylist():
+            if not run_succeeded(r["parse_outcome"], r["ir_json"]):
+                continue
+            truth = _truth(r["prompt_sha256"], r["prompt_source"], index, cache)
+            if truth is None:
+                continue
+            s = score_run(truth, *emitted_from_json(r["ir_json"]))
+            rows.append({"campaign": r["campaign"], "model": r["model"],
+                         "prompt": r["prompt_name"], "prompt_sha256": r["prompt_sha256"],
+                         "run": r["run_index"], "n_truth": s.n_truth,
+                         "n_emitted": s.n_emitted, "n_explicit": s.n_explicit,
+                         "recall": s.recall, "precision_all": s.all_precision,
+                         "precision_explicit": s.explicit_precision, "f1": s.f1,
+                         "no_explicit": s.no_explicit})
+    schema = pa.schema([("campaign", pa.string()), ("model", pa.string()), ("prompt", pa.string()),
+                        ("prompt_sha256", pa.string()), ("run", pa.int64()),
+                        ("n_truth", pa.int64()), ("n_emitted", pa.int64()),
+                        ("n_explicit", pa.int64()), ("recall", pa.float64()),
+                        ("precision_all", pa.float64()), ("precision_explicit", pa.float64()),
+                        ("f1", pa.float64()), ("no_explicit", pa.bool_())])
+    unresolved = sum(v is None for v in cache.values())
+    return pa.Table.from_pylist(rows, schema=schema), unresolved
+
+
+CORRECTNESS_METRICS = ("recall", "precision_explicit", "precision_all", "f1")
+
+
+def correlations_table(models: ModelTable, correctness: pa.Table) -> pa.Table:
+    """Stability (mean Jaccard) vs each correctness metric over models measured both ways:
+    a ``full`` row per metric, then one ``drop`` row per left-out model."""
+    schema = pa.schema([("metric", pa.string()), ("kind", pa.string()), ("dropped", pa.string()),
+                        ("n", pa.int64()), ("pearson_r", pa.float64()),
+                        ("pearson_p", pa.float64()), ("spearman_rho", pa.float64()),
+                        ("spearman_p", pa.float64()), ("survives_pearson", pa.bool_()),
+                        ("survives_spearman", pa.bool_()), ("small_n", pa.bool_())])
+    if correctness.num_rows == 0 or models.included.num_rows == 0:
+        return schema.empty_table()
+    sc = np.column_stack([correctness.column(c).to_numpy() for c in
+                          ("recall", "precision_explicit", "precision_all", "f1")])
+    mm = model_means(correctness.column("model").to_pylist(), sc)
+    stab = dict(zip(models.models, models.included.column("mean_jaccard").to_pylist()))
+    both = [m for m in mm.models if m in stab]
+    if not both:
+        return schema.empty_table()
+    pos = [mm.models.index(m) for m in both]
+    metrics = [(name, getattr(mm, attr)[pos]) for name, attr in
+               zip(CORRECTNESS_METRICS, ("recall", "explicit_precision", "all_precision", "f1"))]
+    rows = []
+    for res in stability_vs_correctness(np.array([stab[m] for m in both]), metrics, both):
+        f, loo = res.full, res.loo
+        rows.append({"metric": res.metric, "kind": "full", "dropped": None, "n": f.n,
+                     "pearson_r": f.pearson_r, "pearson_p": f.pearson_p,
+                     "spearman_rho": f.spearman_rho, "spearman_p": f.spearman_p,
+                     "survives_pearson": loo.survives_pearson,
+                     "survives_spearman": loo.survives_spearman, "small_n": loo.small_n})
+        for i, d in enumerate(loo.dropped):
+            rows.append({"metric": res.metric, "kind": "drop", "dropped": d, "n": f.n - 1,
+                         "pearson_r": loo.pearson_r[i], "pearson_p": loo.pearson_p[i],
+                         "spearman_rho": loo.spearman_rho[i], "spearman_p": loo.spearman_p[i],
+                         "survives_pearson": None, "survives_spearman": None,
+                         "small_n": loo.small_n})
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+@dataclass(frozen=True)
+class RunLevel:
+    """Run-level outputs of one panel and their summaries (for the manifest and printout)."""
+
+    drift: pa.Table
+    drift_summary: dict[str, Any]
+    stabilisation: pa.Table
+    stabilisation_summary: dict[str, Any]
+    normalised: pa.Table
+    correctness: pa.Table
+    prompts_without_truth: int
+
+
+def run_level(runs: pa.Table, options: AnalysisOptions, index: dict[str, Path]) -> RunLevel:
+    """Drift, stabilisation, normalised and correctness tables from one panel's raw runs."""
+    cells = _raw_cells(runs, options.min_runs)
+    drift, dsum = drift_table(cells)
+    stab, ssum = stabilisation_table(cells, options)
+    corr, missing = correctness_table(runs, index)
+    return RunLevel(drift, dsum, stab, ssum, normalised_table(cells), corr, missing)

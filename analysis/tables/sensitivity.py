@@ -1,0 +1,114 @@
+"""How the model table moves under the analysis choices (``sensitivity.parquet``).
+
+Variants (a grid; the baseline is the options' own choice):
+* merge rule: highest-budget-first and earliest-then-top-up;
+* cell inclusion: ``min_runs`` in {2, 3, baseline};
+* model inclusion: ``min_prompts`` in {1, 3, 5, baseline}.
+For each variant and each model: included or not, rank, n_prompts, mean Jaccard, ID-stability,
+node-set-perfect cells, whether its rank or inclusion differs from the baseline, and the
+headline (share of node-set-perfect cells among the variant's merged cells, fraction) with its
+shift from the baseline (fraction points).
+Stabilisation rows (``axis = "tolerance"``, absolute and relative): per model, cells that
+stabilise before the endpoint, censored cells and the median r* (runs) among the former.
+Point estimates only (no bootstrap), so the grid is cheap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from analysis.tables.measurements import RULES, merge_cells
+from analysis.tables.models import model_table
+
+SENSITIVITY_SCHEMA = pa.schema([
+    ("variant", pa.string()), ("axis", pa.string()), ("merge_rule", pa.string()),
+    ("min_runs", pa.int64()), ("min_prompts", pa.int64()), ("tolerance", pa.string()),
+    ("model", pa.string()), ("included", pa.bool_()), ("rank", pa.int64()),
+    ("baseline_rank", pa.int64()), ("changed", pa.bool_()), ("n_prompts", pa.int64()),
+    ("mean_jaccard", pa.float64()), ("id_stability", pa.float64()), ("perfect", pa.int64()),
+    ("headline_share_perfect", pa.float64()), ("headline_shift", pa.float64()),
+    ("stabilising_cells", pa.int64()), ("censored_cells", pa.int64()),
+    ("median_r_star", pa.float64()),
+])
+
+
+def _reinclude(cells: pa.Table, min_runs: int) -> pa.Table:
+    ok = pc.and_(pc.greater_equal(cells.column("runs_ok"), min_runs),
+                 pc.and_(pc.is_valid(cells.column("mean_jaccard")),
+                         pc.is_valid(cells.column("id_stability"))))
+    idx = cells.column_names.index("included")
+    return cells.set_column(idx, "included", pc.fill_null(ok, False))
+
+
+def _share_perfect(merged: pa.Table) -> float:
+    if merged.num_rows == 0:
+        return 0.0
+    return float(np.mean([bool(x) for x in merged.column("node_set_perfect").to_pylist()]))
+
+
+def sensitivity_table(cells: pa.Table, budget: dict[str, int], time: dict[str, int], *,
+                      merge_rule: str, min_runs: int, min_prompts: int,
+                      stabilisation: pa.Table | None = None) -> tuple[pa.Table, dict[str, Any]]:
+    """Grid of variants (module docstring) → (table, summary of the rule comparison)."""
+    grid = [(rule, mr, mp) for rule in RULES for mr in sorted({2, 3, min_runs})
+            for mp in sorted({1, 3, 5, min_prompts})]
+    results = {}
+    merges = {}
+    for mr in sorted({2, 3, min_runs}):
+        merged = merges[mr] = merge_cells(_reinclude(cells, mr), budget, time)
+        for rule in RULES:
+            results[(rule, mr)] = merged.tables[rule]
+    base_key = (merge_rule, min_runs, min_prompts)
+    tables = {g: model_table(results[(g[0], g[1])], min_prompts=g[2], min_runs=g[1])
+              for g in grid}
+    base = tables[base_key]
+    base_rank = dict(zip(base.models, base.included.column("rank").to_pylist()))
+    base_share = _share_perfect(results[(merge_rule, min_runs)])
+    rows = []
+    for g, t in tables.items():
+        rule, mr, mp = g
+        share = _share_perfect(results[(rule, mr)])
+        axis = "baseline" if g == base_key else "grid"
+        common = {"variant": f"{rule}|min_runs={mr}|min_prompts={mp}", "axis": axis,
+                  "merge_rule": rule, "min_runs": mr, "min_prompts": mp,
+                  "headline_share_perfect": share, "headline_shift": share - base_share}
+        for r in t.included.to_pylist():
+            br = base_rank.get(r["model"])
+            rows.append({**common, "model": r["model"], "included": True, "rank": r["rank"],
+                         "baseline_rank": br, "changed": br != r["rank"],
+                         "n_prompts": r["n_prompts"], "mean_jaccard": r["mean_jaccard"],
+                         "id_stability": r["id_stability"], "perfect": r["perfect"]})
+        for r in t.excluded.to_pylist():
+            br = base_rank.get(r["model"])
+            rows.append({**common, "model": r["model"], "included": False, "rank": None,
+                         "baseline_rank": br, "changed": br is not None,
+                         "n_prompts": r["n_prompts"]})
+    if stabilisation is not None and stabilisation.num_rows:
+        for kind, col in (("absolute", "r_star_absolute"), ("relative", "r_star_relative")):
+            by_model: dict[str, list] = {}
+            for m, r in zip(stabilisation.column("model").to_pylist(),
+                            stabilisation.column(col).to_pylist()):
+                by_model.setdefault(m, []).append(r)
+            for m, rs in sorted(by_model.items()):
+                ok = [r for r in rs if r is not None]
+                rows.append({"variant": f"tolerance={kind}", "axis": "tolerance",
+                             "tolerance": kind, "model": m, "stabilising_cells": len(ok),
+                             "censored_cells": len(rs) - len(ok),
+                             "median_r_star": float(np.median(ok)) if ok else None})
+    other = RULES[1] if merge_rule == RULES[0] else RULES[0]
+    cmp = merges[min_runs].comparison
+    summary = {
+        "rule": merge_rule, "other_rule": other,
+        "share_perfect": {cmp.rule_a: cmp.share_perfect_a, cmp.rule_b: cmp.share_perfect_b},
+        "shift_b_minus_a": cmp.shift, "cells_changing_source": len(cmp.changes),
+        "cells_changing_perfect": sum(c.perfect_changed for c in cmp.changes),
+        "cells": {cmp.rule_a: cmp.n_cells_a, cmp.rule_b: cmp.n_cells_b},
+        "models_changing_rank_under_other_rule": sorted(
+            r["model"] for r in rows if r.get("merge_rule") == other
+            and r["min_runs"] == min_runs and r["min_prompts"] == min_prompts and r["changed"]),
+    }
+    return pa.Table.from_pylist(rows, schema=SENSITIVITY_SCHEMA), summary

@@ -1,0 +1,9 @@
+"""Running irbench for real on one machine, as plain processes (stdlib only, nothing of ours).
+
+``local_cluster`` (also a script: ``python deploy/local_cluster.py up``) starts a whole cluster;
+``redis_server.RedisServer`` (a private redis-server on a free loopback port) and
+``celery_workers.CeleryWorkers`` (N ``celery worker`` processes, each in its own process group)
+are the launchers the distributed tests and benchmarks share.
+"""
+
+__all__ = ["celery_workers", "local_cluster", "redis_server"]
