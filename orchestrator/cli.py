@@ -389,12 +389,14 @@ def _register_more_commands() -> None:
     from orchestrator.audit_cli import analyze_command, import_artifact_command
     from orchestrator.ops_cli import availability_app, probe_command
     from orchestrator.report_cli import report_command
+    from orchestrator.view_cli import view_command
 
     app.command("analyze")(analyze_command)
     app.command("import-artifact")(import_artifact_command)
     app.command("report")(report_command)
     app.command("probe")(probe_command)
     app.add_typer(availability_app, name="availability")
+    app.command("view")(view_command)
 
 
 _register_more_commands()

@@ -51,4 +51,5 @@ def run_demo(workdir: Path, examples: Path, console: Console, *, progress: bool 
     console.print(f"analysis outputs:   {out}")
     console.print(f"report:             {report.html}  and  {report.md}")
     console.print(f"logs (JSON lines):  {workdir / 'irbench.log'}")
+    console.print(f"browse the runs:    irbench view --data {data}")
     return out

@@ -18,7 +18,8 @@ The table is design.md's, plus the two top-level packages it places "beside" the
   saw the prompt's annotations, and raises ``storage.errors.ConfigError`` for a bad config. It
   must not know the engine (workers) or the analysis it is measured by.
 - ``orchestrator/`` may also import ``simulator``: ``irbench simulate`` and ``irbench demo``
-  host the stand-in endpoint. Nothing below the orchestrator may.
+  host the stand-in endpoint. Nothing below the orchestrator may. Likewise ``viewer``: the
+  ``irbench view`` command (``orchestrator/view_cli.py``) hosts the web app.
 - ``deploy/`` (local launchers: a cluster, a private redis-server, celery worker processes) is
   stdlib only, so it runs before anything is installed; tests and benchmarks use its launchers.
 - ``bench/`` may import anything but ``tests``.
@@ -41,7 +42,7 @@ OURS = frozenset(PACKAGES) | {"tests"}
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "storage": frozenset(),
     "workers": frozenset({"storage"}),
-    "orchestrator": frozenset({"workers", "storage", "analysis", "simulator"}),
+    "orchestrator": frozenset({"workers", "storage", "analysis", "simulator", "viewer"}),
     "analysis": frozenset({"storage"}),
     "viewer": frozenset({"storage", "analysis"}),
     "simulator": frozenset({"storage"}),

@@ -150,7 +150,7 @@ def _runnable_blocks(md: Path) -> list[list[str]]:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_readme_blocks_run_in_order_as_pasted(tmp_path: Path) -> None:
-    ports = {"8765": str(_free_port()), "8766": str(_free_port())}
+    ports = {"8765": str(_free_port()), "8766": str(_free_port()), "8000": str(_free_port())}
 
     def localise(text: str) -> str:
         for old, new in ports.items():

@@ -27,7 +27,7 @@ from analysis.report.sections import ReportOptions
 
 FIXED_NOW = dt.datetime(2026, 7, 1, 9, 30, tzinfo=dt.UTC)
 SECTION_IDS = ["partition", "leaderboard", "plots", "sensitivity", "pairs", "correctness",
-               "availability", "provenance"]
+               "availability", "health", "provenance"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -251,7 +251,7 @@ def test_sections_in_issue_order_with_dated_title(full_report) -> None:
     p = parse(html)
     assert [h.split(". ", 1)[1] for h in p.h2] == [
         "Headline partition", "Leaderboard", "Plots", "Sensitivity", "Pairs",
-        "Correctness versus stability", "Availability", "Provenance"]
+        "Correctness versus stability", "Availability", "Run health", "Provenance"]
     title = re.search(r"<h1>(.*?)</h1>", html).group(1)
     assert "2026-05-30 to 2026-06-11" in title and "reported 2026-07-01" in title
     # the partition comes before any sorted table
@@ -315,21 +315,21 @@ def test_partition_lists_every_model_once_by_label(full_report) -> None:
         (m["model"], m["partition"]) for m in models)
 
 
-def test_sensitivity_highlights_changed_rows_and_headline_pp(full_report) -> None:
+def test_sensitivity_is_one_compact_table(full_report) -> None:
     _, _, html = full_report
     p = parse(html)
-    second = p.tables["sensitivity-synth-1"]
-    assert [c for c in second["classes"]].count("hl") == 1
-    assert second["classes"][1] == "hl"
-    assert p.tables["sensitivity-synth-0"]["classes"].count("hl") == 0
+    assert not [t for t in p.tables if t.startswith("sensitivity-synth-")]  # no per-variant tables
+    section = html.split('<section id="sensitivity">', 1)[1].split("</section>", 1)[0]
+    assert "<h3>" not in section  # no headings per variant
     summary = p.tables["sensitivity-summary-synth"]
     assert summary["head"] == ["variant", "axis", "rows changed", "node-set-perfect share",
-                               "headline shift"]
+                               "headline shift", "what changes"]
     assert [r[2][0] for r in summary["rows"]] == ["0/8", "1/8"]
     assert [r[4][0] for r in summary["rows"]] == ["+0.0 pp", "+4.5 pp"]
     assert summary["classes"] == ["", "hl"]
-    # variant-defining and all-null columns are not repeated per row
-    assert "merge_rule" not in second["head"] and "median_r_star" not in second["head"]
+    sens = pq.read_table(full_report[0] / "sensitivity.parquet").to_pylist()
+    moved = [r["model"] for r in sens if r["changed"]]
+    assert summary["rows"][0][5][0] == "—" and moved[0] in summary["rows"][1][5][0]
 
 
 def test_availability_status_since_and_share(full_report) -> None:
@@ -360,7 +360,7 @@ def test_markdown_has_the_same_sections_and_linked_figures(full_report) -> None:
     md = (report_dir / "report.md").read_text(encoding="utf-8")
     heads = re.findall(r"^## \d\. (.+)$", md, flags=re.M)
     assert heads == ["Headline partition", "Leaderboard", "Plots", "Sensitivity", "Pairs",
-                     "Correctness versus stability", "Availability", "Provenance"]
+                     "Correctness versus stability", "Availability", "Run health", "Provenance"]
     links = re.findall(r"!\[[^\]]*\]\((figures/[^)]+)\)", md)
     assert len(links) == 6
     for link in links:
@@ -401,10 +401,19 @@ def test_empty_or_absent_analysis_dir_is_a_clear_error(tmp_path) -> None:
         build_report(tmp_path / "empty", tmp_path / "rep")
 
 
-def test_heatmap_shows_missing_cells_in_grey(tmp_path) -> None:
+def _heatmap_png(tmp_path, missing: float) -> tuple[np.ndarray, str]:
     from matplotlib.image import imread
 
-    from analysis.report.plots import MISSING_GREY
+    write_synthetic_analysis(tmp_path / "out", n_models=4, n_prompts=6, missing=missing)
+    html = build_report(tmp_path / "out", tmp_path / "rep").html.read_text(encoding="utf-8")
+    src = [s for s in parse(html).images][2]
+    return imread(io.BytesIO(base64.b64decode(src.split(",", 1)[1])), format="png"), html
+
+
+def test_heatmap_marks_missing_cells_and_has_no_greys(tmp_path) -> None:
+    from matplotlib import colormaps
+
+    from analysis.report.plots import HEATMAP_CMAP, MISSING_HATCH
     from analysis.report.sections import heatmap_matrix
 
     pdir = write_synthetic_analysis(tmp_path / "out", n_models=4, n_prompts=6, missing=0.4)
@@ -418,11 +427,19 @@ def test_heatmap_shows_missing_cells_in_grey(tmp_path) -> None:
             want = ref.get((mname, pname), np.nan)
             assert (np.isnan(want) and np.isnan(matrix[i, j])) or matrix[i, j] == want
     assert np.isnan(matrix).any()
-    html = build_report(tmp_path / "out", tmp_path / "rep").html.read_text(encoding="utf-8")
-    src = [s for s in parse(html).images][2]
-    img = imread(io.BytesIO(base64.b64decode(src.split(",", 1)[1])), format="png")
-    grey = np.array([int(MISSING_GREY[k:k + 2], 16) / 255 for k in (1, 3, 5)])
-    assert (np.abs(img[..., :3] - grey).max(axis=-1) < 0.01).sum() > 100
+    # the colormap has no grey anywhere: every sample has a clear hue (channel spread)
+    rgb = colormaps[HEATMAP_CMAP](np.linspace(0, 1, 256))[:, :3]
+    assert (rgb.max(axis=1) - rgb.min(axis=1)).min() > 0.1
+    hatch = np.array([int(MISSING_HATCH[k:k + 2], 16) / 255 for k in (1, 3, 5)])
+    img, html = _heatmap_png(tmp_path / "a", 0.4)
+    marked = (np.abs(img[..., :3] - hatch).max(axis=-1) < 0.06).sum()
+    assert marked > 100  # unmeasured cells are hatched in a hue the colormap never takes
+    full, _ = _heatmap_png(tmp_path / "b", 0.0)
+    present = np.isnan(heatmap_matrix(pq.read_table(tmp_path / "b" / "out" / "synth" /
+                                                    "cells.parquet"), order)[0]).any()
+    assert not present  # negative control: nothing unmeasured, so (almost) nothing hatched
+    assert (np.abs(full[..., :3] - hatch).max(axis=-1) < 0.06).sum() < marked / 10
+    assert "Each tile shows its value." in html and "hatched = not measured" in html
 
 
 def test_large_panel_stays_small_and_caps_provenance(tmp_path) -> None:
@@ -532,3 +549,39 @@ def test_report_on_the_imported_artifact(tmp_path, artifact_dir) -> None:
     partition = html.split('<section id="partition">')[1].split("</section>")[0]
     assert "not available" not in partition
     assert paths.html_bytes < 20_000_000
+
+
+def test_run_health_section_matches_the_raw_runs(tmp_path) -> None:
+    from tests.support.viewer_store import MODELS, write_store
+
+    records = write_store(tmp_path / "data")  # panel "pan": retries, 429s, a truncation
+    write_synthetic_analysis(tmp_path / "out", panel="pan")
+    html = build_report(tmp_path / "out", tmp_path / "rep", data_dir=tmp_path / "data",
+                        now=lambda: FIXED_NOW).html.read_text(encoding="utf-8")
+    table = parse(html).tables["health-pan"]
+    assert table["head"][:4] == ["model", "runs", "outcomes", "retries / run"]
+    rows = {r[0][0]: [c[0] for c in r] for r in table["rows"]}
+    assert set(rows) == set(MODELS)
+    col = {name: i for i, name in enumerate(table["head"])}
+    for model in MODELS:
+        mine = [r for r in records if r.model == model]
+        row = rows[model]
+        assert row[col["runs"]] == str(len(mine))
+        assert row[col["429s"]] == str(sum(a.status_code == 429 for r in mine for a in r.attempts))
+        assert row[col["truncations"]] == str(sum(r.outcome == "truncated" for r in mine))
+        retries = np.mean([len(r.attempts) - 1 for r in mine])
+        assert float(row[col["retries / run"]]) == pytest.approx(retries, abs=0.005)
+        wait = sum(a.retry_after_s or 0 for r in mine for a in r.attempts)
+        assert float(row[col["Retry-After s"]]) == pytest.approx(wait, abs=0.005)
+        p50 = np.percentile([r.latency_ms for r in mine], 50)
+        assert float(row[col["latency p50 ms"]]) == pytest.approx(p50, abs=0.5)
+    assert len(parse(html).tables["health-dates-pan"]["rows"]) == 4
+
+
+def test_leaderboard_rows_link_to_the_viewer(full_report) -> None:
+    _, _, html = full_report
+    board = html.split('id="leaderboard-synth"', 1)[1].split("</table>", 1)[0]
+    links = re.findall(r'<a href="([^"]+)">([^<]+)</a>', board)
+    models = [m["model"] for m in pq.read_table(full_report[0] / "models.parquet").to_pylist()]
+    assert [text for _, text in links] == models
+    assert [href for href, _ in links] == [f"models/synth/{m}" for m in models]  # relative

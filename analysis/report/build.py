@@ -27,6 +27,7 @@ from analysis.errors import ReportInputError
 from analysis.report.doc import Document, Section
 from analysis.report.html import render_html
 from analysis.report.md import render_md
+from analysis.report.health import health_blocks, load_runs
 from analysis.report.provenance import CELL_KEY, availability_blocks, provenance_blocks
 from analysis.report.sections import (
     Availability, PanelData, ReportOptions, _correctness, _leaderboard, _pairs, _partition,
@@ -41,7 +42,7 @@ SECTION_TITLES = (
     ("partition", "Headline partition"), ("leaderboard", "Leaderboard"), ("plots", "Plots"),
     ("sensitivity", "Sensitivity"), ("pairs", "Pairs"),
     ("correctness", "Correctness versus stability"), ("availability", "Availability"),
-    ("provenance", "Provenance"),
+    ("health", "Run health"), ("provenance", "Provenance"),
 )
 
 
@@ -164,8 +165,9 @@ def measurement_window(panels: list[PanelData]) -> tuple[str | None, str | None]
 
 
 def build_document(panels: list[PanelData], avail: Availability, opts: ReportOptions,
-                   made_on: dt.datetime) -> Document:
-    """All eight sections, in the issue's order, from loaded outputs."""
+                   made_on: dt.datetime, runs: pa.Table | None = None) -> Document:
+    """All sections, in order, from loaded outputs (``runs``: raw-run columns for the health
+    section, :func:`analysis.report.health.load_runs`)."""
     first, last = measurement_window(panels)
     window = f"{first} to {last}" if first else "unknown measurement window"
     if any((pd.manifest.get("data_window") or {}).get("includes_windows") for pd in panels):
@@ -182,6 +184,7 @@ def build_document(panels: list[PanelData], avail: Availability, opts: ReportOpt
         "pairs": lambda: _per_panel(panels, lambda p: _pairs(p, opts)),
         "correctness": lambda: _per_panel(panels, lambda p: _correctness(p, opts)),
         "availability": lambda: availability_blocks(panels, avail, opts),
+        "health": lambda: _per_panel(panels, lambda p: health_blocks(p.name, runs)),
         "provenance": lambda: _per_panel(panels, lambda p: provenance_blocks(p, opts)),
     }
     sections = tuple(Section(anchor, f"{i}. {title_}", tuple(builders[anchor]()))
@@ -211,7 +214,7 @@ def build_report(analysis_dir: Path, out_dir: Path, *, data_dir: Path | None = N
         p = load_panel(d)
         prov = load_run_provenance(data_dir, p.name)
         panels.append(PanelData(p.name, p.directory, p.manifest, p.tables, p.problems, prov))
-    doc = build_document(panels, load_availability(data_dir), opts, now())
+    doc = build_document(panels, load_availability(data_dir), opts, now(), load_runs(data_dir))
     out_dir.mkdir(parents=True, exist_ok=True)
     html_path, md_path, fig_dir = out_dir / "report.html", out_dir / "report.md", out_dir / "figures"
     html = render_html(doc)

@@ -35,10 +35,12 @@ class Heading:
 
 @dataclass(frozen=True)
 class Cell:
-    """One table cell: ``text`` is shown; ``sort`` (number or string) orders the column."""
+    """One table cell: ``text`` is shown; ``sort`` (number or string) orders the column;
+    ``href`` (optional, relative) makes the text a link."""
 
     text: str
     sort: float | str | None = None
+    href: str | None = None
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,13 @@ from analysis.report.doc import Block, Document, Figure, Heading, Note, Paragrap
 
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;font-size:16px;
-line-height:1.45;color:#1b1b1b;max-width:1200px;margin:0 auto;padding:1.5rem;background:#fff}
+line-height:1.45;color:#1b1b1b;max-width:1600px;margin:0 auto;padding:1.5rem;background:#fff}
 h1{font-size:1.6rem;margin-bottom:.2rem}h2{font-size:1.3rem;border-bottom:2px solid #0072B2;
 padding-bottom:.2rem;margin-top:2.2rem}h3{font-size:1.05rem;margin-top:1.4rem}
 .subtitle{color:#444;margin-top:0}nav ul{columns:2;font-size:.95rem;list-style:none;padding-left:0}
 table{border-collapse:collapse;margin:.6rem 0;font-size:.88rem;font-variant-numeric:tabular-nums}
-th,td{border:1px solid #c8c8c8;padding:.25rem .5rem;text-align:left;vertical-align:top;
-white-space:nowrap}
+th,td{border:1px solid #c8c8c8;padding:.25rem .5rem;text-align:left;vertical-align:top}
+th,td.num{white-space:nowrap}td{overflow-wrap:anywhere;min-width:4ch}
 th{background:#eef3f8;cursor:pointer;user-select:none}th[aria-sort=ascending]::after{content:" ▲"}
 th[aria-sort=descending]::after{content:" ▼"}td.num{text-align:right}
 tbody tr:nth-child(even){background:#fafafa}tr.hl,tr.hl:nth-child(even){background:#fff1b8}
@@ -78,7 +78,10 @@ def _table(t: Table) -> str:
             sort = "" if cell.sort is None else escape(repr(cell.sort) if isinstance(cell.sort, float)
                                                          else str(cell.sort), quote=True)
             num = ' class="num"' if isinstance(cell.sort, int | float) else ""
-            tds.append(f'<td{num} data-sort="{sort}">{escape(cell.text)}</td>')
+            text = escape(cell.text)
+            if cell.href:  # relative: resolves against wherever the report is served
+                text = f'<a href="{escape(cell.href, quote=True)}">{text}</a>'
+            tds.append(f'<td{num} data-sort="{sort}">{text}</td>')
         body.append(f"<tr{cls}>{''.join(tds)}</tr>")
     caption = f"<caption>{escape(t.caption)}</caption>" if t.caption else ""
     pager = ""

@@ -25,7 +25,7 @@ def _table(t: Table) -> str:
     lines = ["| " + " | ".join(_esc(c) for c in head) + " |",
              "|" + "|".join("---" for _ in head) + "|"]
     for i, row in enumerate(t.rows):
-        cells = [_esc(c.text) for c in row]
+        cells = [f"[{_esc(c.text)}]({c.href})" if c.href else _esc(c.text) for c in row]
         if marks:
             cells.insert(0, "**›**" if i < len(t.highlight) and t.highlight[i] else "")
         lines.append("| " + " | ".join(cells) + " |")

@@ -20,14 +20,15 @@ import pyarrow as pa
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib import colormaps
 from matplotlib.figure import Figure as MplFigure
-from matplotlib.patches import Patch
+from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from analysis.report.doc import Figure
 
+HEATMAP_CMAP = "viridis"  # perceptually uniform and never grey
+MISSING_HATCH = "#D55E00"  # vermillion: a hue viridis never takes, so "not measured" is unmistakable
 OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7",
              "#000000")
-MISSING_GREY = "#d0d0d0"
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class PlotStyle:
     row_height_in: float = 0.24  # per model row in forest/rank plots
     heatmap_max_prompts: int = 150  # wider panels average adjacent prompts into bins
     heatmap_max_models: int = 150  # taller panels average adjacent models into bins
+    heatmap_max_labels: int = 600  # tiles up to which each tile prints its value
 
 
 def _new_figure(style: PlotStyle, height_in: float) -> MplFigure:
@@ -166,9 +168,20 @@ def cell_heatmap(matrix: np.ndarray, model_names: list[str], prompt_names: list[
     label_space_in = 0.09 * max((len(q) for q in prompt_names), default=0) if labelled_prompts else 0.6
     fig = _new_figure(style, max(2.8, 0.22 * n_rows + 1.2 + min(label_space_in, 3.0)))
     ax = fig.subplots()
-    cmap = colormaps["cividis"].with_extremes(bad=MISSING_GREY)
+    # viridis runs purple → green → yellow with no grey anywhere, so an unmeasured cell (hatched,
+    # drawn through the transparent "bad" colour) cannot be read as a middling value
+    cmap = colormaps[HEATMAP_CMAP].with_extremes(bad=(0.0, 0.0, 0.0, 0.0))
+    ax.set_facecolor("white")
+    ax.add_patch(Rectangle((-0.5, -0.5), n_cols, n_rows, facecolor="white",
+                           edgecolor=MISSING_HATCH, hatch="xx", linewidth=0, zorder=0))
     im = ax.imshow(np.ma.masked_invalid(shown), aspect="auto", cmap=cmap, vmin=0.0, vmax=1.0,
-                   interpolation="nearest")
+                   interpolation="nearest", zorder=1)
+    if n_rows * n_cols <= style.heatmap_max_labels:
+        for (i, j), v in np.ndenumerate(shown):
+            if np.isfinite(v):  # dark text on the bright end of viridis, white on the dark end
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", zorder=2,
+                        fontsize=max(5.0, style.font_size_pt - 4),
+                        color="black" if v > 0.55 else "white")
     if km == 1 and n_rows <= 80:
         ax.set_yticks(np.arange(n_rows), model_names)
     else:
@@ -182,16 +195,19 @@ def cell_heatmap(matrix: np.ndarray, model_names: list[str], prompt_names: list[
         ax.set_xticks([])
     bar = fig.colorbar(im, ax=ax, fraction=0.04)
     bar.set_label("mean Jaccard of the cell", fontsize=style.font_size_pt - 1)
-    ax.set_title("mean Jaccard per cell; light grey = no included cell", loc="left")
+    ax.set_title("mean Jaccard per cell; hatched = not measured (no included cell)", loc="left")
     _fontsize(fig, style)
     grouping = ""
     if kp > 1 or km > 1:
         parts = [f"{kp} adjacent prompts" if kp > 1 else "", f"{km} adjacent models" if km > 1 else ""]
         grouping = (" Display only: each tile averages up to "
                     + " × ".join(x for x in parts if x) + " over their measured cells.")
-    caption = ("Per-cell mean Jaccard (rows = models in table order, columns = prompts); dark = "
-               "unstable, grey = not measured — look for prompts that are unstable for every "
-               "model." + grouping)
+    values = ("Each tile shows its value." if n_rows * n_cols <= style.heatmap_max_labels else
+              f"Too many tiles to print values ({n_rows * n_cols}); the cells table and "
+              "`irbench view` hold them.")
+    caption = ("Per-cell mean Jaccard (rows = models in table order, columns = prompts); purple = "
+               "unstable, yellow = stable, hatched = not measured — look for prompts that are "
+               "unstable for every model. " + values + grouping)
     return Figure("heatmap", _png(fig, style), caption, "heatmap of per-cell Jaccard")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 import pyarrow as pa
@@ -131,6 +132,10 @@ LEADER_COLS = (
 )
 
 
+def _linked(cell: Cell, href: str) -> Cell:
+    return Cell(cell.text, cell.sort, href)
+
+
 def _leader_cell(title: str, a: str, b: str | None, row: dict) -> Cell:
     va = row.get(a)
     if title == "node-set-perfect":
@@ -144,6 +149,12 @@ def _leader_cell(title: str, a: str, b: str | None, row: dict) -> Cell:
     return Cell(fmt_interval(va, row.get(b)), None if is_missing(va) else va)
 
 
+def viewer_model_url(panel: str, model: str) -> str:
+    """The ``irbench view`` page of one model of a panel, relative to where the viewer serves
+    the report (``/report``), so the link works when the viewer serves this file."""
+    return f"models/{quote(panel, safe='')}/{quote(model, safe='')}"
+
+
 def _leaderboard(p: PanelData, opts: ReportOptions) -> list[Block]:
     models = p.table("models")
     if models is None:
@@ -154,7 +165,8 @@ def _leaderboard(p: PanelData, opts: ReportOptions) -> list[Block]:
                       if c is not None and c not in models.column_names})
     rows = models.to_pylist()
     small = [r["model"] for r in rows if r.get("n_prompts", opts.small_n_prompts) < opts.small_n_prompts]
-    body = tuple(tuple(_leader_cell(t, a, b, r) for t, a, b in cols)
+    body = tuple(tuple(_linked(_leader_cell(t, a, b, r), viewer_model_url(p.name, r["model"]))
+                       if a == "model" else _leader_cell(t, a, b, r) for t, a, b in cols)
                  + (Cell(f"n < {opts.small_n_prompts}" if r["model"] in small else ""),)
                  for r in rows)
     blocks: list[Block] = [Table(tuple(t for t, _, _ in cols) + ("warning",), body,
@@ -169,7 +181,9 @@ def _leaderboard(p: PanelData, opts: ReportOptions) -> list[Block]:
         blocks.append(missing_note("models.parquet", lacking))
     blocks.append(Paragraph("n = prompts with an included cell; intervals are 95% percentile "
                             "bootstrap over prompts; rank held = share of bootstrap replicates "
-                            "in which the model keeps its position."))
+                            "in which the model keeps its position. Model names link to the "
+                            "model's cells and raw runs in `irbench view` (open this report "
+                            "through the viewer, at /report, for the links to work)."))
     rb = (p.manifest.get("summary") or {}).get("rank_bootstrap")
     if rb:
         blocks.append(Paragraph(
@@ -296,23 +310,14 @@ def _stabilisation_summary(st: dict) -> list[Block]:
 
 # ------------------------------------------------------------------ 4–6. tables
 
-#: Columns that define a variant (constant within it), shown in the summary, not per row.
-VARIANT_KEYS = ("variant", "axis", "merge_rule", "min_runs", "min_prompts", "tolerance")
-
-
-def _non_null_columns(table: pa.Table, skip: Sequence[str]) -> list[str]:
-    return [c for c in table.column_names
-            if c not in skip and table.column(c).null_count < table.num_rows]
-
-
 def _pp(value: object) -> str:
     """A shift in fraction points as signed percentage points."""
     return "–" if is_missing(value) else f"{100.0 * float(value):+.1f} pp"
 
 
 def _sensitivity(p: PanelData, opts: ReportOptions) -> list[Block]:
-    """One summary row per variant (rows changed, headline and its shift in percentage points),
-    then each variant's table with changed rows highlighted. ``headline_share_perfect`` is a
+    """One compact table: a row per variant (rows changed, headline and its shift in percentage
+    points, which models move), highlighted when anything changes. ``headline_share_perfect`` is a
     fraction and ``headline_shift`` is in fraction points (analysis.tables.sensitivity)."""
     sens = p.table("sensitivity")
     if sens is None:
@@ -332,35 +337,48 @@ def _sensitivity(p: PanelData, opts: ReportOptions) -> list[Block]:
     variants = sens.column("variant").to_pylist()
     changed = (sens.column("changed").to_pylist() if "changed" in sens.column_names
                else [False] * sens.num_rows)
+    rows_all = sens.to_pylist()
     groups: dict[str, list[int]] = {}
     for i, v in enumerate(variants):
         groups.setdefault(v, []).append(i)
-    first = {v: sens.slice(idx[0], 1).to_pylist()[0] for v, idx in groups.items()}
     summary_rows, summary_hl = [], []
     for v, idx in groups.items():
-        row, k = first[v], sum(bool(changed[i]) for i in idx)
+        row, k = rows_all[idx[0]], sum(bool(changed[i]) for i in idx)
+        what = [_change_text(rows_all[i]) for i in idx if changed[i]]
+        extra = _stabilisation_text(row)
+        text = "; ".join(what[:6]) + (f"; … {len(what) - 6} more" if len(what) > 6 else "")
         summary_rows.append((Cell(v, v), Cell(str(row.get("axis") or ""), row.get("axis") or ""),
                              Cell(f"{k}/{len(idx)}", k),
                              Cell(fmt_num(row.get("headline_share_perfect")),
                                   row.get("headline_share_perfect")),
-                             Cell(_pp(row.get("headline_shift")), row.get("headline_shift"))))
+                             Cell(_pp(row.get("headline_shift")), row.get("headline_shift")),
+                             Cell("; ".join(x for x in (text or "—", extra) if x))))
         summary_hl.append(k > 0 or (not is_missing(row.get("headline_shift"))
                                     and abs(row["headline_shift"]) > 0))
     blocks.append(Table(("variant", "axis", "rows changed", "node-set-perfect share",
-                         "headline shift"), tuple(summary_rows),
+                         "headline shift", "what changes"), tuple(summary_rows),
                         table_id=f"sensitivity-summary-{p.name}", highlight=tuple(summary_hl)))
-    for n, (v, idx) in enumerate(groups.items()):
-        sub = sens.take(pa.array(idx))
-        k = sum(bool(changed[i]) for i in idx)
-        blocks.append(Heading(f"{v} — {k} row(s) change"))
-        cols = _non_null_columns(sub, VARIANT_KEYS + ("headline_share_perfect", "headline_shift"))
-        table, note = generic_table(sub, table_id=f"sensitivity-{p.name}-{n}", columns=cols,
-                                    highlight=[bool(changed[i]) for i in idx],
-                                    max_rows=opts.max_table_rows)
-        blocks.append(table)
-        if note:
-            blocks.append(note)
+    blocks.append(Paragraph("One row per variant; the per-model rows of every variant are in "
+                            "sensitivity.parquet."))
     return blocks
+
+
+def _change_text(row: dict) -> str:
+    """One changed sensitivity row in a few words: rank move, or dropping out of the table."""
+    model = str(row.get("model") or "?")
+    if row.get("included") is False:
+        return f"{model} leaves the table"
+    before, after = row.get("baseline_rank"), row.get("rank")
+    if not is_missing(before) and not is_missing(after) and before != after:
+        return f"{model} rank {before}→{after}"
+    return f"{model} changes"
+
+
+def _stabilisation_text(row: dict) -> str:
+    if is_missing(row.get("stabilising_cells")):
+        return ""
+    return (f"{row['stabilising_cells']} cells stabilise, {row.get('censored_cells')} censored, "
+            f"median r* {fmt_num(row.get('median_r_star'), 1)}")
 
 
 PAIR_COLS = ("family", "model_a", "model_b", "n_common", "n_nonzero", "mean_diff", "p_zsplit", "p_drop",

@@ -1,0 +1,82 @@
+"""``irbench view``: the command function (the CLI module registers it with
+``app.command("view")(view_command)``)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+
+def view_command(
+    data: Annotated[Path, typer.Option("--data", help="Dataset root (runs under DATA/runs/).")] = Path("data"),
+    analysis: Annotated[Optional[Path], typer.Option(
+        "--analysis", help="`irbench analyze` output directory; default: DATA/../out, "
+        "DATA/../analysis or DATA/out when one exists.")] = None,
+    report: Annotated[Optional[Path], typer.Option(
+        "--report", help="`irbench report --out` directory to serve at /report (its leaderboard "
+        "links open this viewer); default: DATA/../report when it holds report.html.")] = None,
+    host: Annotated[str, typer.Option(help="Interface to listen on (loopback by default; the "
+                                      "viewer has no authentication).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port (0 picks a free one).")] = 8000,
+    page_size: Annotated[int, typer.Option(help="Runs per list page.")] = 50,
+    threads: Annotated[int, typer.Option(help="Query threads.")] = 2,
+    memory_limit_mb: Annotated[int, typer.Option(help="Memory cap of the query engine (MB); its "
+                                                 "index file is paged beyond it.")] = 1024,
+) -> None:
+    """Serve a read-only web viewer of the runs: leaderboard → cells → runs side by side.
+
+    Example: irbench view --data data/ --analysis out/
+    """
+    import duckdb
+    import uvicorn
+
+    from storage.errors import IrbenchError
+    from viewer import (
+        AnalysisOutputs, RunIndex, ViewerConfig, create_app, find_analysis_dir, find_report,
+    )
+
+    console, err = Console(soft_wrap=True), Console(stderr=True, soft_wrap=True)
+    if not (data / "runs").is_dir():
+        err.print(f"[bold red]error:[/] {data / 'runs'} does not exist; pass --data with the "
+                  "directory `irbench run --data` wrote")
+        raise typer.Exit(code=2)
+    if report is not None and not (report / "report.html").is_file():
+        err.print(f"[bold red]error:[/] --report {report} holds no report.html (write one with "
+                  "`irbench report --out DIR`)")
+        raise typer.Exit(code=2)
+    if analysis is not None and not analysis.is_dir():
+        err.print(f"[bold red]error:[/] --analysis {analysis} is not a directory")
+        raise typer.Exit(code=2)
+    try:
+        report_html = report / "report.html" if report is not None else find_report(data)
+        config = ViewerConfig(data_dir=data, analysis_dir=analysis or find_analysis_dir(data),
+                              report_html=report_html,
+                              page_size=page_size, threads=threads,
+                              memory_limit_mb=memory_limit_mb)
+        started = time.monotonic()
+        outputs = AnalysisOutputs.load(config.analysis_dir)
+        index = RunIndex.load(config.data_dir, outputs, threads=config.threads,
+                              memory_limit_mb=config.memory_limit_mb, work_dir=config.work_dir)
+    except (IrbenchError, ValueError, OSError, duckdb.Error) as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(code=2) from None
+    console.print(f"loaded {index.n_runs} runs in {time.monotonic() - started:.1f} s; analysis: "
+                  f"{config.analysis_dir or 'none found (pass --analysis OUT)'}")
+    try:  # bind first, so port 0 can be reported and a taken port is a one-line error
+        sock = socket.create_server((host, port))
+    except OSError as exc:
+        err.print(f"[bold red]error:[/] cannot listen on {host}:{port}: {exc}")
+        raise typer.Exit(code=2) from None
+    bound = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(index, config), log_level="warning",
+                                           access_log=False))
+    console.print(f"serving http://{host}:{bound}/ (Ctrl-C stops)")
+    try:
+        server.run(sockets=[sock])
+    finally:
+        index.close()

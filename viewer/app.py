@@ -1,0 +1,328 @@
+"""The viewer's Starlette application: read-only HTML pages and a JSON API over a RunIndex.
+
+URLs (path segments are percent-encoded; a model name may contain "/", sent as %2F)::
+
+    /                                         campaigns and panels
+    /panels/{panel}                           leaderboard (analysis outputs) and run counts
+    /models/{panel}/{model}                   one model's cells
+    /cells/{campaign}/{model}/{prompt_sha256} one cell: runs, ?a=RUN&b=RUN side-by-side diff
+    /runs/{run_id}                            one run: response, reasoning, IR nodes, attempts
+    /runs?campaign=&model=&...&q=             filtered, searchable run list (paged)
+    /health?by=model|date&...                 run health
+    /report                                   the static report, when one is given
+    /api/runs?... /api/runs/{run_id} /api/cells/{campaign}/{model}/{prompt_sha256} /api/health
+
+Only GET/HEAD are routed: every other method is answered 405. Every response carries a
+Content-Security-Policy that forbids scripts and any request off this origin, on top of the
+templates' autoescaping of every stored string.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import re
+import time
+from collections.abc import Awaitable, Callable
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from viewer.config import ViewerConfig
+from viewer.diff import diff_runs, parse_nodes, parse_run, pretty_ir, text_diff
+from viewer.index import RunIndex
+from viewer.query import QueryError, RunQuery
+
+CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
+       "form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
+SECURITY_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
+                    "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY"}
+
+
+def seg(value: Any) -> str:
+    """One URL path segment (everything escaped, "/" included)."""
+    return quote(str(value), safe="")
+
+
+def _jsonable(value: Any) -> Any:
+    """Dates and datetimes (at any depth) as ISO strings."""
+    if isinstance(value, dt.date | dt.datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _ts(value: Any) -> str:
+    """A UTC instant to the second (the JSON API keeps the full precision)."""
+    if isinstance(value, dt.datetime):
+        return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return _fmt(value)
+
+
+def _environment() -> Environment:
+    env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
+                      autoescape=select_autoescape(default=True, default_for_string=True),
+                      trim_blocks=True, lstrip_blocks=True)
+    env.filters["seg"] = seg
+    env.filters["fmt"] = _fmt
+    env.filters["ts"] = _ts
+    return env
+
+
+def _segments(request: Request, prefix: str) -> list[str]:
+    """Path segments after ``prefix``, each percent-decoded separately (so %2F stays inside
+    its segment; the decoded ``path`` has lost that distinction)."""
+    raw = request.scope.get("raw_path")
+    path = raw.decode("latin-1") if raw else quote(request.url.path)
+    path = path.split("?", 1)[0]
+    if not path.startswith(prefix):
+        raise HTTPException(404)
+    return [unquote(s) for s in path[len(prefix):].split("/")]
+
+
+def _cell_key(request: Request, prefix: str) -> tuple[str, str, str]:
+    parts = _segments(request, prefix)
+    if len(parts) < 3 or not all(parts):
+        raise HTTPException(404, "a cell URL is /cells/{campaign}/{model}/{prompt_sha256}")
+    return parts[0], "/".join(parts[1:-1]), parts[-1]
+
+
+class _Timing(BaseHTTPMiddleware):
+    """Adds ``Server-Timing: app;dur=<ms>`` and the security headers to every response."""
+
+    async def dispatch(self, request: Request,
+                       call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        started = time.perf_counter()
+        response = await call_next(request)
+        response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1e3:.1f}"
+        for key, value in SECURITY_HEADERS.items():  # a handler may set a stricter/other CSP
+            response.headers.setdefault(key, value)
+        return response
+
+
+class Viewer:
+    """Request handlers bound to one index and configuration."""
+
+    def __init__(self, index: RunIndex, config: ViewerConfig) -> None:
+        self.index = index
+        self.config = config
+        self.env = _environment()
+
+    # ------------------------------------------------------------------ helpers
+    def page(self, template: str, **context: Any) -> HTMLResponse:
+        html = self.env.get_template(template).render(
+            outputs=self.index.outputs, n_runs=self.index.n_runs,
+            has_report=self.config.report_html is not None, **context)
+        return HTMLResponse(html)
+
+    def query(self, request: Request, ignore: tuple[str, ...] = ()) -> RunQuery:
+        try:
+            return RunQuery.from_params(request.query_params, default_limit=self.config.page_size,
+                                        max_limit=self.config.max_page_size, ignore=ignore)
+        except QueryError as exc:
+            raise HTTPException(400, str(exc)) from None
+
+    def clip(self, text: str | None) -> tuple[str, bool]:
+        text = text or ""
+        cap = self.config.max_text_chars
+        return (text[:cap], True) if len(text) > cap else (text, False)
+
+    @staticmethod
+    def _json_run(row: dict[str, Any]) -> dict[str, Any]:
+        return _jsonable(row)
+
+    # ------------------------------------------------------------------ pages
+    def home(self, request: Request) -> Response:
+        return self.page("home.html", campaigns=self.index.campaigns(),
+                         panels=self.index.panels(), window=self.index.date_window())
+
+    def panel(self, request: Request) -> Response:
+        parts = _segments(request, "/panels/")
+        panel = "/".join(parts)
+        board = self.index.leaderboard(panel)
+        counts = {r["model"]: r for r in self.index.panel_models(panel)}
+        if not board and not counts:
+            raise HTTPException(404, f"no panel {panel!r}")
+        return self.page("panel.html", panel=panel, board=board, counts=counts,
+                         excluded=self.index.excluded(panel),
+                         manifest=self.index.outputs.manifests.get(panel, {}))
+
+    def model(self, request: Request) -> Response:
+        parts = _segments(request, "/models/")
+        if len(parts) < 2:
+            raise HTTPException(404)
+        panel, model = parts[0], "/".join(parts[1:])
+        try:
+            offset = max(0, int(request.query_params.get("offset", "0")))
+        except ValueError:
+            raise HTTPException(400, "bad query parameter 'offset': not an integer") from None
+        limit = self.config.cells_page_size
+        total = self.index.count_model_cells(panel, model)
+        if not total:
+            raise HTTPException(404, f"no runs of model {model!r} in panel {panel!r}")
+        cells = self.index.model_cells(panel, model, limit, offset)
+        board = [r for r in self.index.leaderboard(panel) if r["model"] == model]
+        return self.page("model.html", panel=panel, model=model, cells=cells, total=total,
+                         offset=offset, limit=limit, row=board[0] if board else None)
+
+    def _cell(self, campaign: str, model: str, sha: str) -> tuple[int, list[dict[str, Any]]]:
+        total, runs = self.index.cell_runs(campaign, model, sha, self.config.max_cell_runs)
+        if not runs:
+            raise HTTPException(404, f"no runs in cell {campaign}/{model}/{sha}")
+        return total, runs
+
+    def cell(self, request: Request) -> Response:
+        campaign, model, sha = _cell_key(request, "/cells/")
+        total, runs = self._cell(campaign, model, sha)
+        by_id = {r["run_id"]: r for r in runs}
+        ok = [r["run_id"] for r in runs if r["succeeded"]] or [r["run_id"] for r in runs]
+        a_id = request.query_params.get("a") or ok[0]
+        b_id = request.query_params.get("b") or (ok[1] if len(ok) > 1 else ok[0])
+        for rid in (a_id, b_id):
+            if rid not in by_id:
+                raise HTTPException(400, f"run {rid!r} is not among this cell's shown runs")
+        a, b = by_id[a_id], by_id[b_id]
+        diff = diff_runs(parse_run(a_id, a["ir_json"]), parse_run(b_id, b["ir_json"]))
+        lines = self.config.max_diff_lines
+        for r in runs:
+            r["nodes"] = parse_nodes(r["ir_json"])
+            r["response_shown"], r["response_clipped"] = self.clip(r["response_text"])
+            r["reasoning_shown"], r["reasoning_clipped"] = self.clip(r["reasoning_text"])
+        return self.page(
+            "cell.html", campaign=campaign, model=model, sha=sha, runs=runs, total=total,
+            panel=runs[0]["panel"], prompt_name=runs[0]["prompt_name"], a=a, b=b, diff=diff,
+            cell=self.index.cell_metrics(runs[0]["panel"], campaign, model, sha),
+            text_diff=text_diff(a["response_text"], b["response_text"], max_lines=lines),
+            reasoning_diff=text_diff(a["reasoning_text"], b["reasoning_text"], max_lines=lines),
+            ir_diff=text_diff(pretty_ir(a["ir_json"]), pretty_ir(b["ir_json"]), max_lines=lines))
+
+    def run(self, request: Request) -> Response:
+        run_id = "/".join(_segments(request, "/runs/"))
+        row = self.index.run(run_id)
+        if row is None:
+            raise HTTPException(404, f"no run {run_id!r}")
+        row["response_shown"], row["response_clipped"] = self.clip(row["response_text"])
+        row["reasoning_shown"], row["reasoning_clipped"] = self.clip(row["reasoning_text"])
+        return self.page("run.html", run=row, nodes=parse_nodes(row["ir_json"]))
+
+    def runs_page(self, request: Request) -> Response:
+        query = self.query(request)
+        found = self.index.runs(query, with_snippet=True)
+        return self.page("runs.html", query=query, found=found,
+                         campaigns=self.index.distinct("campaign"),
+                         models=self.index.distinct("model"),
+                         outcomes=self.index.distinct("outcome"))
+
+    def health_page(self, request: Request) -> Response:
+        by = request.query_params.get("by", "model")
+        if by not in ("model", "date"):
+            raise HTTPException(400, "by must be 'model' or 'date'")
+        query = self.query(request, ignore=("by",))
+        return self.page("health.html", by=by, query=query, rows=self.index.health(by, query),
+                         campaigns=self.index.distinct("campaign"),
+                         models=self.index.distinct("model"))
+
+    # ------------------------------------------------------------------ API
+    def api_runs(self, request: Request) -> Response:
+        query = self.query(request)
+        found = self.index.runs(query)
+        return JSONResponse({"total": found.total, "limit": query.limit, "offset": query.offset,
+                             "runs": [self._json_run(r) for r in found.runs]})
+
+    def api_run(self, request: Request) -> Response:
+        run_id = "/".join(_segments(request, "/api/runs/"))
+        row = self.index.run(run_id)
+        if row is None:
+            raise HTTPException(404, f"no run {run_id!r}")
+        return JSONResponse(self._json_run(row))
+
+    def api_cell(self, request: Request) -> Response:
+        campaign, model, sha = _cell_key(request, "/api/cells/")
+        total, runs = self._cell(campaign, model, sha)
+        parsed = [parse_run(r["run_id"], r["ir_json"]) for r in runs]
+        paired = parsed[: self.config.max_pair_runs]
+        return JSONResponse({
+            "campaign": campaign, "model": model, "prompt_sha256": sha, "total_runs": total,
+            "runs": [{"run_id": r["run_id"], "run_index": r["run_index"],
+                      "budget_max_tokens": r["budget_max_tokens"], "outcome": r["outcome"],
+                      "parse_outcome": r["parse_outcome"], "node_count": r["node_count"],
+                      "node_ids": p.node_ids if p.nodes is not None else None}
+                     for r, p in zip(runs, parsed, strict=True)],
+            "pairs_over_runs": len(paired),
+            "pairs": [diff_runs(x, y).to_json() for x, y in combinations(paired, 2)]})
+
+    def report(self, request: Request) -> Response:
+        """The static report (``irbench report``), served at ``/report`` so its relative
+        leaderboard links (``models/...``) land on this viewer's pages. Its one inline script
+        is allowed by hash, nothing else."""
+        path = self.config.report_html
+        if path is None or not path.is_file():
+            raise HTTPException(404, "no report to serve: write one with `irbench report --out "
+                                "DIR` and start the viewer with --report DIR")
+        html = path.read_text(encoding="utf-8")
+        hashes = " ".join(
+            "'sha256-" + base64.b64encode(hashlib.sha256(body.encode()).digest()).decode() + "'"
+            for body in re.findall(r"<script>(.*?)</script>", html, flags=re.S))
+        csp = CSP.replace("default-src 'none';", f"default-src 'none'; script-src {hashes};"
+                          if hashes else "default-src 'none';")
+        return HTMLResponse(html, headers={"Content-Security-Policy": csp})
+
+    def api_health(self, request: Request) -> Response:
+        by = request.query_params.get("by", "model")
+        if by not in ("model", "date"):
+            raise HTTPException(400, "by must be 'model' or 'date'")
+        rows = self.index.health(by, self.query(request, ignore=("by",)))
+        return JSONResponse({"by": by, "groups": [self._json_run(r) for r in rows]})
+
+
+def _error_handler(viewer: Viewer) -> Callable[[Request, Exception], Response]:
+    def handle(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        headers = dict(exc.headers or {})
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"error": exc.detail}, status_code=exc.status_code,
+                                headers=headers)
+        html = viewer.env.get_template("error.html").render(
+            status=exc.status_code, detail=exc.detail, outputs=viewer.index.outputs,
+            n_runs=viewer.index.n_runs)
+        return HTMLResponse(html, status_code=exc.status_code, headers=headers)
+    return handle
+
+
+def create_app(index: RunIndex, config: ViewerConfig) -> Starlette:
+    """The ASGI app over ``index`` (GET/HEAD only)."""
+    v = Viewer(index, config)
+    routes = [
+        Route("/", v.home), Route("/runs", v.runs_page), Route("/health", v.health_page),
+        Route("/panels/{rest:path}", v.panel), Route("/models/{rest:path}", v.model),
+        Route("/cells/{rest:path}", v.cell), Route("/runs/{rest:path}", v.run),
+        Route("/api/runs", v.api_runs), Route("/api/runs/{rest:path}", v.api_run),
+        Route("/api/cells/{rest:path}", v.api_cell), Route("/api/health", v.api_health),
+        Route("/report", v.report),
+        Route("/favicon.ico", lambda request: Response(status_code=204)),  # none, on purpose
+        Route("/report/", lambda request: RedirectResponse("/report", status_code=301)),
+    ]
+    return Starlette(routes=routes, middleware=[Middleware(_Timing)],
+                     exception_handlers={HTTPException: _error_handler(v)})

@@ -1,0 +1,287 @@
+"""The run store loaded once into an in-process DuckDB database, and the queries pages need.
+
+Why DuckDB rather than per-request pyarrow scans: a 100k-run store is tens of files whose text
+columns must be searched, grouped (health percentiles) and paged; re-reading Parquet per request
+costs seconds, while one load at startup (through :class:`storage.runs.RunStore`, so the
+store's own one-execution-per-run_id rule applies) leaves every query a columnar scan over
+data that answers in milliseconds (``bench/viewer_latency.py``). The database is a file in a
+temporary directory (DuckDB compresses and pages it), so memory stays under a set limit.
+
+The ``runs`` table holds every RunRecord column plus derived ones: ``row_no`` (default order:
+campaign, model, prompt, budget, run index), ``n_attempts``, ``n_429`` (attempts answered 429 or
+classed rate_limited), ``retry_after_total_s`` (sum of Retry-After waits announced),
+``truncated`` (outcome truncated or finish_reason length), ``succeeded`` (a parseable IR),
+``search_text`` (the response lower-cased once, so a search is one substring scan).
+Analysis outputs, when given, are loaded beside it as ``models``, ``excluded`` and ``cells``.
+
+All values reach SQL as bound parameters; results come back as Arrow (tz-aware timestamps).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import tempfile
+import threading
+import weakref
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from storage.runs import RunStore
+from storage.schema import RUN_SCHEMA
+from viewer.outputs import AnalysisOutputs
+from viewer.query import RunQuery
+
+#: Columns of one run in list pages and ``/api/runs`` (cheap: no text).
+LIST_COLUMNS = ("run_id", "campaign", "panel", "model", "prompt_sha256", "prompt_name",
+                "budget_max_tokens", "run_index", "outcome", "parse_outcome", "measured_at",
+                "measurement_date", "latency_ms", "node_count", "n_attempts")
+
+_DERIVED = """
+    row_number() OVER (ORDER BY campaign, model, prompt_sha256, budget_max_tokens NULLS FIRST,
+                       run_index, run_id) AS row_no,
+    len(attempts) AS n_attempts,
+    len(list_filter(attempts, lambda a: a.status_code = 429 OR a.outcome = 'rate_limited'))
+        AS n_429,
+    coalesce(list_sum(list_transform(attempts, lambda a: coalesce(a.retry_after_s, 0.0))), 0.0)
+        AS retry_after_total_s,
+    (outcome = 'truncated' OR coalesce(finish_reason = 'length', false)) AS truncated,
+    (ir_json IS NOT NULL AND parse_outcome IN ('ok', 'repaired')) AS succeeded,
+    lower(response_text) AS search_text
+"""
+
+
+@dataclass(frozen=True)
+class RunPage:
+    """One page of a run listing: ``total`` matching runs, ``runs`` the rows of this page."""
+
+    total: int
+    runs: list[dict[str, Any]]
+
+
+class RunIndex:
+    """Read-only queries over the runs (and analysis outputs) loaded at construction.
+
+    ``chunks``: Arrow tables of run records (any order; a run_id in several chunks keeps its
+    row with the earliest ``measured_at``, as the store's reader does within a chunk);
+    ``threads``: DuckDB worker threads; ``memory_limit_mb``: DuckDB's memory cap — the
+    database lives in a file under ``work_dir`` (a fresh temporary directory by default,
+    removed by :meth:`close`), compressed and paged, so a large store does not have to fit in
+    memory. Thread-safe: each thread queries through its own cursor.
+    """
+
+    def __init__(self, chunks: Iterable[pa.Table], outputs: AnalysisOutputs | None = None, *,
+                 threads: int = 2, memory_limit_mb: int = 1024,
+                 work_dir: Path | None = None) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="irbench-view-", dir=work_dir)
+        self._finalizer = weakref.finalize(self, self._tmp.cleanup)
+        db = Path(self._tmp.name) / "index.duckdb"
+        self._con = duckdb.connect(str(db), config={
+            "threads": threads, "memory_limit": f"{memory_limit_mb}MB",
+            "temp_directory": str(Path(self._tmp.name) / "spill")})
+        self._local = threading.local()
+        first = True
+        for chunk in chunks:  # one partition at a time keeps the peak memory to one chunk
+            self._con.register("chunk", chunk)
+            self._con.execute("CREATE TABLE staging AS SELECT * FROM chunk" if first
+                              else "INSERT INTO staging SELECT * FROM chunk")
+            self._con.unregister("chunk")
+            first = False
+        if first:
+            self._con.register("chunk", RUN_SCHEMA.empty_table())
+            self._con.execute("CREATE TABLE staging AS SELECT * FROM chunk")
+            self._con.unregister("chunk")
+        self._con.execute(
+            "CREATE TABLE runs AS WITH d AS (SELECT * FROM staging QUALIFY row_number() OVER "
+            "(PARTITION BY run_id ORDER BY measured_at, measurement_date) = 1) "
+            f"SELECT *, {_DERIVED} FROM d ORDER BY row_no")
+        self._con.execute("DROP TABLE staging")
+        self._con.execute("CREATE UNIQUE INDEX runs_id ON runs(run_id)")
+        self.outputs = outputs or AnalysisOutputs.empty()
+        for name, table in (("models", self.outputs.models), ("excluded", self.outputs.excluded),
+                            ("cells", self.outputs.cells)):
+            self._con.register(f"arrow_{name}", table)
+            self._con.execute(f"CREATE TABLE {name} AS SELECT * FROM arrow_{name}")
+            self._con.unregister(f"arrow_{name}")
+        self._con.execute("CHECKPOINT")
+        self.n_runs = int(self.scalar("SELECT count(*) FROM runs"))
+
+    @classmethod
+    def load(cls, data_dir: Path, outputs: AnalysisOutputs | None = None, *,
+             threads: int = 2, memory_limit_mb: int = 1024,
+             work_dir: Path | None = None) -> RunIndex:
+        """Read every run of ``data_dir`` once, one measurement date at a time, through the
+        store's reader (so its one-row-per-run_id rule applies within each date)."""
+        store = RunStore(Path(data_dir), fsync=False)
+        chunks = (store.read_table(date_from=day, date_to=day)
+                  for day in store.dataset.partitions())
+        return cls(chunks, outputs, threads=threads, memory_limit_mb=memory_limit_mb,
+                   work_dir=work_dir)
+
+    def close(self) -> None:
+        """Close the database and delete its directory."""
+        self._con.close()
+        self._finalizer()
+
+    # ------------------------------------------------------------------ plumbing
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        cur = getattr(self._local, "cursor", None)
+        if cur is None:
+            cur = self._local.cursor = self._con.cursor()
+        return cur
+
+    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        """Run ``sql`` with bound ``params``; rows as dicts (via Arrow)."""
+        return self._cursor().sql(sql, params=list(params)).to_arrow_table().to_pylist()
+
+    def scalar(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        found = self.rows(sql, params)
+        return next(iter(found[0].values())) if found else None
+
+    # ------------------------------------------------------------------ runs
+    def runs(self, query: RunQuery, *, with_snippet: bool = False) -> RunPage:
+        """The page ``query.offset .. offset+limit`` of matching runs, in default order."""
+        where, params = query.where()
+        cols = ", ".join(LIST_COLUMNS)
+        if not where:  # row_no is dense 1..n: a deep page is a range, not an OFFSET scan
+            rows = self.rows(f"SELECT {cols} FROM runs WHERE row_no > ? ORDER BY row_no LIMIT ?",
+                             [query.offset, query.limit])
+            return RunPage(self.n_runs, rows)
+        snippet = ""
+        snippet_params: list[Any] = []
+        if with_snippet and query.q:
+            # 160 characters around the first match, so a search result shows why it matched
+            snippet = (", substr(response_text, greatest(1, instr(search_text, ?) - 60), 160)"
+                       " AS snippet")
+            snippet_params = [query.q.lower()]
+        # one scan of the filter columns serves both the total and the page
+        rows = self.rows(
+            f"WITH m AS MATERIALIZED (SELECT row_no FROM runs {where}) "
+            f"SELECT {cols}{snippet}, (SELECT count(*) FROM m) AS __total FROM runs "
+            "WHERE row_no IN (SELECT row_no FROM m ORDER BY row_no LIMIT ? OFFSET ?) "
+            "ORDER BY row_no", [*params, *snippet_params, query.limit, query.offset])
+        if not rows:  # past the last page (or nothing matches): the total alone
+            return RunPage(int(self.scalar(f"SELECT count(*) FROM runs {where}", params)), [])
+        total = rows[0]["__total"]
+        for row in rows:
+            del row["__total"]
+        return RunPage(int(total), rows)
+
+    def run(self, run_id: str) -> dict[str, Any] | None:
+        """Every stored column of one run (None if unknown)."""
+        found = self.rows("SELECT * EXCLUDE (search_text) FROM runs WHERE run_id = ?", [run_id])
+        return found[0] if found else None
+
+    def cell_runs(self, campaign: str, model: str, prompt_sha256: str,
+                  limit: int) -> tuple[int, list[dict[str, Any]]]:
+        """(number of runs, the first ``limit`` runs with every column) of one cell."""
+        params = [campaign, model, prompt_sha256]
+        where = "WHERE campaign = ? AND model = ? AND prompt_sha256 = ?"
+        total = self.scalar(f"SELECT count(*) FROM runs {where}", params)
+        rows = self.rows(f"SELECT * EXCLUDE (search_text) FROM runs {where} ORDER BY row_no LIMIT ?",
+                         [*params, limit])
+        return int(total), rows
+
+    def distinct(self, column: str, query: RunQuery | None = None) -> list[Any]:
+        """Sorted distinct values of one list column (for filter menus)."""
+        if column not in LIST_COLUMNS:
+            raise ValueError(f"no list column {column!r}")
+        where, params = query.where() if query else ("", [])
+        return [r[column] for r in self.rows(
+            f"SELECT DISTINCT {column} FROM runs {where} ORDER BY 1", params)]
+
+    # ------------------------------------------------------------------ overviews
+    def campaigns(self) -> list[dict[str, Any]]:
+        """Per campaign: panel, runs, models, prompts, ok runs, first and last date."""
+        return self.rows(
+            "SELECT campaign, any_value(panel) AS panel, count(*) AS runs, "
+            "count(DISTINCT model) AS models, count(DISTINCT prompt_sha256) AS prompts, "
+            "sum(succeeded::INT)::BIGINT AS runs_ok, min(measurement_date) AS first_date, "
+            "max(measurement_date) AS last_date FROM runs GROUP BY campaign ORDER BY campaign")
+
+    def panel_models(self, panel: str) -> list[dict[str, Any]]:
+        """Per model of a panel, from the runs alone: runs, ok runs, prompts, cells."""
+        return self.rows(
+            "SELECT model, count(*) AS runs, sum(succeeded::INT)::BIGINT AS runs_ok, "
+            "count(DISTINCT prompt_sha256) AS prompts, "
+            "count(DISTINCT (campaign, prompt_sha256, budget_max_tokens)) AS cells "
+            "FROM runs WHERE panel = ? GROUP BY model ORDER BY model", [panel])
+
+    def cell_metrics(self, panel: str, campaign: str, model: str,
+                     prompt_sha256: str) -> dict[str, Any] | None:
+        """The analysis' metrics of one cell (None when the analysis does not cover it)."""
+        found = self.rows(
+            "SELECT any_value(included) AS included, avg(mean_jaccard) AS mean_jaccard, "
+            "avg(id_stability) AS id_stability, bool_and(node_set_perfect) AS node_set_perfect "
+            "FROM cells WHERE panel = ? AND campaign = ? AND model = ? AND prompt_sha256 = ? "
+            "HAVING count(*) > 0", [panel, campaign, model, prompt_sha256])
+        return found[0] if found else None
+
+    def model_cells(self, panel: str, model: str, limit: int | None = None,
+                    offset: int = 0) -> list[dict[str, Any]]:
+        """One model's cells of a panel (least stable first; page ``offset``..+``limit``): run
+        counts from the store, metrics from the analysis (null where it does not cover a cell)."""
+        page = "" if limit is None else f" LIMIT {int(limit)} OFFSET {int(offset)}"
+        return self.rows(
+            "WITH r AS (SELECT campaign, prompt_sha256, any_value(prompt_name) AS prompt_name, "
+            "  count(*) AS runs, sum(succeeded::INT)::BIGINT AS runs_ok, "
+            "  sum((outcome <> 'ok')::INT)::BIGINT AS runs_failed, "
+            "  string_agg(DISTINCT outcome, ' ' ORDER BY outcome) AS outcomes "
+            "  FROM runs WHERE panel = ? AND model = ? GROUP BY campaign, prompt_sha256), "
+            "c AS (SELECT campaign, prompt_sha256, any_value(included) AS included, "
+            "  avg(mean_jaccard) AS mean_jaccard, avg(id_stability) AS id_stability, "
+            "  bool_and(node_set_perfect) AS node_set_perfect, avg(mean_nodes) AS mean_nodes "
+            "  FROM cells WHERE panel = ? AND model = ? GROUP BY campaign, prompt_sha256) "
+            "SELECT r.*, c.included, c.mean_jaccard, c.id_stability, c.node_set_perfect, "
+            "c.mean_nodes FROM r LEFT JOIN c USING (campaign, prompt_sha256) "
+            "ORDER BY c.mean_jaccard ASC NULLS LAST, r.prompt_name, r.campaign" + page,
+            [panel, model, panel, model])
+
+    def count_model_cells(self, panel: str, model: str) -> int:
+        return int(self.scalar("SELECT count(DISTINCT (campaign, prompt_sha256)) FROM runs "
+                               "WHERE panel = ? AND model = ?", [panel, model]))
+
+    def leaderboard(self, panel: str) -> list[dict[str, Any]]:
+        """The analysis' model table of a panel (rank order); empty without outputs."""
+        return self.rows("SELECT * FROM models WHERE panel = ? ORDER BY rank", [panel])
+
+    def excluded(self, panel: str) -> list[dict[str, Any]]:
+        return self.rows("SELECT * FROM excluded WHERE panel = ? ORDER BY model", [panel])
+
+    def panels(self) -> list[str]:
+        return [r["panel"] for r in self.rows(
+            "SELECT DISTINCT panel FROM runs UNION SELECT DISTINCT panel FROM models ORDER BY 1")]
+
+    # ------------------------------------------------------------------ health
+    def health(self, by: str, query: RunQuery) -> list[dict[str, Any]]:
+        """Run health grouped ``by`` "model" or "date" (measurement_date): runs, outcome mix
+        (``outcomes``: outcome → count), retries per run, latency p50/p90/p99 (ms), token sums,
+        truncations, 429 answers and Retry-After seconds announced."""
+        key = {"model": "model", "date": "measurement_date"}[by]
+        where, params = query.where()
+        rows = self.rows(
+            f"SELECT {key} AS key, count(*) AS runs, sum(succeeded::INT)::BIGINT AS runs_ok, "
+            "avg(n_attempts - 1) AS retries_per_run, max(n_attempts - 1) AS max_retries, "
+            "quantile_cont(latency_ms, 0.5) AS latency_p50_ms, "
+            "quantile_cont(latency_ms, 0.9) AS latency_p90_ms, "
+            "quantile_cont(latency_ms, 0.99) AS latency_p99_ms, "
+            "sum(prompt_tokens)::BIGINT AS prompt_tokens, sum(completion_tokens)::BIGINT AS completion_tokens, "
+            "sum(reasoning_tokens)::BIGINT AS reasoning_tokens, sum(truncated::INT)::BIGINT AS truncations, "
+            "sum(n_429)::BIGINT AS http_429, sum(retry_after_total_s) AS retry_after_s "
+            f"FROM runs {where} GROUP BY {key} ORDER BY {key}", params)
+        mix = self.rows(f"SELECT {key} AS key, outcome, count(*) AS n FROM runs {where} "
+                        f"GROUP BY {key}, outcome ORDER BY {key}, outcome", params)
+        by_key: dict[Any, dict[str, int]] = {}
+        for m in mix:
+            by_key.setdefault(m["key"], {})[m["outcome"]] = int(m["n"])
+        for row in rows:
+            row["outcomes"] = by_key.get(row["key"], {})
+        return rows
+
+    def date_window(self) -> tuple[dt.date, dt.date] | None:
+        row = self.rows("SELECT min(measurement_date) AS a, max(measurement_date) AS b FROM runs")
+        return (row[0]["a"], row[0]["b"]) if row and row[0]["a"] is not None else None
