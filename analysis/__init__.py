@@ -2,8 +2,9 @@
 
 Where things live (each room's ``__init__`` says more):
 
-* ``pipeline``  — ``irbench analyze``: read the store, build each panel's tables, hand them to
-  ``outputs`` (files on disk, manifest);
+* ``pipeline``  — ``irbench analyze``: ``inputs`` reads the store, the pipeline builds each
+  panel's tables, ``outputs`` writes them (files on disk, manifest); ``progress`` names the
+  stages a front end may show; ``errors`` is the analysis error tree;
 * ``options``   — every analysis choice, with its unit and default;
 * ``metrics/``  — per-cell and per-run measures (Jaccard, id-stability, drift, correctness,
   stabilisation);
@@ -13,4 +14,5 @@ Where things live (each room's ``__init__`` says more):
 * ``report/``   — the Markdown/HTML report built from the analysis outputs.
 """
 
-__all__ = ["metrics", "options", "pipeline", "report", "stats", "tables"]
+__all__ = ["errors", "inputs", "metrics", "options", "outputs", "pipeline", "progress", "report",
+           "stats", "tables"]

@@ -28,12 +28,34 @@ class NoRunsError(StorageError, ValueError):
     """
 
 
-def read_checked(dataset, options: AnalysisOptions, filters: dict) -> tuple[pa.Table, list[str]]:
-    """Read a dataset; unreadable files fail with their names, or are skipped (and listed)
-    with ``options.skip_corrupt``."""
+# The run and cell columns the analysis reads; the rest (answer and reasoning text, attempts,
+# token counts …) stays on disk — the text columns are most of a run store's bytes.
+RUN_COLUMNS = (
+    "schema_version", "run_id", "campaign", "panel", "prompt_sha256", "prompt_name",
+    "prompt_source", "model", "budget_max_tokens", "run_index", "max_tokens", "temperature",
+    "total_timeout_s", "instruction_sha256", "measured_at", "measurement_date",
+    "date_is_window", "outcome", "latency_ms", "finish_reason", "retired_on", "answer_chars",
+    "reasoning_chars", "parse_outcome", "ir_json", "node_ids", "node_count", "irbench_version",
+)
+CELL_COLUMNS = (
+    "schema_version", "panel", "campaign", "model", "prompt_name", "prompt_sha256",
+    "successful_runs", "mean_nodes", "std_nodes", "mean_jaccard", "id_stability",
+    "mean_confidence", "budget_rank", "time_order", "source", "measurement_date",
+    "date_is_window", "window_end",
+)
+
+
+def read_checked(dataset, options: AnalysisOptions, filters: dict,
+                 columns: tuple[str, ...] | None = None, sort_by_key: bool = True
+                 ) -> tuple[pa.Table, list[str]]:
+    """Read a dataset (``columns`` only, if given; those the dataset has); unreadable files
+    fail with their names, or are skipped (and listed) with ``options.skip_corrupt``."""
     window = {"date_from": options.date_from, "date_to": options.date_to}
+    if columns is not None:
+        columns = tuple(c for c in columns if c in dataset.spec.schema.names)
     try:
-        return dataset.read(filters=filters, **window), []
+        return dataset.read(filters=filters, columns=columns, sort_by_key=sort_by_key,
+                            **window), []
     except StorageError as exc:
         files = dataset.data_files(options.date_from, options.date_to)
         bad = []
@@ -52,7 +74,8 @@ def read_checked(dataset, options: AnalysisOptions, filters: dict) -> tuple[pa.T
             ) from exc
         table = dataset.read_files([f for f in files if f not in bad])
         expr = dataset.filter_expression(filters=filters, **window)
-        return (table.filter(expr) if expr is not None else table), [str(b) for b in bad]
+        table = table.filter(expr) if expr is not None else table
+        return (table.select(list(columns)) if columns is not None else table), [str(b) for b in bad]
 
 
 def filters_of(options: AnalysisOptions) -> dict[str, list[str]]:
@@ -74,9 +97,10 @@ def read_inputs(data_dir: Path, options: AnalysisOptions) -> tuple[pa.Table, pa.
             f"data directory {data_dir} does not exist; run a campaign first "
             "(`irbench run <campaign.toml>`) or pass the directory that holds its runs"
         )
-    runs, bad_r = read_checked(RunStore(data_dir, fsync=False).dataset, options, filters_of(options))
+    runs, bad_r = read_checked(RunStore(data_dir, fsync=False).dataset, options, filters_of(options),
+                              RUN_COLUMNS, sort_by_key=False)
     cells, bad_c = read_checked(CellStore(data_dir, fsync=False).dataset, options,
-                                 filters_of(options))
+                                filters_of(options), CELL_COLUMNS)
     if runs.num_rows == 0 and cells.num_rows == 0:
         filters = {
             k: v

@@ -21,6 +21,7 @@ from threadpoolctl import threadpool_limits
 
 from analysis.inputs import CorruptDataError, NoRunsError, read_inputs
 from analysis.options import AnalysisOptions
+from analysis.progress import ANALYZE_STAGES, Reporter, Stage, silent
 from analysis.outputs import (
     AnalysisResult,
     PanelResult,
@@ -32,7 +33,7 @@ from analysis.outputs import (
 from analysis.tables.audit import RunLevel, corpus_index, correlations_table, run_level, score_matrix
 from analysis.tables.audit import with_intervals
 from analysis.tables.cells import build_cells
-from analysis.tables.families import family_map, load_families, pairs_table
+from analysis.tables.families import families_for, family_map, pairs_table
 from analysis.tables.measurements import (
     AUDIT_CELL_SCHEMA,
     chosen_flags,
@@ -40,6 +41,7 @@ from analysis.tables.measurements import (
     load_precedence,
     measurement_cells,
     merge_cells,
+    merge_view,
     precedence,
     run_cells,
 )
@@ -69,28 +71,43 @@ def _panel_cells(panel_runs: pa.Table, imported: pa.Table, min_runs: int,
     return pa.concat_tables(parts)
 
 
+def _rows_of(table: pa.Table, panel: str) -> pa.Table:
+    """The rows of ``panel``; the table itself (no copy) when every row is that panel's."""
+    mask = pc.equal(table.column("panel"), panel)
+    if table.num_rows and pc.all(mask).as_py():
+        return table
+    return table.filter(mask)
+
+
 def _audit_panel(panel_runs: pa.Table, imported: pa.Table, options: AnalysisOptions,
                  index: dict, families: dict[str, str], override: dict,
-                 raw_cells: pa.Table | None = None,
+                 raw_cells: pa.Table | None = None, step: Callable[..., None] = lambda *a: None,
                  ) -> tuple[pa.Table, ModelTable, dict[str, pa.Table], dict[str, Any]]:
-    """All tables of one panel: (cells, model table, other tables by file stem, summaries)."""
+    """All tables of one panel: (cells, model table, other tables by file stem, summaries).
+    ``step(name, count, unit)`` is called as each stage starts."""
+    step("cells", panel_runs.num_rows + imported.num_rows, "runs and imported cells")
     cells = _panel_cells(panel_runs, imported, options.min_runs, raw_cells)
+    step("merge", cells.num_rows, "cells")
     budget, time = precedence(cells, imported, override)
-    merged = merge_cells(cells, budget, time)
+    merged = merge_cells(merge_view(cells), budget, time)
     for rule, flags in chosen_flags(cells, merged).items():
         cells = cells.append_column("chosen_" + rule.replace("-", "_"), pa.array(flags))
     chosen = merged.tables[options.merge_rule]
+    step("intervals", options.replicates, "replicates")
     models = complete_excluded(
         model_table(chosen, min_prompts=options.min_prompts, min_runs=options.min_runs), cells)
     models, rb = with_intervals(models, chosen, options)
     all_models = sorted(set(chosen.column("model").to_pylist()))
     scores, _ = score_matrix(chosen, all_models)
+    step("pairs", len(all_models), "models")
     pairs = pairs_table(scores, all_models, family_map(all_models, families), options.pair_scope,
                         alpha=1 - options.level)
+    step("run level", panel_runs.num_rows, "runs")
     rl: RunLevel = run_level(panel_runs, options, index)
+    step("sensitivity", cells.num_rows, "cells")
     sens, sens_summary = sensitivity_table(
         cells, budget, time, merge_rule=options.merge_rule, min_runs=options.min_runs,
-        min_prompts=options.min_prompts, stabilisation=rl.stabilisation)
+        min_prompts=options.min_prompts, stabilisation=rl.stabilisation, baseline=merged)
     tables = {"pairs": pairs, "sensitivity": sens, "drift": rl.drift,
               "stabilisation": rl.stabilisation, "correctness": rl.correctness,
               "correlations": correlations_table(models, rl.correctness),
@@ -119,6 +136,7 @@ def run_analysis(
     *,
     now: Callable[[], dt.datetime] = utc_now,
     raw_cells: pa.Table | None = None,
+    progress: Reporter = silent,
 ) -> AnalysisResult:
     """Read the store, build and merge cells, write every per-panel table with a manifest.
 
@@ -128,17 +146,19 @@ def run_analysis(
     jobs); default: computed here from the runs.
     Raises :class:`NoRunsError` when nothing matches (naming the directory and the filters),
     :class:`CorruptDataError` naming unreadable files (unless ``options.skip_corrupt``).
+    ``progress`` receives a :class:`analysis.progress.Stage` as each stage starts.
     """
     options = options or AnalysisOptions()
     with threadpool_limits(limits=options.blas_threads, user_api="blas"):
-        return _run_analysis(Path(data_dir), Path(out_dir), options, now, raw_cells)
+        return _run_analysis(Path(data_dir), Path(out_dir), options, now, raw_cells, progress)
 
 
 def _run_analysis(data_dir: Path, out_dir: Path, options: AnalysisOptions,
-                  now: Callable[[], dt.datetime], raw_cells: pa.Table | None) -> AnalysisResult:
-    data_dir = Path(data_dir)
-    out_dir = Path(out_dir)
+                  now: Callable[[], dt.datetime], raw_cells: pa.Table | None,
+                  progress: Reporter) -> AnalysisResult:
+    progress(Stage("read", count=None, unit=str(data_dir)))
     runs, imported, skipped = read_inputs(data_dir, options)
+    pa.default_memory_pool().release_unused()
     runs_read = runs.num_rows
     panels = sorted(set(runs.column("panel").to_pylist())
                     | set(imported.column("panel").to_pylist()))
@@ -150,21 +170,28 @@ def _run_analysis(data_dir: Path, out_dir: Path, options: AnalysisOptions,
             )
         panels = [options.panel]
     index = corpus_index(options.corpus_dirs)
-    families = load_families(options.families_path)
+    families, families_source = families_for(data_dir, options.families_path)
     override = load_precedence(options.precedence_path) if options.precedence_path else {}
 
     generated_at = now()
     results: dict[str, PanelResult] = {}
     for panel in panels:
-        panel_runs = runs.filter(pc.equal(runs.column("panel"), panel))
-        panel_imp = imported.filter(pc.equal(imported.column("panel"), panel))
-        panel_raw = (None if raw_cells is None
-                     else raw_cells.filter(pc.equal(raw_cells.column("panel"), panel)))
+        panel_runs = _rows_of(runs, panel)
+        panel_imp = _rows_of(imported, panel)
+        panel_raw = None if raw_cells is None else _rows_of(raw_cells, panel)
+        total = len(ANALYZE_STAGES)
+
+        def step(name: str, count: int | None = None, unit: str = "", _panel: str = panel) -> None:
+            # hand the previous stage's freed temporaries back to the OS (mimalloc keeps them)
+            pa.default_memory_pool().release_unused()
+            progress(Stage(name, _panel, ANALYZE_STAGES.index(name) + 1, total, count, unit))
+
         cells, models, tables, summary = _audit_panel(
-            panel_runs, panel_imp, options, index, families, override, panel_raw)
+            panel_runs, panel_imp, options, index, families, override, panel_raw, step)
         pdir = out_dir / panel_dirname(panel)
         tables = {"cells": cells, "models": models.included, "excluded": models.excluded,
                   **tables}
+        step("write", len(tables) + 1, "files")
         paths = write_panel(pdir, tables)
         manifest = build_manifest(
             panel=panel, data_dir=data_dir, options=options, runs=panel_runs,
@@ -172,6 +199,7 @@ def _run_analysis(data_dir: Path, out_dir: Path, options: AnalysisOptions,
             imported=panel_imp,
         )
         manifest["files"] = {k: p.name for k, p in paths.items()}
+        step("timeouts", panel_runs.num_rows, "runs")
         if panel_runs.num_rows:
             # which runs a shorter (or longer) total timeout would have lost, from recorded latencies
             sensitivity, ts_paths = analyze_timeouts(
@@ -182,6 +210,7 @@ def _run_analysis(data_dir: Path, out_dir: Path, options: AnalysisOptions,
             summary = {**summary, "timeout_sensitivity": sensitivity.summary()}
         manifest["summary"] = summary
         manifest["skipped_corrupt_files"] = skipped
+        manifest["families_source"] = families_source
         manifest_path = write_manifest(manifest, pdir)
         results[panel] = PanelResult(
             panel=panel, directory=pdir, cells_path=paths["cells"],

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 
 def panel(models: int, prompts: int, seed: int = 1, missing: float = 0.3) -> np.ndarray:
     """(M, P) Jaccard-like scores in [0, 1] with a model and a prompt effect; NaN = missing."""
@@ -159,6 +161,7 @@ def whole_analyze(scores: np.ndarray, replicates: int, seed: int) -> dict:
 
 def main() -> None:
     from analysis.stats.ranks import joint_cluster_bootstrap
+    from bench.reference import load_average, plain_numpy_ci_s
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="8x22,100x1000,100x10000")
@@ -176,12 +179,15 @@ def main() -> None:
               f"usable {rb.usable}/{rb.replicates}", flush=True)
         if m * p <= args.skip_analyze_above:
             r = whole_analyze(s, args.replicates, args.seed)
+            ref = plain_numpy_ci_s([int(n) for n in np.isfinite(s).sum(axis=1)],
+                                   replicates=args.replicates)
             print(f"{m}x{p}: whole analyze {r['analyze_s']:.2f} s (+ {r['import_s']:.1f} s "
-                  f"imports), peak RSS of the analyze process {r['peak_rss_mib']:.0f} MiB",
-                  flush=True)
+                  f"imports), peak RSS of the analyze process {r['peak_rss_mib']:.0f} MiB; "
+                  f"plain-numpy per-model CIs alone {ref:.1f} s, ratio analyze/reference "
+                  f"{r['analyze_s'] / ref:.2f}; {load_average()}", flush=True)
         else:
             print(f"{m}x{p}: whole analyze skipped (> --skip-analyze-above cells)")
-        if size == args.sizes.split(",")[0]:
+        if size == args.sizes.split(",")[0] and m * p <= 1000:  # the loop is minutes beyond
             ref, wall_l, _ = measure(lambda: loop_retention(s, args.replicates, args.seed), False)
             # same generator stream (integers(0, P, (c, P)) row by row), so equal retention
             walls = [measure(lambda: joint_cluster_bootstrap(

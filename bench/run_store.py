@@ -31,7 +31,7 @@ def write_run_store(data_dir: Path, *, models: int, prompts: int, runs: int,
     """Write ``models × prompts × runs`` successful runs (campaign ``bench``, panel ``bench``)
     under ``data_dir``; returns the number of runs written. Prompt ``i`` reuses the annotations
     of example prompt ``i mod 12`` under its own name and sha256 (the analysis keys on those)."""
-    from analysis.metrics.annotations import parse_annotations
+    from storage.annotations import parse_annotations
     from simulator.config import SimModel
     from simulator.model import inferred_pool, render_answer, simulate_ir
     from storage.ir import IRDocument
@@ -49,7 +49,7 @@ def write_run_store(data_dir: Path, *, models: int, prompts: int, runs: int,
         g = j / max(models - 1, 1)  # 0 = steady … 1 = chaotic
         params = SimModel(drop_prob=0.3 * g, rename_prob=0.2 * g, add_rate=1.5 * g,
                           metadata_prob=0.3 * g, fence_prob=0.5, prose_prob=0.3 * g)
-        name = f"bench-m{j:03d}"
+        name = f"fam{j // 5:02d}:{(j % 5 + 1) * 7}b"  # families of five sizes, as real line-ups
         for i in range(prompts):
             truth = truths[i % len(truths)]
             pname = f"p{i:05d}.prompt.rtpl"

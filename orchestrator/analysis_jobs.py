@@ -29,6 +29,7 @@ from celery import Celery
 
 from analysis.outputs import AnalysisResult, PanelResult, panel_dirname
 from analysis.options import AnalysisOptions
+from analysis.progress import Reporter, Stage, silent
 from analysis.tables.models import ModelTable
 from storage.clock import utc_now
 from storage.runs import RunStore
@@ -226,16 +227,19 @@ def analyze_with_executor(
     executor: str = "local",
     broker_url: str | None = None,
     timeout_s: float | None = None,
+    progress: Reporter = silent,
 ) -> AnalysisResult:
     """What ``irbench analyze`` calls: ``executor`` 'local' (in-process) or 'celery' (needs
-    ``broker_url``). Raises ``ValueError`` subclasses for bad input, like ``run_analysis``."""
+    ``broker_url``). Raises ``ValueError`` subclasses for bad input, like ``run_analysis``.
+    ``progress`` gets the local pipeline's stages (the distributed one reports dispatch only)."""
     from analysis.pipeline import run_analysis
     from workers.errors import ConfigError
 
     if executor == "local":
-        return run_analysis(Path(data_dir), Path(out_dir), options)
+        return run_analysis(Path(data_dir), Path(out_dir), options, progress=progress)
     if executor != "celery":
         raise ConfigError(f"--executor {executor!r}: use 'local' or 'celery'")
     if not broker_url:
         raise ConfigError("--executor celery needs --broker redis://HOST:PORT/DB")
+    progress(Stage("distributed", unit=f"map and reduce on the workers via {broker_url}"))
     return analyze_distributed(Path(data_dir), Path(out_dir), options, broker_url, timeout_s=timeout_s)

@@ -108,6 +108,7 @@ class Mapping:
     ir_sources: tuple[_IRSource, ...]
     campaigns: tuple[dict[str, Any], ...]
     models: dict[str, str]
+    families: dict[str, str] = field(default_factory=dict)  # model -> family ([families])
 
 
 def load_mapping(path: Path) -> Mapping:
@@ -139,8 +140,13 @@ def load_mapping(path: Path) -> Mapping:
             campaigns.append(dict(c))
     if problems:
         raise ConfigError(f"artifact mapping {path} is invalid", problems)
+    families = raw.get("families", {})
+    if not isinstance(families, dict):
+        raise ConfigError(f"artifact mapping {path}: [families] must be a table of "
+                          '"model" = "family" lines')
     return Mapping(start, end, tuple(sources), tuple(campaigns),
-                   {str(k): str(v) for k, v in raw.get("models", {}).items()})
+                   {str(k): str(v) for k, v in raw.get("models", {}).items()},
+                   {str(k): str(v) for k, v in families.items()})
 
 
 def _sha256(path: Path) -> str:
@@ -216,6 +222,19 @@ def _record(path: Path, src: _IRSource, model: str, prompt: str, key: str, k: in
 def _content_stem(prefix: str, ids: list[str]) -> str:
     digest = hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()[:24]
     return f"{prefix}-{digest}"
+
+
+def _record_families(data_dir: Path, families: dict[str, str]) -> None:
+    """Write the mapping's families into ``data_dir/families.toml`` (kept entries of other
+    models), so ``analyze`` on this data directory compares the study's families by default."""
+    from analysis.tables.families import FAMILIES_FILE, families_toml, load_families
+    from storage.atomic import write_text_atomic
+
+    path = data_dir / FAMILIES_FILE
+    known = load_families(path) if path.is_file() else {}
+    merged = {**known, **families}
+    if merged != known or not path.is_file():
+        write_text_atomic(families_toml(merged), path)
 
 
 def import_artifact(artifact_dir: Path, data_dir: Path, mapping_path: Path, *,
@@ -295,6 +314,8 @@ def import_artifact(artifact_dir: Path, data_dir: Path, mapping_path: Path, *,
         CellCoverage(c.panel, c.campaign, c.model, c.prompt_name, c.successful_runs,
                      found[(c.panel, c.model, c.prompt_name)])
         for c in cells if c.panel in ir_panels)
+    if mapping.families:
+        _record_families(Path(data_dir), mapping.families)
     return ImportReport(
         runs_read=len(records), runs_written=runs_written,
         runs_by_outcome=dict(Counter(r.parse_outcome.value for r in records)),

@@ -17,6 +17,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from orchestrator.analysis_progress import StageProgress
+from orchestrator.user_errors import fail
 from storage.errors import IrbenchError
 
 _EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -27,8 +29,7 @@ def _console() -> Console:
 
 
 def _fail(exc: Exception) -> None:
-    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(str(exc))}")
-    raise typer.Exit(code=2)
+    fail(exc)
 
 
 def _fmt(x, digits: int = 3) -> str:
@@ -125,6 +126,7 @@ def analyze_command(
     executor: Annotated[str, typer.Option(help="'local' (in-process) or 'celery' (map per date partition on the workers).")] = "local",
     broker: Annotated[Optional[str], typer.Option("--broker", envvar="IRBENCH_BROKER_URL", help="Redis URL for --executor celery.")] = None,
     timeout: Annotated[Optional[float], typer.Option(help="Give up on a distributed analysis after this many seconds.")] = None,
+    blas_threads: Annotated[int, typer.Option("--blas-threads", help="Threads for the bootstrap matrix products (1 is fastest on a busy machine).")] = 1,
 ) -> None:
     """Audit stored runs and imported cells: per panel, models with CIs, rank sets and partition,
     pairs, sensitivity, drift, stabilisation, correctness, correlations, normalised Jaccard.
@@ -143,8 +145,11 @@ def analyze_command(
             merge_rule=merge_rule, precedence_path=precedence, families_path=families,
             pair_scope=pairs, corpus_dirs=corpus or None, skip_corrupt=skip_corrupt,
             timeouts_s=[float(t) for t in timeouts.split(",") if t.strip()],
+            blas_threads=blas_threads,
         )
-        result = analyze_with_executor(data, out, options, executor=executor, broker_url=broker, timeout_s=timeout)
+        with StageProgress(_console(), title="analyze") as stages:
+            result = analyze_with_executor(data, out, options, executor=executor, broker_url=broker,
+                                           timeout_s=timeout, progress=stages.report)
     except (IrbenchError, ValueError) as exc:
         _fail(exc)
         return

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from orchestrator.campaign_limits import DEFAULT_MAX_PLANNED_RUNS, check_plan_size
 from orchestrator.corpus import Corpus, load_corpus
 from orchestrator.instruction import Instruction, load_instruction
 from orchestrator.local import ExecutionSummary, LocalOptions, ProgressCallback, run_local
@@ -23,6 +24,7 @@ from orchestrator.spec import CampaignSpec
 from storage.availability import AvailabilityRecord, AvailabilityStore
 from storage.records import Outcome
 from storage.runs import RunStore
+from storage.unreadable import read_checked
 from workers.gate import MemoryGate
 from workers.errors import ConfigError
 from workers.runtask import RunTask
@@ -38,9 +40,17 @@ class PreparedCampaign:
     tasks: list[RunTask]  # the whole plan
 
 
-def prepare(spec: CampaignSpec) -> PreparedCampaign:
-    """Load the corpus and instruction and plan every run of ``spec``."""
+def prepare(
+    spec: CampaignSpec, *, max_planned_runs: int | None = DEFAULT_MAX_PLANNED_RUNS, source: str | None = None
+) -> PreparedCampaign:
+    """Load the corpus and instruction and plan every run of ``spec``.
+
+    ``max_planned_runs``: a plan larger than this is a ``ConfigError`` raised before any task is
+    built (``runs = 10**20`` must not hang planning); ``None`` = no bound. ``source``: the
+    campaign file's name, for messages.
+    """
     corpus = load_corpus(spec.corpus, spec.base_dir)
+    check_plan_size(spec, len(corpus.prompts), max_planned_runs, source)
     instruction = load_instruction(spec.instruction)
     tasks = plan_runs(spec, corpus, instruction)
     return PreparedCampaign(spec, corpus, instruction, tasks)
@@ -119,6 +129,7 @@ def _record_retirements(summary: ExecutionSummary, prepared: PreparedCampaign, a
 class CampaignStatus:
     planned_by_model: Mapping[str, int]
     stored_by_model: Mapping[str, Mapping[str, int]]  # model -> outcome -> count
+    skipped_files: tuple[Path, ...] = ()  # unreadable files left out (``skip_corrupt``)
 
     @property
     def planned(self) -> int:
@@ -129,10 +140,16 @@ class CampaignStatus:
         return sum(sum(c.values()) for c in self.stored_by_model.values())
 
 
-def campaign_status(prepared: PreparedCampaign, store: RunStore) -> CampaignStatus:
-    """Planned vs stored runs per model, by outcome (counts only runs of the current plan)."""
+def campaign_status(prepared: PreparedCampaign, store: RunStore, *, skip_corrupt: bool = False) -> CampaignStatus:
+    """Planned vs stored runs per model, by outcome (counts only runs of the current plan).
+
+    An unreadable Parquet file is a ``StorageError`` naming it, unless ``skip_corrupt``: then
+    the other files are counted and the skipped ones listed in ``skipped_files``."""
     planned_ids = {t.run_id for t in prepared.tasks}
-    table = store.read_table(campaigns=[prepared.spec.name], columns=["run_id", "model", "outcome"])
+    table, skipped = read_checked(
+        store.dataset, skip=skip_corrupt, filters={"campaign": [prepared.spec.name]},
+        columns=["run_id", "model", "outcome"],
+    )
     stored: dict[str, Counter[str]] = {}
     for run_id, model, outcome in zip(
         table.column("run_id").to_pylist(), table.column("model").to_pylist(), table.column("outcome").to_pylist()
@@ -142,4 +159,5 @@ def campaign_status(prepared: PreparedCampaign, store: RunStore) -> CampaignStat
     return CampaignStatus(
         planned_by_model=dict(Counter(t.model for t in prepared.tasks)),
         stored_by_model={m: dict(c) for m, c in stored.items()},
+        skipped_files=tuple(skipped),
     )

@@ -200,9 +200,11 @@ class CeleryCampaignStatus:
     closed_models: dict[str, str] = field(default_factory=dict)  # model -> retired/disabled reason
 
 
-def campaign_status_celery(prepared: PreparedCampaign, store: RunStore, broker_url: str) -> CeleryCampaignStatus:
+def campaign_status_celery(
+    prepared: PreparedCampaign, store: RunStore, broker_url: str, *, skip_corrupt: bool = False
+) -> CeleryCampaignStatus:
     """Planned vs stored (store), and in-flight/outstanding/cancel/closed models (Redis)."""
-    stored = campaign_status(prepared, store)
+    stored = campaign_status(prepared, store, skip_corrupt=skip_corrupt)
     client = sync_redis(broker_url)
     try:
         state = CampaignState(client, prepared.spec.name)

@@ -7,9 +7,11 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
+import click
 import typer
 from rich.console import Console
 
+from orchestrator.campaign_limits import DEFAULT_MAX_PLANNED_RUNS
 from orchestrator.distributed_cli import (
     ClaimTtlOpt,
     LeaseTtlOpt,
@@ -20,6 +22,7 @@ from orchestrator.distributed_cli import (
     celery_options,
     worker_settings,
 )
+from orchestrator.user_errors import USER_ERROR_EXIT_CODE, fail, print_error
 from workers.errors import ConfigError, IrbenchError
 from workers.logs import Redactor, configure_logging
 
@@ -36,6 +39,16 @@ err_console = Console(stderr=True)
 
 DataOpt = Annotated[
     Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root (runs are stored under DATA/runs/; or IRBENCH_DATA).")
+]
+BrokerWaitOpt = Annotated[
+    float,
+    typer.Option("--broker-wait-s", envvar="IRBENCH_BROKER_WAIT_S", min=0,
+                 help="How long to wait for Redis to answer before giving up (a countdown shows on stderr)."),
+]
+MaxRunsOpt = Annotated[
+    int,
+    typer.Option("--max-planned-runs", envvar="IRBENCH_MAX_PLANNED_RUNS", min=1,
+                 help="Refuse a campaign that plans more runs than this (a typo in `runs` must not hang planning)."),
 ]
 BrokerOpt = Annotated[
     Optional[str],
@@ -64,8 +77,7 @@ def _setup_logging(log_file: Path | None, verbose: bool) -> Redactor:
 
 
 def _fail(exc: Exception) -> None:
-    err_console.print(f"[bold red]error:[/] {exc}")
-    raise typer.Exit(code=2)
+    fail(exc)
 
 
 @app.command()
@@ -102,6 +114,8 @@ def run(
     claim_ttl_s: ClaimTtlOpt = None,
     reconcile_interval_s: ReconcileOpt = None,
     max_task_failures: MaxFailuresOpt = None,
+    max_planned_runs: MaxRunsOpt = DEFAULT_MAX_PLANNED_RUNS,
+    broker_wait_s: BrokerWaitOpt = 10.0,
 ) -> None:
     """Run (or resume) a campaign: only runs without a stored record are executed.
 
@@ -132,7 +146,7 @@ def run(
         kind = executor or spec.executor.kind
         if kind not in ("local", "celery"):
             raise ConfigError(f"--executor {kind!r}: use 'local' or 'celery'")
-        prepared = prepare(spec)
+        prepared = prepare(spec, max_planned_runs=max_planned_runs, source=campaign.name)
         store = RunStore(data)
         _report_corpus(prepared)
         again = retryable(prepared, store, retry_outcomes) if retry_outcomes else None
@@ -140,17 +154,22 @@ def run(
             from orchestrator.celery_executor import run_campaign_celery
 
             url = _broker_url(broker, spec.executor.broker)
+            options = celery_options(analyze, claim_ttl_s, reconcile_interval_s, max_task_failures)
+            watch = _start_worker_watch(url, data, options.queue, broker_wait_s)
             done_before = len(store.completed_run_ids(spec.name) & {t.run_id for t in prepared.tasks})
-            with ModelBars(enabled=progress) as bars:
-                summary = run_campaign_celery(
-                    prepared,
-                    store,
-                    url,
-                    on_progress=bars.update,
-                    options=celery_options(analyze, claim_ttl_s, reconcile_interval_s, max_task_failures),
-                    on_analysis=lambda job: console.print(f"analysis enqueued; outputs will land in {job.out_dir}"),
-                    retry_outcomes=retry_outcomes,
-                )
+            try:
+                with ModelBars(enabled=progress) as bars:
+                    summary = run_campaign_celery(
+                        prepared,
+                        store,
+                        url,
+                        on_progress=bars.update,
+                        options=options,
+                        on_analysis=lambda job: console.print(f"analysis enqueued; outputs will land in {job.out_dir}"),
+                        retry_outcomes=retry_outcomes,
+                    )
+            finally:
+                watch.stop()
             skipped = done_before - (again.total if again else 0)
         else:
             secrets = resolve_secrets(spec)
@@ -172,6 +191,21 @@ def run(
         raise typer.Exit(code=130)
 
 
+def _start_worker_watch(url: str, data: Path, queue: str, wait_s: float):  # noqa: ANN202
+    """Redis reachable, no worker on another store, then a watch that warns on stderr when no
+    worker consumes ``queue`` (after ``IRBENCH_NO_WORKER_WARN_S``, default 10 s)."""
+    from orchestrator.worker_checks import WorkerWatch, celery_preflight
+
+    client, store_id = celery_preflight(url, data, queue, wait_s=wait_s, stream=sys.stderr)
+    warn_after_s = float(os.environ.get("IRBENCH_NO_WORKER_WARN_S", "10"))
+    return WorkerWatch(client, url, data, store_id, queue, warn=_warn, warn_after_s=warn_after_s).start()
+
+
+def _warn(text: str) -> None:
+    sys.stderr.write(f"warning: {text}\n")
+    sys.stderr.flush()
+
+
 def _report_corpus(prepared) -> None:  # noqa: ANN001
     corpus = prepared.corpus
     console.print(f"corpus: {len(corpus.prompts)} prompts", end="")
@@ -191,6 +225,11 @@ def status(
     broker: BrokerOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (planned, stored, executions, "
                                           "attempts, outcomes per model and in total) and nothing else.")] = False,
+    max_planned_runs: MaxRunsOpt = DEFAULT_MAX_PLANNED_RUNS,
+    broker_wait_s: BrokerWaitOpt = 10.0,
+    skip_corrupt: Annotated[
+        bool, typer.Option("--skip-corrupt", help="Count without unreadable Parquet files (named on stderr).")
+    ] = False,
 ) -> None:
     """Show planned vs stored runs per model and outcome (plus live Redis state with --broker).
 
@@ -210,16 +249,20 @@ def status(
 
     _setup_logging(None, False)
     try:
-        prepared = prepare(load_campaign(campaign))
-        st = campaign_status(prepared, RunStore(data))
+        prepared = prepare(load_campaign(campaign), max_planned_runs=max_planned_runs, source=campaign.name)
+        st = campaign_status(prepared, RunStore(data), skip_corrupt=skip_corrupt)
         live = None
         if broker:
             from orchestrator.celery_executor import campaign_status_celery
+            from orchestrator.worker_checks import wait_with_countdown
 
-            live = campaign_status_celery(prepared, RunStore(data), broker)
+            wait_with_countdown(broker, broker_wait_s, sys.stderr)
+            live = campaign_status_celery(prepared, RunStore(data), broker, skip_corrupt=skip_corrupt)
     except IrbenchError as exc:
         _fail(exc)
         return
+    for path in st.skipped_files:
+        _warn(f"skipped unreadable file {path}")
     table = Table(title=f"campaign {prepared.spec.name}: {st.stored}/{st.planned} runs stored")
     for col in ("model", "planned", "stored", "outcomes"):
         table.add_column(col)
@@ -262,6 +305,7 @@ def resume(
     executor: Annotated[Optional[str], typer.Option(help="'local' or 'celery' (default: the campaign's).")] = None,
     broker: BrokerOpt = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar per model.")] = True,
+    max_planned_runs: MaxRunsOpt = DEFAULT_MAX_PLANNED_RUNS,
 ) -> None:
     """Pick up exactly the runs without a stored outcome (the same as running the campaign again).
 
@@ -270,6 +314,7 @@ def resume(
     run(
         campaign=campaign, data=data, executor=executor, broker=broker, analyze=True, progress=progress,
         log_file=None, verbose=False, claim_ttl_s=None, reconcile_interval_s=None, max_task_failures=None,
+        max_planned_runs=max_planned_runs, broker_wait_s=10.0,
     )
 
 
@@ -285,11 +330,14 @@ def cancel(
     """
     from orchestrator.celery_executor import cancel_campaign
     from orchestrator.spec import load_campaign
+    from orchestrator.worker_checks import wait_with_countdown
 
     _setup_logging(None, False)
     try:
         spec = load_campaign(campaign)
-        cancel_campaign(spec.name, _broker_url(broker, spec.executor.broker), reason=reason)
+        url = _broker_url(broker, spec.executor.broker)
+        wait_with_countdown(url, float(os.environ.get("IRBENCH_BROKER_WAIT_S", "10")), sys.stderr)
+        cancel_campaign(spec.name, url, reason=reason)
     except IrbenchError as exc:
         _fail(exc)
         return
@@ -402,6 +450,12 @@ def _register_more_commands() -> None:
 _register_more_commands()
 
 
+# typer >= 0.20 carries its own click; older ones raise click's exceptions
+_USAGE_ERRORS = tuple(
+    t for t in (getattr(getattr(typer, "exceptions", None), "TyperException", None), click.ClickException) if t
+)
+
+
 def main() -> None:
     """Console-script entry point."""
     from orchestrator.envfile import load_env_file
@@ -410,10 +464,21 @@ def main() -> None:
     load_env_file(Path.cwd() / ".env")
     configure_logging(level="WARNING")  # stderr; commands that log more configure their own
     try:
-        app()
-    except KeyboardInterrupt:
+        code = app(standalone_mode=False)
+    except (KeyboardInterrupt, click.exceptions.Abort, typer.Abort):
         err_console.print("interrupted; stored runs are kept, run the same command again to resume")
         sys.exit(130)
+    except _USAGE_ERRORS as exc:  # a bad option or argument: one line, no usage box
+        message = exc.format_message()  # type: ignore[attr-defined]
+        if not message:  # `irbench` alone: the help is the answer
+            exc.show()  # type: ignore[attr-defined]
+            sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+        print_error(f"{message} (see irbench --help)")
+        sys.exit(USER_ERROR_EXIT_CODE)
+    except OSError as exc:  # disk full, permission denied, ...: what to do, not a traceback
+        print_error(exc)
+        sys.exit(USER_ERROR_EXIT_CODE)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 import httpx
 import structlog
 
+from storage.errors import StorageError
 from storage.records import Outcome, RunRecord
 from storage.runs import RunStore
 from workers.clock import Clock, SystemClock
@@ -67,7 +69,11 @@ class ExecutionSummary:
 
 
 class _BatchWriter:
-    """Collects records and writes them to the store in batches from a background task."""
+    """Collects records and writes them to the store in batches from a background task.
+
+    A failed write (disk full, permissions) never raises out of the background task: it is kept
+    in ``failure``, ``failed`` is set so the executor stops starting runs, and later batches are
+    dropped (``lost`` counts the records not stored; they run again on the next resume)."""
 
     def __init__(self, store: RunStore, options: LocalOptions) -> None:
         self._store = store
@@ -76,8 +82,14 @@ class _BatchWriter:
         self._wake = asyncio.Event()
         self._closing = False
         self.written = 0
+        self.lost = 0
+        self.failure: Exception | None = None
+        self.failed = asyncio.Event()
 
     def add(self, record: RunRecord) -> None:
+        if self.failure is not None:
+            self.lost += 1
+            return
         self._buffer.append(record)
         if len(self._buffer) >= self._options.flush_max_records:
             self._wake.set()
@@ -86,20 +98,45 @@ class _BatchWriter:
         if not self._buffer:
             return
         batch, self._buffer = self._buffer, []
-        await asyncio.to_thread(self._store.write, batch)
+        if self.failure is not None:
+            self.lost += len(batch)
+            return
+        try:
+            await asyncio.to_thread(self._store.write, batch)
+        except (StorageError, OSError) as exc:
+            self.failure, self.lost = exc, self.lost + len(batch)
+            self.failed.set()
+            log.info("store_write_failed", error=str(exc), records=len(batch))  # the raised error says it
+            return
         self.written += len(batch)
 
     async def run(self) -> None:
+        """Flush every interval until ``close()``; the last flush is awaited, never cancelled
+        (a cancelled write would leave it unknown whether its batch was stored)."""
         while not self._closing:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._options.flush_interval_s)
             self._wake.clear()
             await self._flush()
+        await self._flush()
 
-    async def close(self) -> None:
+    def close(self) -> None:
+        """Ask ``run()`` to write what is left and return."""
         self._closing = True
         self._wake.set()
-        await self._flush()
+
+    def error(self) -> StorageError:
+        """The failure as one actionable ``StorageError``."""
+        cause = self.failure.__cause__ if isinstance(self.failure, StorageError) else self.failure
+        root = self._store.root
+        if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
+            what = f"no space left on the device holding {root}"
+        else:
+            what = f"cannot write to {root} ({self.failure})"
+        return StorageError(
+            f"{what}: {self.written} runs stored, {self.lost} executed but not stored; free space (or fix "
+            "the permissions) and run the same command again: stored runs are kept, the rest resume"
+        )
 
 
 async def run_local(
@@ -184,21 +221,33 @@ async def run_local(
     for model, queue in queues.items():
         workers += [asyncio.create_task(worker(model)) for _ in range(min(caps[model], queue.qsize()))]
     interrupted = False
+    all_done = asyncio.gather(*workers)
+    write_failed = asyncio.create_task(writer.failed.wait())
     try:
-        await asyncio.gather(*workers)
+        await asyncio.wait([all_done, write_failed], return_when=asyncio.FIRST_COMPLETED)
+        if writer.failure is not None:  # nothing more can be stored: stop calling endpoints
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+        await all_done if all_done.done() and not all_done.cancelled() else None
     except (asyncio.CancelledError, KeyboardInterrupt):
         interrupted = True
         for w in workers:
             w.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
     finally:
-        await writer.close()
-        writer_task.cancel()
+        write_failed.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await writer_task
+            await write_failed
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(all_done, return_exceptions=True)
+        writer.close()
+        await asyncio.shield(writer_task)
         if own_client:
             await client.aclose()
     log.info("local_execution_finished", executed=writer.written, interrupted=interrupted)
+    if writer.failure is not None:
+        raise writer.error()
     return ExecutionSummary(
         executed=writer.written,
         by_model={m: dict(c) for m, c in by_model.items()},

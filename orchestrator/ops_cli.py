@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from orchestrator.user_errors import fail
 from workers.errors import ConfigError, IrbenchError
 from workers.logs import configure_logging
 
@@ -32,8 +33,7 @@ def _console() -> Console:
 
 
 def _fail(exc: Exception) -> None:
-    Console(stderr=True).print(f"[bold red]error:[/] {exc}")
-    raise typer.Exit(code=2)
+    fail(exc)
 
 
 def _endpoint_urls(values: list[str] | None) -> dict[str, str]:

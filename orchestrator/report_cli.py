@@ -34,6 +34,7 @@ def report_command(
     from analysis.options import AnalysisOptions
     from analysis.report.build import build_report
     from analysis.report.sections import ReportOptions
+    from orchestrator.analysis_progress import StageProgress
     from workers.errors import IrbenchError
 
     console, err = Console(), Console(stderr=True)
@@ -43,10 +44,12 @@ def report_command(
             analysis = out / "analysis"
             options = AnalysisOptions(seed=seed, replicates=replicates, min_runs=min_runs,
                                       min_prompts=min_prompts)
-            run_analysis(data, analysis, options)
+            with StageProgress(console, title="analyze") as stages:
+                run_analysis(data, analysis, options, progress=stages.report)
             console.print(f"analysis outputs: {analysis}")
-        paths = build_report(analysis, out, data_dir=data,
-                             options=ReportOptions(max_table_rows=max_table_rows))
+        with StageProgress(console, title="report") as stages:
+            paths = build_report(analysis, out, data_dir=data, progress=stages.report,
+                                 options=ReportOptions(max_table_rows=max_table_rows))
     except (IrbenchError, ValueError, OSError) as exc:  # ReportInputError is an IrbenchError
         err.print(f"[bold red]error:[/] {exc}")
         raise typer.Exit(code=2) from None

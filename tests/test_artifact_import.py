@@ -13,6 +13,7 @@ from analysis.pipeline import run_analysis
 from storage.annotations import parse_annotations
 from analysis.tables.cells import build_cells
 from analysis.options import AnalysisOptions
+from analysis.tables.families import FAMILIES_FILE, families_for, load_families
 from orchestrator.artifact_import import import_artifact
 from storage.cells import CellStore
 from storage.runs import RunStore
@@ -118,21 +119,48 @@ def test_analyze_outputs_on_artifact(analysed):
     assert row["n_truth"] == len(parse_annotations(text).ids)
     assert pq.read_table(panel.paths["drift"]).num_rows == 97
     pairs = pq.read_table(panel.paths["pairs"]).to_pylist()
-    assert {(p["model_a"], p["model_b"]) for p in pairs} == {
-        ("gpt-oss:120b", "gpt-oss:20b"), ("minimax-m2.1", "minimax-m2.7")}
+    # §4.2's within-family contrasts come from the families the import recorded, no flags
+    assert {(p["model_a"], p["model_b"], p["family"]) for p in pairs} == {
+        ("gpt-oss:120b", "gpt-oss:20b", "gpt-oss"), ("minimax-m2.1", "minimax-m2.7", "minimax"),
+        ("ministral-3:8b", "mistral-large-3:675b", "mistral")}
+    assert panel.manifest["families_source"].endswith("families.toml")
 
 
-def test_pairs_agree_with_scipy(analysed):
-    panel, _ = analysed
+def test_import_records_the_studys_families(imported, tmp_path):
+    data, _, _ = imported
+    assert load_families(data / FAMILIES_FILE) == {
+        "ministral-3:8b": "mistral", "mistral-large-3:675b": "mistral",
+        "gpt-oss:20b": "gpt-oss", "gpt-oss:120b": "gpt-oss"}
+    # an explicit --families file wins over the recorded one
+    own = tmp_path / "fam.toml"
+    own.write_text('[families]\n"ministral-3:8b" = "ministral"\n', encoding="utf-8")
+    fams, source = families_for(data, own)
+    assert fams == {"ministral-3:8b": "ministral"} and source == str(own)
+    # without a recorded file (a plain run store) the default rule applies
+    assert families_for(tmp_path, None) == ({}, "default rule")
+
+
+def _pair_check(panel, model_a: str, model_b: str) -> tuple[dict, np.ndarray]:
+    """The pairs.parquet row of (model_a, model_b) and its per-prompt differences b − a,
+    recomputed from cells.parquet's chosen cells."""
     cells = pq.read_table(panel.paths["cells"]).to_pylist()
     chosen = {(c["model"], c["prompt_sha256"]): c["mean_jaccard"] for c in cells
               if c["chosen_highest_budget_first"]}
-    a = {p: v for (m, p), v in chosen.items() if m == "gpt-oss:120b"}
-    b = {p: v for (m, p), v in chosen.items() if m == "gpt-oss:20b"}
+    a = {p: v for (m, p), v in chosen.items() if m == model_a}
+    b = {p: v for (m, p), v in chosen.items() if m == model_b}
     d = np.round(np.array([b[p] - a[p] for p in sorted(set(a) & set(b))]), 12)
     row = [p for p in pq.read_table(panel.paths["pairs"]).to_pylist()
-           if p["model_a"] == "gpt-oss:120b"][0]
-    assert row["n_common"] == d.size and row["mean_diff"] == pytest.approx(d.mean())
+           if (p["model_a"], p["model_b"]) == (model_a, model_b)][0]
+    return row, d
+
+
+@pytest.mark.parametrize("model_a, model_b, n", [
+    ("gpt-oss:120b", "gpt-oss:20b", None), ("ministral-3:8b", "mistral-large-3:675b", 18)])
+def test_pairs_agree_with_scipy(analysed, model_a, model_b, n):
+    panel, _ = analysed
+    row, d = _pair_check(panel, model_a, model_b)
+    assert row["n_common"] == d.size and (n is None or d.size == n)
+    assert row["mean_diff"] == pytest.approx(d.mean())
     assert row["p_drop"] == pytest.approx(wilcoxon(d, zero_method="wilcox").pvalue, rel=1e-12)
     assert row["p_zsplit"] == pytest.approx(wilcoxon(d, zero_method="zsplit").pvalue, rel=1e-12)
 

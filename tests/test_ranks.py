@@ -237,3 +237,17 @@ def test_maxt_blocks_equal_the_whole_array_computation():
     whole_t = np.max(np.abs(ts[:, j] - ts[:, k]) / whole_sd, axis=1)
     np.testing.assert_array_equal(_max_abs_t(ts, j, k, whole_sd, max_elements=300), whole_t)
     np.testing.assert_array_equal(_max_abs_t(ts, j, k, whole_sd, max_elements=1), whole_t)
+
+
+def test_chunk_size_does_not_change_the_joint_bootstrap():
+    """The draw calls continue one generator stream, so memory chunking changes nothing."""
+    rng = np.random.default_rng(3)
+    s = rng.random((6, 40))
+    s[rng.random(s.shape) < 0.3] = np.nan
+    s[:, 0] = 0.5
+    a = joint_cluster_bootstrap(s, replicates=500, seed=11, chunk=1000)
+    b = joint_cluster_bootstrap(s, replicates=500, seed=11, chunk=7)
+    assert a.usable == b.usable
+    assert np.array_equal(a.held_share, b.held_share)
+    assert np.array_equal(a.simultaneous.low, b.simultaneous.low)
+    assert np.array_equal(a.simultaneous.high, b.simultaneous.high)

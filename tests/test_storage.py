@@ -505,3 +505,21 @@ def test_write_and_read_throughput(tmp_path: Path) -> None:
     read_s = time.perf_counter() - t0
     assert table.num_rows == 3000 and read_s < 3.0, f"read {read_s:.2f} s"
     assert pc.count_distinct(table["run_id"]).as_py() == 3000
+
+
+def test_dedupe_without_key_sort():
+    """``sort_by_key=False``: unique keys come back as they are (no copy); with a repeated key
+    the rule and the result are the default ones."""
+    import pyarrow as pa
+
+    from storage.dataset import dedupe_table
+
+    t = pa.table({"k": ["b", "a", "c"], "o": [1, 2, 3], "v": [10, 20, 30]})
+    same = dedupe_table(t, "k", "o", sort_by_key=False)
+    assert same.column("k").to_pylist() == ["b", "a", "c"] and same.column("v").to_pylist() == [10, 20, 30]
+    assert dedupe_table(t, "k", "o").column("k").to_pylist() == ["a", "b", "c"]
+    dup = pa.table({"k": ["b", "a", "b"], "o": [5, 2, 1], "v": [10, 20, 30]})
+    for sort in (True, False):
+        out = dedupe_table(dup, "k", "o", sort_by_key=sort)
+        assert sorted(zip(out.column("k").to_pylist(), out.column("v").to_pylist())) == [
+            ("a", 20), ("b", 30)]

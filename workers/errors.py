@@ -98,12 +98,14 @@ class ProviderError(IrbenchError):
         latency_ms: float = 0.0,
         bytes_received: int = 0,
         retry_after_s: float | None = None,
+        body_head: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.latency_ms = latency_ms
         self.bytes_received = bytes_received
         self.retry_after_s = retry_after_s
+        self.body_head = body_head  # the start of a body refused as too large (secrets masked)
 
 
 class ProviderUnreachable(ProviderError):

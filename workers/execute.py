@@ -17,7 +17,7 @@ import structlog
 
 from storage.records import ERROR_TEXT_MAX_CHARS, Attempt, Outcome, ParseOutcome, RunRecord
 from workers.clock import Clock, SystemClock
-from workers.errors import IrbenchError, ModelRetired, ProviderError
+from workers.errors import IrbenchError, ModelRetired, ProtocolFailed, ProviderError
 from workers.gate import ModelGate
 from workers.ir_extract import extract_ir
 from workers.limits.base import Limiter
@@ -74,6 +74,7 @@ def _request(task: RunTask) -> ChatRequest:
         reasoning=task.reasoning,
         json_schema=schema,
         options=dict(task.options),
+        max_response_bytes=task.response.max_response_bytes,
     )
 
 
@@ -110,6 +111,7 @@ async def _execute(task: RunTask, ctx: RunContext) -> RunRecord:
     last_error: ProviderError | None = None
     cancel_reason: str | None = None
     request = _request(task)
+    run_started = clock.monotonic()
 
     for number in range(1, task.retry.max_attempts + 1):
         cancel_reason = ctx.gate.closed_reason(task.model)
@@ -162,10 +164,12 @@ async def _execute(task: RunTask, ctx: RunContext) -> RunRecord:
                 detail = f"retired on {exc.retired_on}" if exc.retired_on else None
             ctx.gate.observe(task.model, exc.outcome, detail or _truncate(str(exc))[:200])
             if exc.outcome is Outcome.RATE_LIMITED and exc.retry_after_s:
-                await ctx.limiter.cooldown(task.model, exc.retry_after_s)
+                # an advertised wait beyond the cap cools the model for the cap only
+                await ctx.limiter.cooldown(task.model, min(exc.retry_after_s, task.retry.max_retry_after_s))
         finally:
             await ctx.limiter.release(permit, actual_tokens)
-        decision = decide(attempts[-1].outcome, number, task.retry, attempts[-1].retry_after_s, rng)
+        elapsed_s = clock.monotonic() - run_started
+        decision = decide(attempts[-1].outcome, number, task.retry, attempts[-1].retry_after_s, rng, elapsed_s)
         if not decision.retry:
             break
         backoff_ms += await _sleep_ms(clock, decision.wait_s)
@@ -181,7 +185,12 @@ async def _sleep_ms(clock: Clock, seconds: float) -> float:
 
 
 async def provider_call(ctx: RunContext, task: RunTask, request: ChatRequest) -> Reply:
-    return await ctx.provider_for(task).complete(request)
+    """One call; a ``RecursionError``/``MemoryError`` the answer provoked is a protocol_error
+    attempt, never an exception out of the run."""
+    try:
+        return await ctx.provider_for(task).complete(request)
+    except (RecursionError, MemoryError) as exc:
+        raise ProtocolFailed(f"model={task.model}: the answer could not be processed ({type(exc).__name__})") from None
 
 
 def worker_error_record(task: RunTask, error_text: str, clock: Clock | None = None) -> RunRecord:
@@ -241,8 +250,18 @@ def _record(
                 total_latency_ms=sum(a.latency_ms for a in attempts) + backoff_ms)
     if reply is None:
         retired_on = error.retired_on if isinstance(error, ModelRetired) else None
-        return RunRecord(**base, outcome=last.outcome, retired_on=retired_on, cancel_reason=cancel_reason)
-    extraction = extract_ir(reply.answer_text, budget_exhausted=reply.outcome is Outcome.TRUNCATED)
+        head = error.body_head if error is not None else None  # a body refused as too large
+        return RunRecord(
+            **base, outcome=last.outcome, retired_on=retired_on, cancel_reason=cancel_reason, response_text=head
+        )
+    bounds = task.response
+    extraction = extract_ir(
+        reply.answer_text,
+        budget_exhausted=reply.outcome is Outcome.TRUNCATED,
+        max_chars=bounds.max_answer_chars,
+        max_depth=bounds.max_json_depth,
+        max_nodes=bounds.max_ir_nodes,
+    )
     return RunRecord(
         **base,
         outcome=reply.outcome,

@@ -236,13 +236,15 @@ class NormalisedJaccard:
 
 
 def normalised_jaccard(
-    id_sets: Sequence[AbstractSet[str]], variant: NormaliserVariant = "unicode"
+    id_sets: Sequence[AbstractSet[str]], variant: NormaliserVariant = "unicode",
+    cache: dict[str, str] | None = None,
 ) -> NormalisedJaccard:
     """Mean pairwise |A∩B| / max(1, |A∪B|) over normalised id sets (R ≥ 2).
 
     Note the denominator: unlike the raw Jaccard, a pair of two empty normalised sets scores 0.
     Ids normalising to ``""`` are kept as the id ``""`` (as a set comprehension over the
-    normaliser does), and counted in ``empty_ids``.
+    normaliser does), and counted in ``empty_ids``. ``cache``: a caller-owned id → normal form
+    dict for this ``variant``, reused across cells (ids repeat across runs and models).
     """
     sets = _as_sets(id_sets)
     _require_pairs(len(sets), "normalised-id Jaccard")
@@ -250,7 +252,11 @@ def normalised_jaccard(
     colliding = 0
     normed: list[frozenset[str]] = []
     for ids in sets:
-        forms = Counter(normalise_id(i, variant) for i in ids)
+        if cache is None:
+            forms = Counter(normalise_id(i, variant) for i in ids)
+        else:
+            forms = Counter(cache[i] if i in cache else cache.setdefault(i, normalise_id(i, variant))
+                            for i in ids)
         empty += forms.get("", 0)
         colliding += sum(c for c in forms.values() if c > 1)
         normed.append(frozenset(forms))

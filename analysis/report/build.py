@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from analysis.errors import ReportInputError
+from analysis.progress import REPORT_STAGES, Reporter, Stage, silent
 from analysis.report.doc import Document, Section
 from analysis.report.html import render_html
 from analysis.report.md import render_md
@@ -194,11 +195,13 @@ def build_document(panels: list[PanelData], avail: Availability, opts: ReportOpt
 
 def build_report(analysis_dir: Path, out_dir: Path, *, data_dir: Path | None = None,
                  now: Callable[[], dt.datetime] = utc_now,
-                 options: ReportOptions | None = None) -> ReportPaths:
+                 options: ReportOptions | None = None,
+                 progress: Reporter = silent) -> ReportPaths:
     """Write ``report.html``, ``report.md`` and ``figures/`` into ``out_dir``; see module doc.
 
     ``now`` is the clock giving the report date (injected for reproducible tests). Raises
-    :class:`ReportInputError` when ``analysis_dir`` holds no panel outputs.
+    :class:`ReportInputError` when ``analysis_dir`` holds no panel outputs. ``progress``
+    receives a :class:`analysis.progress.Stage` as each stage starts.
     """
     analysis_dir, out_dir = Path(analysis_dir), Path(out_dir)
     if not analysis_dir.is_dir():
@@ -210,11 +213,15 @@ def build_report(analysis_dir: Path, out_dir: Path, *, data_dir: Path | None = N
                                "*/models.parquet); run `irbench analyze` and pass its --out")
     opts = options or ReportOptions()
     panels = []
+    total = len(REPORT_STAGES)
+    progress(Stage("load", index=1, total=total, count=len(dirs), unit="panels"))
     for d in dirs:
         p = load_panel(d)
         prov = load_run_provenance(data_dir, p.name)
         panels.append(PanelData(p.name, p.directory, p.manifest, p.tables, p.problems, prov))
+    progress(Stage("document", index=2, total=total, count=len(panels), unit="panels"))
     doc = build_document(panels, load_availability(data_dir), opts, now(), load_runs(data_dir))
+    progress(Stage("render", index=3, total=total, count=2, unit="files (HTML, Markdown)"))
     out_dir.mkdir(parents=True, exist_ok=True)
     html_path, md_path, fig_dir = out_dir / "report.html", out_dir / "report.md", out_dir / "figures"
     html = render_html(doc)

@@ -89,17 +89,25 @@ def _check(x: np.ndarray, level: float, replicates: int) -> None:
         raise AnalysisError(f"replicates must be >= 2; got {replicates}")
 
 
-def bootstrap_means(values: np.ndarray, *, replicates: int, seed: int) -> np.ndarray:
+def bootstrap_means(values: np.ndarray, *, replicates: int, seed: int,
+                    max_elements: int = 2_000_000) -> np.ndarray:
     """Replicate means of a nonparametric bootstrap.
 
     values: 1-D (n,) or 2-D (models, n). Returns (replicates,) or (models, replicates) floats.
     One index matrix ``default_rng(seed).integers(0, n, (replicates, n))`` is shared by all rows.
+    The gathered values are reduced in blocks of at most ``max_elements`` (16 MB of float64;
+    50 models × 10,000 replicates × 80 prompts at once was a 320 MB temporary); each mean is
+    computed from the same values in the same order as on the whole array, so blocks change
+    nothing.
     """
     x, was_1d = _as_2d(values)
-    n = x.shape[-1]
+    m, n = x.shape
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, n, (replicates, n))
-    means = x[:, idx].mean(axis=-1)  # (models, replicates)
+    means = np.empty((m, replicates))
+    rows = max(64, max_elements // max(1, n * m))  # replicates per block
+    for start in range(0, replicates, rows):  # memory blocks, vectorised inside
+        means[:, start:start + rows] = x[:, idx[start:start + rows]].mean(axis=-1)
     return means[0] if was_1d else means
 
 

@@ -143,8 +143,17 @@ def _head(c: _RawCell) -> dict[str, Any]:
 def drift_table(cells: list[_RawCell]) -> tuple[pa.Table, dict[str, Any]]:
     """One row per raw cell (pair counts per drift class) and the three aggregate views."""
     rows, drifts = [], []
+    parsed: dict[str, Any] = {}  # identical IR texts (common for stable models) parse once
     for c in cells:
-        d = cell_drift([run_ir_from_json(r["ir_json"]) for r in c.runs])
+        irs = []
+        for r in c.runs:
+            text = r["ir_json"]
+            ir = parsed.get(text)
+            if ir is None:
+                ir = parsed[text] = run_ir_from_json(text)
+            irs.append(ir)
+        parsed.clear()  # texts rarely repeat across cells; keep the cache per cell
+        d = cell_drift(irs)
         drifts.append(d)
         rows.append({**_head(c), "pairs": d.n_pairs, "count_drift": int(d.counts[0]),
                      "id_drift": int(d.counts[1]), "metadata_drift": int(d.counts[2]),
@@ -192,10 +201,13 @@ def stabilisation_table(cells: list[_RawCell], options: AnalysisOptions
 def normalised_table(cells: list[_RawCell]) -> pa.Table:
     """Exact and normalised (ASCII and Unicode) Jaccard, count agreement, empty/collision ids."""
     rows = []
+    ascii_forms: dict[str, str] = {}
+    unicode_forms: dict[str, str] = {}
     for c in cells:
         sets = [frozenset(r["node_ids"] or ()) for r in c.runs]
         exact = node_set_agreement(sets)
-        asc, uni = normalised_jaccard(sets, "ascii"), normalised_jaccard(sets, "unicode")
+        asc = normalised_jaccard(sets, "ascii", ascii_forms)
+        uni = normalised_jaccard(sets, "unicode", unicode_forms)
         ca, eq = count_agreement([r["node_count"] for r in c.runs])
         rows.append({**_head(c), "jaccard_exact": exact.mean_jaccard,
                      "id_stability": exact.id_stability,
@@ -240,9 +252,10 @@ def correctness_table(runs: pa.Table, index: dict[str, Path]) -> tuple[pa.Table,
     cache: dict[str, frozenset | None] = {}
     rows = []
     if runs.num_rows:
-        cols = ["campaign", "model", "prompt_name", "prompt_sha256", "run_index",
+        cols = ["run_id", "campaign", "model", "prompt_name", "prompt_sha256", "run_index",
                 "parse_outcome", "ir_json", "prompt_source"]
-        for r in runs.select(cols).to_pylist():
+        # rows in run_id order whatever order the store returned them in
+        for r in sorted(runs.select(cols).to_pylist(), key=lambda r: r["run_id"]):
             if not run_succeeded(r["parse_outcome"], r["ir_json"]):
                 continue
             truth = _truth(r["prompt_sha256"], r["prompt_source"], index, cache)
@@ -321,8 +334,10 @@ class RunLevel:
 
 def run_level(runs: pa.Table, options: AnalysisOptions, index: dict[str, Path]) -> RunLevel:
     """Drift, stabilisation, normalised and correctness tables from one panel's raw runs."""
+    # correctness first: its per-run Python rows are freed before the cells' copies are made
+    # (both at once were the memory peak of a 100k-run analysis)
+    corr, missing = correctness_table(runs, index)
     cells = _raw_cells(runs, options.min_runs)
     drift, dsum = drift_table(cells)
     stab, ssum = stabilisation_table(cells, options)
-    corr, missing = correctness_table(runs, index)
     return RunLevel(drift, dsum, stab, ssum, normalised_table(cells), corr, missing)

@@ -14,6 +14,7 @@ model_a < model_b by name and ``mean_diff`` = b − a.
 from __future__ import annotations
 
 import re
+import json
 import tomllib
 from collections.abc import Mapping, Sequence
 from itertools import combinations
@@ -49,6 +50,28 @@ def default_family(model: str) -> str:
     while len(parts) > 1 and _VERSIONISH.match(parts[-1]):
         parts.pop()
     return "-".join(parts)
+
+
+FAMILIES_FILE = "families.toml"  # in a data directory: families recorded by an import
+
+
+def families_toml(families: Mapping[str, str]) -> str:
+    """``families`` as the ``[families]`` TOML that :func:`load_families` reads."""
+    lines = ["# model = family; recorded by irbench (import-artifact); edit or pass --families",
+             "[families]"]
+    lines += [f"{json.dumps(m)} = {json.dumps(f)}" for m, f in sorted(families.items())]
+    return "\n".join(lines) + "\n"
+
+
+def families_for(data_dir: Path, path: Path | None) -> tuple[dict[str, str], str]:
+    """The family overrides ``analyze`` uses and where they came from: ``path`` (--families)
+    if given, else ``data_dir/families.toml`` when an import recorded one, else none."""
+    if path is not None:
+        return load_families(path), str(path)
+    recorded = Path(data_dir) / FAMILIES_FILE
+    if recorded.is_file():
+        return load_families(recorded), str(recorded)
+    return {}, "default rule"
 
 
 def load_families(path: Path | None) -> dict[str, str]:

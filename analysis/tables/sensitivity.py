@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from analysis.tables.measurements import RULES, merge_cells
+from analysis.tables.measurements import RULES, MergedCells, merge_cells, merge_view
 from analysis.tables.models import model_table
 
 SENSITIVITY_SCHEMA = pa.schema([
@@ -45,33 +45,49 @@ def _reinclude(cells: pa.Table, min_runs: int) -> pa.Table:
 
 
 def _share_perfect(merged: pa.Table) -> float:
+    """Share of rows whose ``node_set_perfect`` is true (null counts as false)."""
     if merged.num_rows == 0:
         return 0.0
-    return float(np.mean([bool(x) for x in merged.column("node_set_perfect").to_pylist()]))
+    perfect = pc.fill_null(merged.column("node_set_perfect"), False)
+    return int(pc.sum(perfect.cast(pa.int64())).as_py() or 0) / merged.num_rows
+
 
 
 def sensitivity_table(cells: pa.Table, budget: dict[str, int], time: dict[str, int], *,
                       merge_rule: str, min_runs: int, min_prompts: int,
-                      stabilisation: pa.Table | None = None) -> tuple[pa.Table, dict[str, Any]]:
-    """Grid of variants (module docstring) → (table, summary of the rule comparison)."""
+                      stabilisation: pa.Table | None = None,
+                      baseline: MergedCells | None = None) -> tuple[pa.Table, dict[str, Any]]:
+    """Grid of variants (module docstring) → (table, summary of the rule comparison).
+
+    ``baseline``: ``merge_cells(cells, budget, time)`` when already computed (the variant
+    ``min_runs`` is then not merged again). One min_runs value is merged at a time, and only
+    its model tables are kept, so memory stays at about one merged copy of the cells."""
     grid = [(rule, mr, mp) for rule in RULES for mr in sorted({2, 3, min_runs})
             for mp in sorted({1, 3, 5, min_prompts})]
-    results = {}
-    merges = {}
+    slim = merge_view(cells)
+    shares: dict[tuple[str, int], float] = {}
+    comparison = None
+    tables = {}
     for mr in sorted({2, 3, min_runs}):
-        merged = merges[mr] = merge_cells(_reinclude(cells, mr), budget, time)
+        merged = (baseline if baseline is not None and mr == min_runs
+                  else merge_cells(_reinclude(slim, mr), budget, time))
+        if mr == min_runs:
+            comparison = merged.comparison
         for rule in RULES:
-            results[(rule, mr)] = merged.tables[rule]
+            shares[(rule, mr)] = _share_perfect(merged.tables[rule])
+        for g in grid:
+            if g[1] == mr:
+                tables[g] = model_table(merged.tables[g[0]], min_prompts=g[2], min_runs=mr)
+        del merged
+    tables = {g: tables[g] for g in grid}  # grid order
     base_key = (merge_rule, min_runs, min_prompts)
-    tables = {g: model_table(results[(g[0], g[1])], min_prompts=g[2], min_runs=g[1])
-              for g in grid}
     base = tables[base_key]
     base_rank = dict(zip(base.models, base.included.column("rank").to_pylist()))
-    base_share = _share_perfect(results[(merge_rule, min_runs)])
+    base_share = shares[(merge_rule, min_runs)]
     rows = []
     for g, t in tables.items():
         rule, mr, mp = g
-        share = _share_perfect(results[(rule, mr)])
+        share = shares[(rule, mr)]
         axis = "baseline" if g == base_key else "grid"
         common = {"variant": f"{rule}|min_runs={mr}|min_prompts={mp}", "axis": axis,
                   "merge_rule": rule, "min_runs": mr, "min_prompts": mp,
@@ -100,7 +116,7 @@ def sensitivity_table(cells: pa.Table, budget: dict[str, int], time: dict[str, i
                              "censored_cells": len(rs) - len(ok),
                              "median_r_star": float(np.median(ok)) if ok else None})
     other = RULES[1] if merge_rule == RULES[0] else RULES[0]
-    cmp = merges[min_runs].comparison
+    cmp = comparison
     summary = {
         "rule": merge_rule, "other_rule": other,
         "share_perfect": {cmp.rule_a: cmp.share_perfect_a, cmp.rule_b: cmp.share_perfect_b},

@@ -26,9 +26,10 @@ from dataclasses import replace
 from typing import Any
 
 from celery import Celery
+from celery import signals as celery_signals
 from celery.signals import worker_init, worker_process_init, worker_shutdown
 
-from workers.celery import DEFAULT_QUEUE
+from workers.celery import DEFAULT_QUEUE, presence
 from workers.celery.availability_tasks import (
     beat_settings_from_env,
     configure_availability_beat,
@@ -163,3 +164,4 @@ def _close_runtime(sender: Any = None, **_: Any) -> None:
 worker_init.connect(_configure_worker_logging, weak=False, dispatch_uid="irbench-logging-init")
 worker_process_init.connect(_configure_worker_logging, weak=False, dispatch_uid="irbench-logging-proc")
 worker_shutdown.connect(_close_runtime, weak=False, dispatch_uid="irbench-close-runtime")
+presence.install(celery_signals, lambda app: app.irbench_runtime.settings.data_dir)

@@ -359,6 +359,11 @@ class RuntimeHolder:
         self._lock = threading.Lock()
         self._runtime: WorkerRuntime | None = None
 
+    @property
+    def settings(self) -> WorkerSettings:
+        """The settings this process's runtime uses (given, or read from the environment)."""
+        return self._settings or WorkerSettings.from_env(self._broker_url)
+
     def get(self) -> WorkerRuntime:
         with self._lock:
             if self._runtime is None:

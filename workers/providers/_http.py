@@ -8,6 +8,11 @@
 * ``total_timeout_s`` is a wall-clock ``asyncio.timeout`` around the whole call, body included,
   so a server trickling bytes under the read timeout still cannot exceed it.
 
+The body is read in chunks and bounded by ``max_body_bytes`` while it streams in (never
+buffered whole first): a larger body is a ``protocol_error`` carrying its first KiB. The JSON
+decode turns ``RecursionError``/``MemoryError`` (a deeply nested or huge document) into a
+``protocol_error`` too: nothing an endpoint sends can raise out of a provider.
+
 Every httpx exception is translated here into the ``workers.errors`` tree, so httpx types never
 leave ``workers/``. Non-2xx statuses are mapped by ``raise_for_status``. Error messages name the
 method, URL, model and what went wrong; secrets passed in ``secrets`` are replaced by ``***``
@@ -20,6 +25,7 @@ import asyncio
 import datetime as dt
 import email.utils
 import json
+import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -45,6 +51,7 @@ from workers.errors import (
     TotalTimeout,
 )
 from workers.runtask import TimeoutPolicy
+from workers.secrets import mask_secrets
 
 Clock = Callable[[], float]  # monotonic seconds
 
@@ -83,14 +90,14 @@ def check_base_url(base_url: str) -> str:
         raise ConfigError(f"endpoint base_url {base_url!r} is not a URL ({exc}); use e.g. http://host:port") from exc
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise ConfigError(f"endpoint base_url {base_url!r} must start with http:// or https:// and name a host")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:  # httpx accepts 99999 until connect
+        raise ConfigError(f"endpoint base_url {base_url!r}: port {parsed.port} is not in 1-65535")
     return url
 
 
 def clip(text: str, secrets: Iterable[str | None] = ()) -> str:
     """Redact secrets, then bound the text to ``ERROR_TEXT_MAX_CHARS``."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
+    text = mask_secrets(text, secrets)
     if len(text) > ERROR_TEXT_MAX_CHARS:
         text = text[: ERROR_TEXT_MAX_CHARS - 1] + "…"
     return text
@@ -107,12 +114,15 @@ async def send(
     headers: dict[str, str] | None = None,
     secrets: Iterable[str | None] = (),
     context: str = "",
+    max_body_bytes: int | None = None,
 ) -> RawResponse:
     """One request, body read in full, under connect/read/total deadlines.
 
     Returns the response whatever its status; raises ``ConnectTimeout``, ``ReadTimeout``,
     ``TotalTimeout``, ``ConnectFailed`` or ``ProtocolFailed`` (each with ``latency_ms`` and the
-    body bytes received so far) when no complete response arrived.
+    body bytes received so far) when no complete response arrived. ``max_body_bytes`` bounds
+    the decoded body (``None`` = no bound): beyond it the connection is dropped and
+    ``ProtocolFailed`` keeps the first ``HEAD_BYTES`` of the body in ``body_head``.
     """
     secrets = tuple(secrets)
     where = f"{method} {url}" + (f" ({context})" if context else "")
@@ -139,9 +149,17 @@ async def send(
             )
             response = await client.send(request, stream=True)
             try:
-                body = b"".join([chunk async for chunk in response.aiter_bytes()])
+                body = await _read_bounded(response, max_body_bytes)
             finally:
                 await response.aclose()
+    except _BodyTooLarge as exc:
+        error = fail(
+            ProtocolFailed,
+            f"body exceeds max_response_bytes={max_body_bytes} (read {exc.size} bytes, then stopped); "
+            "raise max_response_bytes for this model if such answers are expected",
+        )
+        error.body_head = mask_secrets(exc.head.decode("utf-8", errors="replace"), secrets)
+        raise error from None
     except TimeoutError as exc:
         if deadline.expired():
             raise fail(
@@ -180,6 +198,31 @@ async def send(
     )
 
 
+HEAD_BYTES = 1024  # how much of a refused body is kept
+
+
+class _BodyTooLarge(ProtocolFailed):
+    """Raised by ``_read_bounded``; ``send`` turns it into the ``ProtocolFailed`` it reports
+    (with the request's context: URL, latency, bytes)."""
+
+    def __init__(self, size: int, head: bytes) -> None:
+        super().__init__(f"body exceeds the bound after {size} bytes")
+        self.size, self.head = size, head
+
+
+async def _read_bounded(response: httpx.Response, max_bytes: int | None) -> bytes:
+    """The decoded body, chunk by chunk; ``_BodyTooLarge`` as soon as it passes ``max_bytes``."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if max_bytes is not None and size > max_bytes:
+            head = b"".join(chunks)[:HEAD_BYTES]
+            raise _BodyTooLarge(size, (head + chunk)[:HEAD_BYTES])
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def parse_retry_after(value: str | None, now: dt.datetime) -> float | None:
     """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP-date); ``None`` if
     absent or unparseable; never negative."""
@@ -187,9 +230,11 @@ def parse_retry_after(value: str | None, now: dt.datetime) -> float | None:
         return None
     text = value.strip()
     try:
-        return max(0.0, float(text))
+        seconds = float(text)
     except ValueError:
         pass
+    else:
+        return max(0.0, seconds) if math.isfinite(seconds) else None
     try:
         when = email.utils.parsedate_to_datetime(text)
     except (TypeError, ValueError, IndexError):
@@ -201,11 +246,12 @@ def parse_retry_after(value: str | None, now: dt.datetime) -> float | None:
 
 def body_message(body: bytes) -> str:
     """The human message in an error body: ``{"error": {"message": ...}}``, ``{"error": "..."}``,
-    ``{"message"|"detail": ...}``, or the text itself."""
-    text = body.decode("utf-8", errors="replace").strip()
+    ``{"message"|"detail": ...}``, or the text itself (only the first ``ERROR_TEXT_MAX_CHARS``
+    are read: it ends up clipped to that anyway)."""
+    text = body[: ERROR_TEXT_MAX_CHARS * 4].decode("utf-8", errors="replace").strip()
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return text
     if isinstance(data, dict):
         err = data.get("error", data)
@@ -259,13 +305,15 @@ def raise_for_status(raw: RawResponse, *, model: str, now: dt.datetime, secrets:
 
 
 def decode_json_body(raw: RawResponse, *, model: str, secrets: Iterable[str | None] = ()) -> Any:
-    """The 2xx body as JSON; ``ProtocolFailed`` when it is not JSON."""
+    """The 2xx body as JSON; ``ProtocolFailed`` when it is not JSON, nested deeper than the
+    parser's recursion guard, or too big to hold in memory."""
     try:
         return json.loads(raw.body)
-    except ValueError as exc:
+    except (ValueError, RecursionError, MemoryError) as exc:
+        what = {RecursionError: "nested too deeply", MemoryError: "too large to decode"}.get(type(exc), str(exc))
         snippet = raw.body[:200].decode("utf-8", errors="replace")
         raise ProtocolFailed(
-            clip(f"POST {raw.url} model={model}: HTTP {raw.status_code} body is not JSON ({exc}): {snippet!r}", secrets),
+            clip(f"POST {raw.url} model={model}: HTTP {raw.status_code} body is not JSON ({what}): {snippet!r}", secrets),
             status_code=raw.status_code,
             latency_ms=raw.latency_ms,
             bytes_received=raw.bytes_received,
@@ -293,14 +341,16 @@ async def post_chat(
     now: WallClock,
     headers: dict[str, str],
     secrets: tuple[str | None, ...],
+    max_body_bytes: int | None = None,
 ) -> tuple[RawResponse, Any]:
     """POST a chat request; return the raw response and its decoded JSON body.
 
-    Non-2xx statuses and bodies that are not JSON raise the classified ``ProviderError``.
+    Non-2xx statuses, bodies over ``max_body_bytes`` and bodies that are not JSON raise the
+    classified ``ProviderError``.
     """
     raw = await send(
         client, "POST", url, timeouts=timeouts, clock=clock, json_body=body, headers=headers,
-        secrets=secrets, context=f"model={model}",
+        secrets=secrets, context=f"model={model}", max_body_bytes=max_body_bytes,
     )
     raise_for_status(raw, model=model, now=now(), secrets=secrets)
     return raw, decode_json_body(raw, model=model, secrets=secrets)

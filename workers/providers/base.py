@@ -24,6 +24,7 @@ class ChatRequest:
     reasoning: bool | None = None
     json_schema: dict[str, Any] | None = None  # structured-output mode when set
     options: dict[str, Any] = field(default_factory=dict)
+    max_response_bytes: int | None = None  # bound on the decoded body; None = unbounded
 
 
 @dataclass(frozen=True)

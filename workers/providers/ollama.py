@@ -17,7 +17,10 @@ import httpx
 
 from workers.providers import _http
 from workers.providers.base import ChatRequest, Reply
-from workers.runtask import TimeoutPolicy
+from workers.runtask import ResponseLimits, TimeoutPolicy
+from workers.secrets import mask_optional, mask_secrets
+
+LIST_MAX_BYTES = ResponseLimits().max_response_bytes  # a model list is no bigger than an answer
 
 
 class OllamaProvider:
@@ -80,6 +83,7 @@ class OllamaProvider:
             now=self._now,
             headers=self._headers(),
             secrets=secrets,
+            max_body_bytes=request.max_response_bytes,
         )
         message = data.get("message") if isinstance(data, dict) else None
         if not isinstance(message, dict):
@@ -94,14 +98,15 @@ class OllamaProvider:
         done_reason = data.get("done_reason")
         done_reason = done_reason if isinstance(done_reason, str) else None
         outcome = _http.answer_outcome(done_reason, answer)
+        # an endpoint may echo the key inside a 200 answer: mask it before anything keeps the text
         return Reply(
             outcome=outcome,
-            answer_text=answer,
-            reasoning_text=reasoning,
+            answer_text=mask_secrets(answer, secrets),
+            reasoning_text=mask_secrets(reasoning, secrets),
             latency_ms=raw.latency_ms,
             status_code=raw.status_code,
             bytes_received=raw.bytes_received,
-            finish_reason=done_reason,
+            finish_reason=mask_optional(done_reason, secrets),
             prompt_tokens=_http.int_or_none(data.get("prompt_eval_count")),
             completion_tokens=_http.int_or_none(data.get("eval_count")),
             reasoning_tokens=None,
@@ -112,7 +117,7 @@ class OllamaProvider:
         secrets = (self._api_key,)
         raw = await _http.send(
             self._client, "GET", f"{self._root}/api/tags", timeouts=timeouts, clock=self._clock,
-            headers=self._headers(), secrets=secrets,
+            headers=self._headers(), secrets=secrets, max_body_bytes=LIST_MAX_BYTES,
         )
         _http.raise_for_status(raw, model="*", now=self._now(), secrets=secrets)
         data = _http.decode_json_body(raw, model="*", secrets=secrets)

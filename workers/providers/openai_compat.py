@@ -23,7 +23,10 @@ import httpx
 
 from workers.providers import _http
 from workers.providers.base import ChatRequest, Reply
-from workers.runtask import TimeoutPolicy
+from workers.runtask import ResponseLimits, TimeoutPolicy
+from workers.secrets import mask_optional, mask_secrets
+
+LIST_MAX_BYTES = ResponseLimits().max_response_bytes  # a model list is no bigger than an answer
 
 SCHEMA_NAME = "irbench_ir"
 
@@ -97,6 +100,7 @@ class OpenAIProvider:
             now=self._now,
             headers=self._headers(),
             secrets=secrets,
+            max_body_bytes=request.max_response_bytes,
         )
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
@@ -119,14 +123,15 @@ class OpenAIProvider:
         details = usage.get("completion_tokens_details")
         details = details if isinstance(details, dict) else {}
         outcome = _http.answer_outcome(finish_reason, answer)
+        # an endpoint may echo the key inside a 200 answer: mask it before anything keeps the text
         return Reply(
             outcome=outcome,
-            answer_text=answer,
-            reasoning_text=reasoning,
+            answer_text=mask_secrets(answer, secrets),
+            reasoning_text=mask_secrets(reasoning, secrets),
             latency_ms=raw.latency_ms,
             status_code=raw.status_code,
             bytes_received=raw.bytes_received,
-            finish_reason=finish_reason,
+            finish_reason=mask_optional(finish_reason, secrets),
             prompt_tokens=_http.int_or_none(usage.get("prompt_tokens")),
             completion_tokens=_http.int_or_none(usage.get("completion_tokens")),
             reasoning_tokens=_http.int_or_none(details.get("reasoning_tokens")),
@@ -137,7 +142,7 @@ class OpenAIProvider:
         secrets = (self._api_key,)
         raw = await _http.send(
             self._client, "GET", f"{self._root}/v1/models", timeouts=timeouts, clock=self._clock,
-            headers=self._headers(), secrets=secrets,
+            headers=self._headers(), secrets=secrets, max_body_bytes=LIST_MAX_BYTES,
         )
         _http.raise_for_status(raw, model="*", now=self._now(), secrets=secrets)
         data = _http.decode_json_body(raw, model="*", secrets=secrets)

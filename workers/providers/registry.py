@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 
 from workers.errors import ConfigError
+from workers.logs import register_log_secret
 from workers.providers.base import Provider
 from workers.providers.ollama import OllamaProvider
 from workers.providers.openai_compat import OpenAIProvider
@@ -14,7 +15,11 @@ __all__ = ["WIRE_FORMATS", "make_http_client", "make_provider"]
 
 
 def make_provider(endpoint: EndpointRef, client: httpx.AsyncClient, api_key: str | None) -> Provider:
-    """The provider for ``endpoint.wire_format``; ``ConfigError`` names the allowed values."""
+    """The provider for ``endpoint.wire_format``; ``ConfigError`` names the allowed values.
+
+    Where a key meets a provider (both executors come through here) it is also registered with
+    the process's log redactor, so no log line can carry it."""
+    register_log_secret(api_key)
     if endpoint.wire_format == "openai":
         return OpenAIProvider(client, endpoint.base_url, api_key)
     if endpoint.wire_format == "ollama":
