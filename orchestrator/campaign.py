@@ -6,7 +6,6 @@ does the printing.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections import Counter
 from collections.abc import Mapping
@@ -17,7 +16,7 @@ import structlog
 from orchestrator.campaign_limits import DEFAULT_MAX_PLANNED_RUNS, check_plan_size
 from orchestrator.corpus import Corpus, load_corpus
 from orchestrator.instruction import Instruction, load_instruction
-from orchestrator.local import ExecutionSummary, LocalOptions, ProgressCallback, run_local
+from orchestrator.local import ExecutionSummary, LocalOptions, ProgressCallback, run_event_loop, run_local
 from orchestrator.plan import pending, plan_runs
 from orchestrator.retry_failed import latest_outcomes, retryable_tasks
 from orchestrator.spec import CampaignSpec
@@ -105,7 +104,7 @@ def run_campaign_local(
     for model, timeline in availability.unavailable_models().items():
         # a model an availability check found gone is not called; its runs are recorded cancelled
         gate.close(model, f"{timeline.latest_status.value} (availability check {timeline.latest_check})")
-    summary = asyncio.run(
+    summary = run_event_loop(
         run_local(todo, store, secrets=secrets, options=options, on_progress=on_progress, gate=gate)
     )
     _record_retirements(summary, prepared, availability)

@@ -1,6 +1,8 @@
-"""Pick a provider client for an endpoint, and build the one shared HTTP client per process."""
+"""Pick a provider client for an endpoint, and build the HTTP clients providers share."""
 
 from __future__ import annotations
+
+import ssl
 
 import httpx
 
@@ -30,16 +32,27 @@ def make_provider(endpoint: EndpointRef, client: httpx.AsyncClient, api_key: str
     )
 
 
-def make_http_client(max_connections: int = 64) -> httpx.AsyncClient:
-    """One ``AsyncClient`` per process, shared by every provider.
+def make_tls_context() -> ssl.SSLContext:
+    """The certificate-verifying TLS context a client gets by default (certifi's CA bundle).
+
+    Building one loads the bundle (a few ms); code that makes many clients builds it once and
+    passes it to each ``make_http_client``.
+    """
+    return httpx.create_ssl_context(trust_env=False)
+
+
+def make_http_client(max_connections: int = 64, *, tls: ssl.SSLContext | None = None) -> httpx.AsyncClient:
+    """An ``AsyncClient`` with a pool of up to ``max_connections`` keep-alive connections.
 
     Timeouts are set per request (``_http.httpx_timeout``), so the client's default is no cap.
     ``trust_env=False``: proxy variables must not reroute loopback or LAN endpoints, and
-    ``.netrc`` credentials must not be attached. httpx keeps no response cache.
+    ``.netrc`` credentials must not be attached. httpx keeps no response cache. ``tls``: a shared
+    context from ``make_tls_context`` (default: a new one for this client).
     """
     return httpx.AsyncClient(
         timeout=httpx.Timeout(None),
         limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         trust_env=False,
         follow_redirects=False,
+        verify=tls if tls is not None else make_tls_context(),
     )
