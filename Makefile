@@ -31,6 +31,9 @@ demo-real: $(REAL_STAMP)
 ## Set up, start the simulated endpoint, run the demo campaign in-process, analyse, print the table.
 demo: $(STAMP)
 	$(BIN)/irbench demo --workdir irbench-demo
+	@echo
+	@echo "irbench is installed in $(VENV)/: run 'source $(VENV)/bin/activate' to put it on PATH"
+	@echo "(or call $(BIN)/irbench directly), then try the README's everyday commands."
 
 ## Run the whole test suite (what CI runs).
 test: $(STAMP)

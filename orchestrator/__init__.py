@@ -3,6 +3,7 @@ CLI (imports workers, storage, analysis, and the simulator and viewer it hosts: 
 simulate``, ``demo``, ``view``)."""
 
 __all__ = [
+    "adhoc",
     "analysis_jobs",
     "analysis_progress",
     "analysis_tasks",
@@ -18,6 +19,7 @@ __all__ = [
     "demo",
     "distributed_campaign",
     "distributed_cli",
+    "envfile",
     "instruction",
     "llama_server",
     "local",
@@ -25,12 +27,15 @@ __all__ = [
     "plan",
     "probe",
     "progress",
+    "rates",
     "real_cli",
     "real_demo",
     "report_cli",
+    "retry_failed",
     "spec",
     "status_report",
     "store_cursor",
+    "summary_tables",
     "user_errors",
     "view_cli",
     "worker_app",

@@ -18,8 +18,10 @@ from orchestrator.corpus import Corpus, load_corpus
 from orchestrator.instruction import Instruction, load_instruction
 from orchestrator.local import ExecutionSummary, LocalOptions, ProgressCallback, run_event_loop, run_local
 from orchestrator.plan import pending, plan_runs
+from orchestrator.retry_failed import latest_outcomes, retryable_tasks
 from orchestrator.spec import CampaignSpec
 from storage.availability import AvailabilityRecord, AvailabilityStore
+from storage.records import Outcome
 from storage.runs import RunStore
 from storage.unreadable import read_checked
 from workers.gate import MemoryGate
@@ -84,10 +86,16 @@ def run_campaign_local(
     *,
     options: LocalOptions | None = None,
     on_progress: ProgressCallback | None = None,
+    retry_outcomes: frozenset[Outcome] = frozenset(),
 ) -> tuple[int, ExecutionSummary]:
-    """Execute the runs of ``prepared`` that have no stored record. Returns (skipped, summary)."""
+    """Execute the runs of ``prepared`` that have no stored record, and (``retry_outcomes``,
+    i.e. ``--retry-failed``) those whose latest execution ended in one of those classes; the
+    earlier executions stay stored. Returns (skipped, summary)."""
     done = store.completed_run_ids(prepared.spec.name)
     todo = pending(prepared.tasks, done)
+    if retry_outcomes:
+        again = {t.run_id for t in retryable_tasks(prepared.tasks, latest_outcomes(prepared, store), retry_outcomes)}
+        todo = [t for t in prepared.tasks if t.run_id in again or t.run_id not in done]  # planned order
     skipped = len(prepared.tasks) - len(todo)
     log.info("campaign_start", campaign=prepared.spec.name, planned=len(prepared.tasks), pending=len(todo))
     options = options or LocalOptions(max_in_flight=prepared.spec.executor.concurrency)

@@ -236,11 +236,16 @@ def celery_execute(
     ``kwargs`` go to :func:`run_campaign_celery` (e.g. ``timeout_s``)."""
 
     def execute(prepared: PreparedCampaign, store: RunStore, secrets: object = None,
-                on_progress: CeleryProgressCallback | None = None) -> tuple[int, ExecutionSummary]:
+                on_progress: CeleryProgressCallback | None = None,
+                retry_outcomes: frozenset[Outcome] = frozenset()) -> tuple[int, ExecutionSummary]:
+        from orchestrator.retry_failed import retryable
+
         planned = {t.run_id for t in prepared.tasks}
         skipped = len(store.completed_run_ids(prepared.spec.name) & planned)
+        if retry_outcomes:
+            skipped -= retryable(prepared, store, retry_outcomes).total
         summary = run_campaign_celery(prepared, store, broker_url, on_progress=on_progress, options=options,
-                                      **kwargs)  # type: ignore[arg-type]
+                                      retry_outcomes=retry_outcomes, **kwargs)  # type: ignore[arg-type]
         return skipped, summary
 
     return execute

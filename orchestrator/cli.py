@@ -37,7 +37,9 @@ app = typer.Typer(
 console = Console(width=None if sys.stdout.isatty() else 120)
 err_console = Console(stderr=True)
 
-DataOpt = Annotated[Path, typer.Option("--data", help="Dataset root (runs are stored under DATA/runs/).")]
+DataOpt = Annotated[
+    Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root (runs are stored under DATA/runs/; or IRBENCH_DATA).")
+]
 BrokerWaitOpt = Annotated[
     float,
     typer.Option("--broker-wait-s", envvar="IRBENCH_BROKER_WAIT_S", min=0,
@@ -76,7 +78,10 @@ def _setup_logging(log_file: Path | None, verbose: bool) -> Redactor:
 
 @app.command()
 def run(
-    campaign: Annotated[Path, typer.Argument(help="Campaign TOML file.", exists=True, dir_okay=False)],
+    campaign: Annotated[
+        Optional[Path], typer.Argument(help="Campaign TOML file (or describe one with --model/--base-url/--prompts).",
+                                       exists=True, dir_okay=False)
+    ] = None,
     data: DataOpt = Path("data"),
     executor: Annotated[
         Optional[str], typer.Option(help="'local' (in-process) or 'celery'; default: the campaign's executor.kind.")
@@ -88,6 +93,20 @@ def run(
     progress: Annotated[bool, typer.Option(help="Show a progress bar per model.")] = True,
     log_file: Annotated[Optional[Path], typer.Option(help="Write JSON logs here instead of stderr.")] = None,
     verbose: bool = False,
+    model: Annotated[Optional[str], typer.Option(help="Ad-hoc run (no TOML): the model id to call.")] = None,
+    base_url: Annotated[Optional[str], typer.Option(help="Ad-hoc run: the endpoint, e.g. http://127.0.0.1:8765.")] = None,
+    wire_format: Annotated[str, typer.Option(help="Ad-hoc run: 'openai' or 'ollama'.")] = "openai",
+    api_key_env: Annotated[Optional[str], typer.Option(help="Ad-hoc run: NAME of the variable holding the key (.env is read).")] = None,
+    prompts: Annotated[Optional[Path], typer.Option(help="Ad-hoc run: folder of prompt files.")] = None,
+    runs: Annotated[int, typer.Option(help="Ad-hoc run: runs per prompt.")] = 1,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Ad-hoc run: token cap (default: none).")] = None,
+    temperature: Annotated[float, typer.Option(help="Ad-hoc run: sampling temperature.")] = 0.0,
+    name: Annotated[Optional[str], typer.Option(help="Ad-hoc run: campaign name (default: derived from the flags).")] = None,
+    retry_failed: Annotated[bool, typer.Option(help="Also execute again the runs whose latest execution failed "
+                                               "in one of --outcomes (earlier executions stay stored).")] = False,
+    outcomes: Annotated[Optional[str], typer.Option(help="With --retry-failed: classes to retry, comma-separated "
+                                                    "(default 'transient': rate_limited, server_error, connect_error, "
+                                                    "timeouts, protocol_error, cancelled).")] = None,
     claim_ttl_s: ClaimTtlOpt = None,
     reconcile_interval_s: ReconcileOpt = None,
     max_task_failures: MaxFailuresOpt = None,
@@ -96,15 +115,29 @@ def run(
 ) -> None:
     """Run (or resume) a campaign: only runs without a stored record are executed.
 
+    With --retry-failed, runs whose latest execution ended in a transient failure run again.
+
     Example: irbench run examples/demo.toml --data data/
+    Example: irbench run examples/demo.toml --data data/ --retry-failed --outcomes rate_limited,timeouts
+    Example: irbench run --model sim-steady --base-url http://127.0.0.1:8765 --prompts examples/prompts --runs 3 --data data/
+    (an ad-hoc run writes its campaign file to DATA/campaigns/; the same command again resumes it)
     """
     from orchestrator.campaign import prepare, resolve_secrets, run_campaign_local
     from orchestrator.progress import ModelBars
     from orchestrator.spec import load_campaign
     from storage.runs import RunStore
 
+    from orchestrator.adhoc import campaign_file_for
+    from orchestrator.retry_failed import parse_outcomes, retryable
+
     redactor = _setup_logging(log_file, verbose)
     try:
+        if outcomes is not None and not retry_failed:
+            raise ConfigError("--outcomes only goes with --retry-failed")
+        retry_outcomes = parse_outcomes(outcomes) if retry_failed else frozenset()
+        campaign = campaign_file_for(campaign, data, model=model, base_url=base_url, wire_format=wire_format,
+                                     api_key_env=api_key_env, prompts=prompts, runs=runs, max_tokens=max_tokens,
+                                     temperature=temperature, name=name)
         spec = load_campaign(campaign)
         kind = executor or spec.executor.kind
         if kind not in ("local", "celery"):
@@ -112,6 +145,7 @@ def run(
         prepared = prepare(spec, max_planned_runs=max_planned_runs, source=campaign.name)
         store = RunStore(data)
         _report_corpus(prepared)
+        again = retryable(prepared, store, retry_outcomes) if retry_outcomes else None
         if kind == "celery":
             from orchestrator.celery_executor import run_campaign_celery
 
@@ -120,7 +154,7 @@ def run(
             watch = _start_worker_watch(url, data, options.queue, broker_wait_s)
             done_before = len(store.completed_run_ids(spec.name) & {t.run_id for t in prepared.tasks})
             try:
-                with ModelBars(console, enabled=progress) as bars:
+                with ModelBars(enabled=progress) as bars:
                     summary = run_campaign_celery(
                         prepared,
                         store,
@@ -128,24 +162,28 @@ def run(
                         on_progress=bars.update,
                         options=options,
                         on_analysis=lambda job: console.print(f"analysis enqueued; outputs will land in {job.out_dir}"),
+                        retry_outcomes=retry_outcomes,
                     )
             finally:
                 watch.stop()
-            skipped = done_before
+            skipped = done_before - (again.total if again else 0)
         else:
             secrets = resolve_secrets(spec)
             for value in secrets.values():
                 redactor.add_secret(value)
-            with ModelBars(console, enabled=progress) as bars:
-                skipped, summary = run_campaign_local(prepared, store, secrets, on_progress=bars.update)
+            with ModelBars(enabled=progress) as bars:
+                skipped, summary = run_campaign_local(prepared, store, secrets, on_progress=bars.update,
+                                                      retry_outcomes=retry_outcomes)
     except IrbenchError as exc:
         fail(exc)
         return
+    retried = f", {again.total} retried (latest execution: {again.describe()})" if again and again.total else ""
     console.print(
-        f"campaign [bold]{spec.name}[/]: {len(prepared.tasks)} runs planned, {skipped} already stored, "
+        f"campaign [bold]{spec.name}[/]: {len(prepared.tasks)} runs planned, {skipped} already stored{retried}, "
         f"{summary.executed} executed now{' (interrupted)' if summary.interrupted else ''}; data in {data}/runs/"
     )
     if summary.interrupted:
+        err_console.print("interrupted: the runs stored so far are kept; run the same command again to resume")
         raise typer.Exit(code=130)
 
 
@@ -233,12 +271,27 @@ def status(
             ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())) or "-",
         )
     console.print(table)
+    _print_retryable(prepared, RunStore(data), campaign, data)
     if live is not None:
+        from orchestrator.rates import model_rates, rates_table
+
+        remaining = {m: n - sum(st.stored_by_model.get(m, {}).values()) for m, n in st.planned_by_model.items()}
+        rates = model_rates(RunStore(data), prepared.spec.name, remaining)
+        console.print(rates_table(rates, {m: p.in_flight for m, p in live.progress.items()}))
         console.print(f"outstanding (dispatched, not done): {live.outstanding}")
         if live.cancel_reason:
             console.print(f"cancelled: {live.cancel_reason}")
         for model, reason in live.closed_models.items():
             console.print(f"closed model {model}: {reason}")
+
+
+def _print_retryable(prepared, store, campaign: Path, data: Path) -> None:  # noqa: ANN001
+    from orchestrator.retry_failed import retry_command, retryable
+
+    again = retryable(prepared, store)
+    if again.total:
+        console.print(f"{again.total} runs retryable (latest execution {again.describe()}): "
+                      f"{retry_command(campaign, data)}", soft_wrap=True)
 
 
 @app.command()
@@ -318,16 +371,20 @@ def worker(
 
 
 @app.command()
-def compact(data: DataOpt = Path("data")) -> None:
+def compact(
+    data: DataOpt = Path("data"),
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also one row per date partition.")] = False,
+) -> None:
     """Merge the small Parquet files of every date partition into one, deduplicated by run_id.
 
     Example: irbench compact --data data/
     """
+    from orchestrator.summary_tables import compaction_tables
     from storage.runs import RunStore
 
     _setup_logging(None, False)
-    report = RunStore(data).compact()
-    console.print(str(report))
+    for part in compaction_tables(RunStore(data).compact(), verbose=verbose):
+        console.print(part)
 
 
 @app.command()
@@ -399,7 +456,11 @@ _USAGE_ERRORS = tuple(
 
 def main() -> None:
     """Console-script entry point."""
+    from orchestrator.envfile import load_env_file
+
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    load_env_file(Path.cwd() / ".env")
+    configure_logging(level="WARNING")  # stderr; commands that log more configure their own
     try:
         code = app(standalone_mode=False)
     except (KeyboardInterrupt, click.exceptions.Abort, typer.Abort):

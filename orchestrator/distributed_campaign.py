@@ -87,7 +87,8 @@ def progress_from_counts(
         inst = (done - old.done) / dt_s if old is not None and dt_s > 0 else 0.0
         rate = inst if old is None else 0.7 * old.rate_per_s + 0.3 * inst
         out[model] = CeleryModelProgress(
-            total=total, done=done, failed=c.get("_failed", 0), in_flight=running.get(model, 0),
+            total=total, done=done, in_flight=running.get(model, 0),
+            failed=max(c.get("_failed", 0) - c.get("cancelled", 0), 0), cancelled=c.get("cancelled", 0),
             outcomes=Counter({k: v for k, v in c.items() if k not in META_FIELDS}), rate_per_s=rate,
         )
     return out
@@ -140,6 +141,7 @@ class DistributedCampaign:
         self.again = {r: e for r, e, o in zip(*(latest.column(c).to_pylist() for c in ("run_id", "execution_id", "outcome")))
                       if r in self.by_id and o in self.retry_outcomes}
         self.stored_at_start = (self.cursor.run_ids & set(self.by_id)) - set(self.again)
+        self._stale_done_until = 0  # set when the retried runs are reopened (start)
         self.remaining = {rid: t for rid, t in self.by_id.items() if rid not in self.stored_at_start}
         self.unverified: set[str] = set()  # done per Redis, not yet seen in the store
         self.to_send: list[RunTask] = []
@@ -207,6 +209,9 @@ class DistributedCampaign:
         """Drop the retried runs' done markers, the cancel flag and 'disabled' closures that would
         only cancel them again (a retired model stays closed: its runs are recorded cancelled)."""
         self.state.reopen({r: self.by_id[r].model for r in self.again})
+        # done-log entries before this position announce the earlier executions (nothing of a
+        # retried run is dispatched yet): completion skips them for the retried runs
+        self._stale_done_until = int(self.state.client.llen(self.state.key("donelog")))
         self.state.clear_cancel()
         for model in {self.by_id[r].model for r in self.again}:
             reason = self.state.client.hget(self.state.key("gate"), model)
@@ -292,7 +297,10 @@ class DistributedCampaign:
             ids, self._done_cursor = self._redis(lambda: self.state.done_since(self._done_cursor), "reading done runs")
             if not ids:
                 break
-            for rid in ids:
+            first = self._done_cursor - len(ids)
+            for i, rid in enumerate(ids):
+                if rid in self.again and first + i < self._stale_done_until:
+                    continue  # a retried run's earlier execution, not the retry
                 if self.remaining.pop(rid, None) is not None:
                     self.unverified.add(rid)
         if self.remaining:
@@ -407,6 +415,8 @@ class DistributedCampaign:
         by_model: dict[str, Counter[str]] = {}
         executed = 0
         for rid, model, outcome in zip(*(table.column(c).to_pylist() for c in ("run_id", "model", "outcome"))):
+            if rid in self.again and not self._stored(rid):
+                continue  # retried, but no newer execution stored (yet): not this call's
             if rid in self.by_id and rid not in self.stored_at_start:
                 executed += 1
                 by_model.setdefault(model, Counter())[outcome] += 1

@@ -70,10 +70,14 @@ class LocalOptions:
 
 @dataclass
 class ModelProgress:
+    """Counts of this call's runs of one model: ``done`` = finished in any class; ``failed`` = a
+    failure other than ``cancelled`` (no IR); ``cancelled`` = never sent (model closed, campaign stopped)."""
+
     total: int
     done: int = 0
     failed: int = 0
     in_flight: int = 0
+    cancelled: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)
 
 
@@ -239,7 +243,9 @@ async def run_local(
             by_model[model][record.outcome.value] += 1
             state.done += 1
             state.outcomes[record.outcome.value] += 1
-            if record.failed:
+            if record.outcome is Outcome.CANCELLED:
+                state.cancelled += 1
+            elif record.failed:
                 state.failed += 1
             if on_progress:
                 on_progress(model, state)

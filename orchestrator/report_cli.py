@@ -14,7 +14,7 @@ from orchestrator.user_errors import fail
 
 
 def report_command(
-    data: Annotated[Path, typer.Option("--data", help="Dataset root (runs under DATA/runs/, "
+    data: Annotated[Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root (runs under DATA/runs/, "
                                        "availability checks under DATA/availability/).")] = Path("data"),
     out: Annotated[Path, typer.Option("--out", help="Where report.html, report.md and figures/ go.")] = Path("report"),
     analysis: Annotated[Optional[Path], typer.Option(

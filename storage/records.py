@@ -144,6 +144,11 @@ class RunRecord(BaseModel):
     cancel_reason: str | None = None
     attempts: list[Attempt] = Field(default_factory=list)
     latency_ms: float | None = Field(default=None, description="latency of the final attempt")
+    total_latency_ms: float | None = Field(
+        default=None,
+        description="every attempt's latency plus the backoff waits between attempts (ms); None when no "
+        "call was made (cancelled before the first attempt, imports)",
+    )
     status_code: int | None = None
     finish_reason: str | None = None
     retired_on: str | None = None

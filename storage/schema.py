@@ -80,6 +80,7 @@ RUN_FIELDS: list[pa.Field] = [
     _f("cancel_reason", pa.string()),
     _f("attempts", pa.list_(pa.field("item", ATTEMPT_STRUCT, nullable=False)), False),
     _f("latency_ms", pa.float64()),
+    _f("total_latency_ms", pa.float64()),  # added in version 2; null in older files
     _f("status_code", pa.int64()),
     _f("finish_reason", pa.string()),
     _f("retired_on", pa.string()),

@@ -360,3 +360,28 @@ def test_compose_worker_command_expands_to_the_agreed_argv(queues):
     assert ("-Q" in argv) == bool(queues)
     if queues:
         assert argv[argv.index("-Q") + 1] == queues
+
+
+def test_launcher_with_an_interpreter_lacking_celery_says_what_to_do(cluster_dirs, tmp_path):
+    """The system Python without celery: a one-line hint (make demo / --python .venv/bin/python), no traceback."""
+    state, data = cluster_dirs
+    bare = tmp_path / "bare-python"
+    bare.write_text(f"#!/bin/sh\nexec {sys.executable} -I -S \"$@\"\n")  # -S: no site-packages, so no celery
+    bare.chmod(0o755)
+    out = subprocess.run([sys.executable, str(LAUNCHER), "up", "--workers", "1", "--state", str(state),
+                          "--data", str(data), "--python", str(bare)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "cannot import celery" in out.stderr and "make demo" in out.stderr and "--python" in out.stderr
+    assert not (state / "cluster.json").exists()
+
+
+def test_launcher_picks_the_repository_venv_when_run_by_a_python_without_celery(tmp_path):
+    """`python3 deploy/local_cluster.py` with a bare interpreter defaults --python to .venv's when there is one."""
+    venv_python = REPO / ".venv" / "bin" / "python"
+    if not venv_python.is_file():
+        pytest.skip("no .venv in this checkout")
+    out = subprocess.run([sys.executable, "-I", "-S", "-c",
+                          f"import sys; sys.path.insert(0, {str(DEPLOY)!r}); import local_cluster as lc; "
+                          "print(lc.default_python())"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert Path(out.stdout.strip()) == venv_python

@@ -107,6 +107,7 @@ async def _execute(task: RunTask, ctx: RunContext) -> RunRecord:
     measured_at = clock.now()
     rng = random.Random(task.run_id)  # deterministic jitter per run
     attempts: list[Attempt] = []
+    backoff_ms = 0.0  # time slept between attempts (part of total_latency_ms)
     reply: Reply | None = None
     last_error: ProviderError | None = None
     cancel_reason: str | None = None
@@ -172,9 +173,16 @@ async def _execute(task: RunTask, ctx: RunContext) -> RunRecord:
         decision = decide(attempts[-1].outcome, number, task.retry, attempts[-1].retry_after_s, rng, elapsed_s)
         if not decision.retry:
             break
-        await clock.sleep(decision.wait_s)
+        backoff_ms += await _sleep_ms(clock, decision.wait_s)
 
-    return _record(task, ctx, measured_at, attempts, reply, last_error, cancel_reason)
+    return _record(task, ctx, measured_at, attempts, reply, last_error, cancel_reason, backoff_ms)
+
+
+async def _sleep_ms(clock: Clock, seconds: float) -> float:
+    """Sleep ``seconds``; return the time actually slept in ms (an overrun loop sleeps longer)."""
+    t0 = clock.monotonic()
+    await clock.sleep(seconds)
+    return (clock.monotonic() - t0) * 1000.0
 
 
 async def provider_call(ctx: RunContext, task: RunTask, request: ChatRequest) -> Reply:
@@ -234,12 +242,14 @@ def _record(
     reply: Reply | None,
     error: ProviderError | None,
     cancel_reason: str | None,
+    backoff_ms: float = 0.0,
 ) -> RunRecord:
     base = _base(task, measured_at, attempts, ctx.clock.now())
     if not attempts:  # closed before the first call
         return RunRecord(**base, outcome=Outcome.CANCELLED, cancel_reason=cancel_reason or "cancelled")
     last = attempts[-1]
-    base.update(latency_ms=last.latency_ms, status_code=last.status_code)
+    base.update(latency_ms=last.latency_ms, status_code=last.status_code,
+                total_latency_ms=sum(a.latency_ms for a in attempts) + backoff_ms)
     if reply is None:
         retired_on = error.retired_on if isinstance(error, ModelRetired) else None
         head = error.body_head if error is not None else None  # a body refused as too large
