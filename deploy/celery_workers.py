@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
+__all__ = ["CeleryWorkers", "CeleryWorkersError"]
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -61,7 +63,7 @@ class CeleryWorkers:
         self._generation[i] += 1
         env = {**os.environ, **self.env, "IRBENCH_BROKER_URL": self.broker_url, "PYTHONUNBUFFERED": "1"}
         argv = [
-            sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker",
+            sys.executable, "-m", "celery", "-A", "orchestrator.worker_app", "worker",
             "-P", "threads", "-c", str(self.concurrency), "-Q", self.queues,
             "-n", f"w{i}-{self._generation[i]}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
             "--loglevel", self.log_level, "-f", str(self.log_path(i)),

@@ -29,6 +29,7 @@ with no cluster recorded.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -43,6 +44,15 @@ from pathlib import Path
 
 DEPLOY_DIR = Path(__file__).resolve().parent
 STATE_FILE_NAME = "cluster.json"
+
+
+def default_python() -> str:
+    """This interpreter when it can import celery and irbench; else the repository's ``.venv`` one
+    (so ``python3 deploy/local_cluster.py up`` works with the system Python after ``make demo``)."""
+    if importlib.util.find_spec("celery") and importlib.util.find_spec("workers"):
+        return sys.executable
+    venv = DEPLOY_DIR.parent / ".venv" / "bin" / "python"
+    return str(venv) if venv.is_file() else sys.executable
 
 
 class ClusterError(RuntimeError):
@@ -63,12 +73,12 @@ class ClusterConfig:
     concurrency: int = 8
     port: int = 0
     host: str = "127.0.0.1"
-    app: str = "workers.celery_app"
+    app: str = "orchestrator.worker_app"
     queues: str | None = None
     pool: str = "threads"
     beat: bool = False
     loglevel: str = "info"
-    python: str = sys.executable
+    python: str = field(default_factory=default_python)
     redis_server: str = "redis-server"
     redis_conf: Path = DEPLOY_DIR / "redis.conf"
     extra_env: Mapping[str, str] = field(default_factory=dict)
@@ -290,6 +300,12 @@ def _start_all(cfg: ClusterConfig, procs: list[ProcInfo]) -> tuple[str, int]:
         raise ClusterError(f"{cfg.redis_server!r} not found on PATH; install Redis (apt-get install redis-server)")
     if not cfg.redis_conf.is_file():
         raise ClusterError(f"Redis config {cfg.redis_conf} not found; pass --redis-conf")
+    check = subprocess.run([cfg.python, "-c", "import celery"], capture_output=True, text=True)
+    if check.returncode != 0:
+        raise ClusterError(
+            f"{cfg.python} cannot import celery: run `make demo` once (it creates .venv) or "
+            f"`pip install -e .`, or pass --python path/to/.venv/bin/python"
+        )
     port = cfg.port or free_port(cfg.host)
     if redis_ping(cfg.host, port):
         raise ClusterError(f"something already answers Redis PING on {cfg.host}:{port}; choose another --port")
@@ -443,14 +459,16 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     u.add_argument("--concurrency", type=int, default=8, help="threads per worker, -c (default 8)")
     u.add_argument("--port", type=int, default=0, help="Redis port on 127.0.0.1 (default: a free port)")
-    u.add_argument("--data", type=Path, default=None, help="shared dataset root (default <state>/data)")
+    u.add_argument("--data", type=Path, default=os.environ.get("IRBENCH_DATA") or None,
+                   help="shared dataset root (default $IRBENCH_DATA, else <state>/data)")
     u.add_argument("--beat", action="store_true", help="also start celery beat (exactly one per cluster)")
-    u.add_argument("--app", default="workers.celery_app", help="Celery app module (default workers.celery_app)")
+    u.add_argument("--app", default="orchestrator.worker_app", help="Celery app module (default orchestrator.worker_app)")
     u.add_argument("--queues", default=None, help="comma-separated queues for -Q (default: the app's default)")
     u.add_argument("--pool", default="threads", help="worker pool, -P (default threads)")
     u.add_argument("--loglevel", default="info")
     u.add_argument("--env-file", type=Path, default=None, help="KEY=VALUE file with API keys for the workers")
-    u.add_argument("--python", default=sys.executable, help="interpreter that has celery and irbench installed")
+    u.add_argument("--python", default=default_python(),
+                   help="interpreter that has celery and irbench installed (default: this one, else .venv's)")
     u.add_argument("--redis-server", default="redis-server")
     u.add_argument("--redis-conf", type=Path, default=DEPLOY_DIR / "redis.conf")
     u.add_argument("--start-timeout", type=float, default=60.0, help="seconds to wait for readiness (default 60)")

@@ -1,7 +1,7 @@
 """``irbench analyze --executor celery``: the per-cell reduction of each date partition (or file
 group) runs as a map task on the workers, one reduce task merges the cell tables and writes the
 same outputs as the local path (``analysis.pipeline.run_analysis``). Protocol and files:
-``workers.analysis_tasks``.
+``orchestrator.analysis_tasks``.
 
 Why map tasks return cells *and* run-level features: a cell's runs can sit in several partitions
 (a campaign crossing midnight UTC, a resume on a later day), and its Jaccard/ID-stability need
@@ -33,8 +33,8 @@ from analysis.progress import Reporter, Stage, silent
 from analysis.tables.models import ModelTable
 from storage.clock import utc_now
 from storage.runs import RunStore
-from workers.analysis_tasks import MAP_TASK, REDUCE_TASK, done_path, error_path, jobs_dir, parts_done, scratch_dir
-from workers.celery_app import DEFAULT_QUEUE, make_celery_app
+from orchestrator.analysis_tasks import MAP_TASK, REDUCE_TASK, done_path, error_path, jobs_dir, parts_done, scratch_dir
+from workers.celery.app import DEFAULT_QUEUE, make_celery_app
 from workers.errors import IrbenchError
 
 log = structlog.get_logger("irbench.analysis_jobs")

@@ -14,10 +14,10 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from orchestrator.analysis_progress import StageProgress
+from orchestrator.user_errors import fail as _fail
 from storage.errors import IrbenchError
 
 _EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -25,11 +25,6 @@ _EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 def _console() -> Console:
     return Console(width=None if sys.stdout.isatty() else 140)
-
-
-def _fail(exc: Exception) -> None:
-    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(str(exc))}")
-    raise typer.Exit(code=2)
 
 
 def _fmt(x, digits: int = 3) -> str:
@@ -93,8 +88,19 @@ def print_panel(console: Console, name: str, panel) -> None:  # noqa: ANN001
     console.print(f"  outputs: {panel.directory}")
 
 
+def execution_note(data: Path) -> str:
+    """Which execution of each run the analysis used, and how many earlier ones were set aside."""
+    from storage.runs import EXECUTION_RULE, RunStore
+
+    store = RunStore(data)
+    runs = store.read_table(columns=["run_id"]).num_rows
+    executions = store.read_executions(columns=["run_id"]).num_rows
+    return (f"the latest execution of each of {runs} runs is analysed ({EXECUTION_RULE}); "
+            f"{executions - runs} earlier executions stay stored as history")
+
+
 def analyze_command(
-    data: Annotated[Path, typer.Option("--data", help="Dataset root (runs/ and cells/).")] = Path("data"),
+    data: Annotated[Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root (runs/ and cells/).")] = Path("data"),
     out: Annotated[Path, typer.Option("--out", help="Output directory (one subdirectory per panel).")] = Path("out"),
     min_runs: Annotated[int, typer.Option(help="Successful runs a cell needs to enter the table.")] = 2,
     min_prompts: Annotated[int, typer.Option(help="Distinct prompts with an included cell a model needs.")] = 3,
@@ -120,7 +126,7 @@ def analyze_command(
     """Audit stored runs and imported cells: per panel, models with CIs, rank sets and partition,
     pairs, sensitivity, drift, stabilisation, correctness, correlations, normalised Jaccard.
 
-    Example: irbench analyze --data data/ --out out/ --corpus corpus/synthetic --seed 7
+    Example: irbench analyze --data data/ --out out/ --corpus examples/prompts --seed 7
     """
     from analysis.options import AnalysisOptions
     from orchestrator.analysis_jobs import analyze_with_executor
@@ -143,6 +149,7 @@ def analyze_command(
         _fail(exc)
         return
     console = _console()
+    console.print(f"runs: {execution_note(data)}", soft_wrap=True)
     for name in result.skipped_files:
         console.print(f"[yellow]skipped unreadable file:[/] {name}")
     for name, p in result.panels.items():
@@ -151,15 +158,16 @@ def analyze_command(
 
 def import_artifact_command(
     path: Annotated[Path, typer.Argument(help="The artifact's root (holds corpus/ and results/).")],
-    data: Annotated[Path, typer.Option("--data", help="Dataset root to import into.")] = Path("data"),
+    data: Annotated[Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root to import into.")] = Path("data"),
     mapping: Annotated[Path, typer.Option("--mapping", help="Campaign → panel/precedence mapping TOML.")] = _EXAMPLES / "artifact_campaigns.toml",
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="List every incomplete cell and missing prompt file.")] = False,
 ) -> None:
     """Import the published study artifact: raw IRs as runs, stability CSVs as cell measurements.
 
     Also imports the availability audit and the budget probe (results/model_availability.csv,
     results/failure_attribution.csv) so availability history starts with real data.
-    Idempotent: importing twice writes nothing new. Prints, per CSV cell, runs found vs the
-    CSV's successful_runs when they differ.
+    Idempotent: importing twice writes nothing new. Prints what was read and written and the
+    coverage per panel × campaign (raw runs found vs the CSVs' successful_runs); -v lists each cell.
 
     Example: irbench import-artifact ../shared/paper-artifact --data data/
     """
@@ -172,13 +180,8 @@ def import_artifact_command(
     except (IrbenchError, ValueError, OSError) as exc:
         _fail(exc)
         return
+    from orchestrator.summary_tables import import_tables
+
     console = _console()
-    for line in report.lines():
-        console.print(line, markup=False, highlight=False)
-    console.print(
-        f"availability: {availability.availability_rows} checks imported "
-        f"({len(availability.retired_models)} models retired); probes: {availability.probe_rows} rows",
-        markup=False, highlight=False,
-    )
-    for note in availability.notes:
-        console.print(f"  note: {note}", markup=False, highlight=False)
+    for part in import_tables(report, availability, verbose=verbose):
+        console.print(part)

@@ -1,6 +1,6 @@
 """Availability re-checks on demand (``irbench availability check``) and the import of the
 study's published audits. The check itself (statuses, the minimal call) lives in
-``workers.availability_tasks`` so the Celery beat task can run it without importing the
+``workers.celery.availability_tasks`` so the Celery beat task can run it without importing the
 orchestrator; it is re-exported here.
 """
 
@@ -17,7 +17,7 @@ from orchestrator.spec import CampaignSpec
 from storage.availability import Availability, AvailabilityRecord, AvailabilityStore
 from storage.clock import utc_now
 from storage.probes import ProbeStore
-from workers.availability_tasks import (
+from workers.availability import (
     MESSAGE_CHARS,
     CheckSettings,
     CheckTarget,
@@ -25,7 +25,7 @@ from workers.availability_tasks import (
     check_endpoint,
 )
 from workers.errors import ConfigError
-from workers.providers._http import parse_retirement
+from workers.providers import parse_retirement
 
 __all__ = [
     "ArtifactImport", "CheckSettings", "CheckTarget", "check_availability", "check_endpoint",

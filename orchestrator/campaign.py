@@ -6,7 +6,6 @@ does the printing.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections import Counter
 from collections.abc import Mapping
@@ -14,13 +13,17 @@ from dataclasses import dataclass
 
 import structlog
 
+from orchestrator.campaign_limits import DEFAULT_MAX_PLANNED_RUNS, check_plan_size
 from orchestrator.corpus import Corpus, load_corpus
 from orchestrator.instruction import Instruction, load_instruction
-from orchestrator.local import ExecutionSummary, LocalOptions, ProgressCallback, run_local
+from orchestrator.local import ExecutionSummary, LocalOptions, ProgressCallback, run_event_loop, run_local
 from orchestrator.plan import pending, plan_runs
+from orchestrator.retry_failed import latest_outcomes, retryable_tasks
 from orchestrator.spec import CampaignSpec
 from storage.availability import AvailabilityRecord, AvailabilityStore
+from storage.records import Outcome
 from storage.runs import RunStore
+from storage.unreadable import read_checked
 from workers.gate import MemoryGate
 from workers.errors import ConfigError
 from workers.runtask import RunTask
@@ -36,9 +39,17 @@ class PreparedCampaign:
     tasks: list[RunTask]  # the whole plan
 
 
-def prepare(spec: CampaignSpec) -> PreparedCampaign:
-    """Load the corpus and instruction and plan every run of ``spec``."""
+def prepare(
+    spec: CampaignSpec, *, max_planned_runs: int | None = DEFAULT_MAX_PLANNED_RUNS, source: str | None = None
+) -> PreparedCampaign:
+    """Load the corpus and instruction and plan every run of ``spec``.
+
+    ``max_planned_runs``: a plan larger than this is a ``ConfigError`` raised before any task is
+    built (``runs = 10**20`` must not hang planning); ``None`` = no bound. ``source``: the
+    campaign file's name, for messages.
+    """
     corpus = load_corpus(spec.corpus, spec.base_dir)
+    check_plan_size(spec, len(corpus.prompts), max_planned_runs, source)
     instruction = load_instruction(spec.instruction)
     tasks = plan_runs(spec, corpus, instruction)
     return PreparedCampaign(spec, corpus, instruction, tasks)
@@ -75,10 +86,16 @@ def run_campaign_local(
     *,
     options: LocalOptions | None = None,
     on_progress: ProgressCallback | None = None,
+    retry_outcomes: frozenset[Outcome] = frozenset(),
 ) -> tuple[int, ExecutionSummary]:
-    """Execute the runs of ``prepared`` that have no stored record. Returns (skipped, summary)."""
+    """Execute the runs of ``prepared`` that have no stored record, and (``retry_outcomes``,
+    i.e. ``--retry-failed``) those whose latest execution ended in one of those classes; the
+    earlier executions stay stored. Returns (skipped, summary)."""
     done = store.completed_run_ids(prepared.spec.name)
     todo = pending(prepared.tasks, done)
+    if retry_outcomes:
+        again = {t.run_id for t in retryable_tasks(prepared.tasks, latest_outcomes(prepared, store), retry_outcomes)}
+        todo = [t for t in prepared.tasks if t.run_id in again or t.run_id not in done]  # planned order
     skipped = len(prepared.tasks) - len(todo)
     log.info("campaign_start", campaign=prepared.spec.name, planned=len(prepared.tasks), pending=len(todo))
     options = options or LocalOptions(max_in_flight=prepared.spec.executor.concurrency)
@@ -87,7 +104,7 @@ def run_campaign_local(
     for model, timeline in availability.unavailable_models().items():
         # a model an availability check found gone is not called; its runs are recorded cancelled
         gate.close(model, f"{timeline.latest_status.value} (availability check {timeline.latest_check})")
-    summary = asyncio.run(
+    summary = run_event_loop(
         run_local(todo, store, secrets=secrets, options=options, on_progress=on_progress, gate=gate)
     )
     _record_retirements(summary, prepared, availability)
@@ -111,6 +128,7 @@ def _record_retirements(summary: ExecutionSummary, prepared: PreparedCampaign, a
 class CampaignStatus:
     planned_by_model: Mapping[str, int]
     stored_by_model: Mapping[str, Mapping[str, int]]  # model -> outcome -> count
+    skipped_files: tuple[Path, ...] = ()  # unreadable files left out (``skip_corrupt``)
 
     @property
     def planned(self) -> int:
@@ -121,10 +139,16 @@ class CampaignStatus:
         return sum(sum(c.values()) for c in self.stored_by_model.values())
 
 
-def campaign_status(prepared: PreparedCampaign, store: RunStore) -> CampaignStatus:
-    """Planned vs stored runs per model, by outcome (counts only runs of the current plan)."""
+def campaign_status(prepared: PreparedCampaign, store: RunStore, *, skip_corrupt: bool = False) -> CampaignStatus:
+    """Planned vs stored runs per model, by outcome (counts only runs of the current plan).
+
+    An unreadable Parquet file is a ``StorageError`` naming it, unless ``skip_corrupt``: then
+    the other files are counted and the skipped ones listed in ``skipped_files``."""
     planned_ids = {t.run_id for t in prepared.tasks}
-    table = store.read_table(campaigns=[prepared.spec.name], columns=["run_id", "model", "outcome"])
+    table, skipped = read_checked(
+        store.dataset, skip=skip_corrupt, filters={"campaign": [prepared.spec.name]},
+        columns=["run_id", "model", "outcome"],
+    )
     stored: dict[str, Counter[str]] = {}
     for run_id, model, outcome in zip(
         table.column("run_id").to_pylist(), table.column("model").to_pylist(), table.column("outcome").to_pylist()
@@ -134,4 +158,5 @@ def campaign_status(prepared: PreparedCampaign, store: RunStore) -> CampaignStat
     return CampaignStatus(
         planned_by_model=dict(Counter(t.model for t in prepared.tasks)),
         stored_by_model={m: dict(c) for m, c in stored.items()},
+        skipped_files=tuple(skipped),
     )

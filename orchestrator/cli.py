@@ -7,9 +7,22 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
+import click
 import typer
 from rich.console import Console
 
+from orchestrator.campaign_limits import DEFAULT_MAX_PLANNED_RUNS
+from orchestrator.distributed_cli import (
+    ClaimTtlOpt,
+    LeaseTtlOpt,
+    MaxFailuresOpt,
+    ReconcileOpt,
+    SpoolAgeOpt,
+    SpoolRowsOpt,
+    celery_options,
+    worker_settings,
+)
+from orchestrator.user_errors import USER_ERROR_EXIT_CODE, fail, print_error
 from workers.errors import ConfigError, IrbenchError
 from workers.logs import Redactor, configure_logging
 
@@ -24,7 +37,19 @@ app = typer.Typer(
 console = Console(width=None if sys.stdout.isatty() else 120)
 err_console = Console(stderr=True)
 
-DataOpt = Annotated[Path, typer.Option("--data", help="Dataset root (runs are stored under DATA/runs/).")]
+DataOpt = Annotated[
+    Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root (runs are stored under DATA/runs/; or IRBENCH_DATA).")
+]
+BrokerWaitOpt = Annotated[
+    float,
+    typer.Option("--broker-wait-s", envvar="IRBENCH_BROKER_WAIT_S", min=0,
+                 help="How long to wait for Redis to answer before giving up (a countdown shows on stderr)."),
+]
+MaxRunsOpt = Annotated[
+    int,
+    typer.Option("--max-planned-runs", envvar="IRBENCH_MAX_PLANNED_RUNS", min=1,
+                 help="Refuse a campaign that plans more runs than this (a typo in `runs` must not hang planning)."),
+]
 BrokerOpt = Annotated[
     Optional[str],
     typer.Option("--broker", envvar="IRBENCH_BROKER_URL", help="Redis URL of the Celery broker (or IRBENCH_BROKER_URL)."),
@@ -51,14 +76,12 @@ def _setup_logging(log_file: Path | None, verbose: bool) -> Redactor:
     return configure_logging(level="DEBUG" if verbose else "WARNING")
 
 
-def _fail(exc: Exception) -> None:
-    err_console.print(f"[bold red]error:[/] {exc}")
-    raise typer.Exit(code=2)
-
-
 @app.command()
 def run(
-    campaign: Annotated[Path, typer.Argument(help="Campaign TOML file.", exists=True, dir_okay=False)],
+    campaign: Annotated[
+        Optional[Path], typer.Argument(help="Campaign TOML file (or describe one with --model/--base-url/--prompts).",
+                                       exists=True, dir_okay=False)
+    ] = None,
     data: DataOpt = Path("data"),
     executor: Annotated[
         Optional[str], typer.Option(help="'local' (in-process) or 'celery'; default: the campaign's executor.kind.")
@@ -70,55 +93,113 @@ def run(
     progress: Annotated[bool, typer.Option(help="Show a progress bar per model.")] = True,
     log_file: Annotated[Optional[Path], typer.Option(help="Write JSON logs here instead of stderr.")] = None,
     verbose: bool = False,
+    model: Annotated[Optional[str], typer.Option(help="Ad-hoc run (no TOML): the model id to call.")] = None,
+    base_url: Annotated[Optional[str], typer.Option(help="Ad-hoc run: the endpoint, e.g. http://127.0.0.1:8765.")] = None,
+    wire_format: Annotated[str, typer.Option(help="Ad-hoc run: 'openai' or 'ollama'.")] = "openai",
+    api_key_env: Annotated[Optional[str], typer.Option(help="Ad-hoc run: NAME of the variable holding the key (.env is read).")] = None,
+    prompts: Annotated[Optional[Path], typer.Option(help="Ad-hoc run: folder of prompt files.")] = None,
+    runs: Annotated[int, typer.Option(help="Ad-hoc run: runs per prompt.")] = 1,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Ad-hoc run: token cap (default: none).")] = None,
+    temperature: Annotated[float, typer.Option(help="Ad-hoc run: sampling temperature.")] = 0.0,
+    name: Annotated[Optional[str], typer.Option(help="Ad-hoc run: campaign name (default: derived from the flags).")] = None,
+    retry_failed: Annotated[bool, typer.Option(help="Also execute again the runs whose latest execution failed "
+                                               "in one of --outcomes (earlier executions stay stored).")] = False,
+    outcomes: Annotated[Optional[str], typer.Option(help="With --retry-failed: classes to retry, comma-separated "
+                                                    "(default 'transient': rate_limited, server_error, connect_error, "
+                                                    "timeouts, protocol_error, cancelled).")] = None,
+    claim_ttl_s: ClaimTtlOpt = None,
+    reconcile_interval_s: ReconcileOpt = None,
+    max_task_failures: MaxFailuresOpt = None,
+    max_planned_runs: MaxRunsOpt = DEFAULT_MAX_PLANNED_RUNS,
+    broker_wait_s: BrokerWaitOpt = 10.0,
 ) -> None:
     """Run (or resume) a campaign: only runs without a stored record are executed.
 
+    With --retry-failed, runs whose latest execution ended in a transient failure run again.
+
     Example: irbench run examples/demo.toml --data data/
+    Example: irbench run examples/demo.toml --data data/ --retry-failed --outcomes rate_limited,timeouts
+    Example: irbench run --model sim-steady --base-url http://127.0.0.1:8765 --prompts examples/prompts --runs 3 --data data/
+    (an ad-hoc run writes its campaign file to DATA/campaigns/; the same command again resumes it)
     """
     from orchestrator.campaign import prepare, resolve_secrets, run_campaign_local
     from orchestrator.progress import ModelBars
     from orchestrator.spec import load_campaign
     from storage.runs import RunStore
 
+    from orchestrator.adhoc import campaign_file_for
+    from orchestrator.retry_failed import parse_outcomes, retryable
+
     redactor = _setup_logging(log_file, verbose)
     try:
+        if outcomes is not None and not retry_failed:
+            raise ConfigError("--outcomes only goes with --retry-failed")
+        retry_outcomes = parse_outcomes(outcomes) if retry_failed else frozenset()
+        campaign = campaign_file_for(campaign, data, model=model, base_url=base_url, wire_format=wire_format,
+                                     api_key_env=api_key_env, prompts=prompts, runs=runs, max_tokens=max_tokens,
+                                     temperature=temperature, name=name)
         spec = load_campaign(campaign)
         kind = executor or spec.executor.kind
         if kind not in ("local", "celery"):
             raise ConfigError(f"--executor {kind!r}: use 'local' or 'celery'")
-        prepared = prepare(spec)
+        prepared = prepare(spec, max_planned_runs=max_planned_runs, source=campaign.name)
         store = RunStore(data)
         _report_corpus(prepared)
+        again = retryable(prepared, store, retry_outcomes) if retry_outcomes else None
         if kind == "celery":
-            from orchestrator.celery_executor import CeleryOptions, run_campaign_celery
+            from orchestrator.celery_executor import run_campaign_celery
 
             url = _broker_url(broker, spec.executor.broker)
+            options = celery_options(analyze, claim_ttl_s, reconcile_interval_s, max_task_failures)
+            watch = _start_worker_watch(url, data, options.queue, broker_wait_s)
             done_before = len(store.completed_run_ids(spec.name) & {t.run_id for t in prepared.tasks})
-            with ModelBars(console, enabled=progress) as bars:
-                summary = run_campaign_celery(
-                    prepared,
-                    store,
-                    url,
-                    on_progress=bars.update,
-                    options=CeleryOptions(analyze_on_complete=analyze),
-                    on_analysis=lambda job: console.print(f"analysis enqueued; outputs will land in {job.out_dir}"),
-                )
-            skipped = done_before
+            try:
+                with ModelBars(enabled=progress) as bars:
+                    summary = run_campaign_celery(
+                        prepared,
+                        store,
+                        url,
+                        on_progress=bars.update,
+                        options=options,
+                        on_analysis=lambda job: console.print(f"analysis enqueued; outputs will land in {job.out_dir}"),
+                        retry_outcomes=retry_outcomes,
+                    )
+            finally:
+                watch.stop()
+            skipped = done_before - (again.total if again else 0)
         else:
             secrets = resolve_secrets(spec)
             for value in secrets.values():
                 redactor.add_secret(value)
-            with ModelBars(console, enabled=progress) as bars:
-                skipped, summary = run_campaign_local(prepared, store, secrets, on_progress=bars.update)
+            with ModelBars(enabled=progress) as bars:
+                skipped, summary = run_campaign_local(prepared, store, secrets, on_progress=bars.update,
+                                                      retry_outcomes=retry_outcomes)
     except IrbenchError as exc:
-        _fail(exc)
+        fail(exc)
         return
+    retried = f", {again.total} retried (latest execution: {again.describe()})" if again and again.total else ""
     console.print(
-        f"campaign [bold]{spec.name}[/]: {len(prepared.tasks)} runs planned, {skipped} already stored, "
+        f"campaign [bold]{spec.name}[/]: {len(prepared.tasks)} runs planned, {skipped} already stored{retried}, "
         f"{summary.executed} executed now{' (interrupted)' if summary.interrupted else ''}; data in {data}/runs/"
     )
     if summary.interrupted:
+        err_console.print("interrupted: the runs stored so far are kept; run the same command again to resume")
         raise typer.Exit(code=130)
+
+
+def _start_worker_watch(url: str, data: Path, queue: str, wait_s: float):  # noqa: ANN202
+    """Redis reachable, no worker on another store, then a watch that warns on stderr when no
+    worker consumes ``queue`` (after ``IRBENCH_NO_WORKER_WARN_S``, default 10 s)."""
+    from orchestrator.worker_checks import WorkerWatch, celery_preflight
+
+    client, store_id = celery_preflight(url, data, queue, wait_s=wait_s, stream=sys.stderr)
+    warn_after_s = float(os.environ.get("IRBENCH_NO_WORKER_WARN_S", "10"))
+    return WorkerWatch(client, url, data, store_id, queue, warn=_warn, warn_after_s=warn_after_s).start()
+
+
+def _warn(text: str) -> None:
+    sys.stderr.write(f"warning: {text}\n")
+    sys.stderr.flush()
 
 
 def _report_corpus(prepared) -> None:  # noqa: ANN001
@@ -138,6 +219,13 @@ def status(
     campaign: Annotated[Path, typer.Argument(help="Campaign TOML file.", exists=True, dir_okay=False)],
     data: DataOpt = Path("data"),
     broker: BrokerOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (planned, stored, executions, "
+                                          "attempts, outcomes per model and in total) and nothing else.")] = False,
+    max_planned_runs: MaxRunsOpt = DEFAULT_MAX_PLANNED_RUNS,
+    broker_wait_s: BrokerWaitOpt = 10.0,
+    skip_corrupt: Annotated[
+        bool, typer.Option("--skip-corrupt", help="Count without unreadable Parquet files (named on stderr).")
+    ] = False,
 ) -> None:
     """Show planned vs stored runs per model and outcome (plus live Redis state with --broker).
 
@@ -145,22 +233,32 @@ def status(
     """
     from rich.table import Table
 
+    if as_json:
+        from orchestrator.status_report import print_status_json
+
+        print_status_json(campaign, data)
+        return
+
     from orchestrator.campaign import campaign_status, prepare
     from orchestrator.spec import load_campaign
     from storage.runs import RunStore
 
     _setup_logging(None, False)
     try:
-        prepared = prepare(load_campaign(campaign))
-        st = campaign_status(prepared, RunStore(data))
+        prepared = prepare(load_campaign(campaign), max_planned_runs=max_planned_runs, source=campaign.name)
+        st = campaign_status(prepared, RunStore(data), skip_corrupt=skip_corrupt)
         live = None
         if broker:
             from orchestrator.celery_executor import campaign_status_celery
+            from orchestrator.worker_checks import wait_with_countdown
 
-            live = campaign_status_celery(prepared, RunStore(data), broker)
+            wait_with_countdown(broker, broker_wait_s, sys.stderr)
+            live = campaign_status_celery(prepared, RunStore(data), broker, skip_corrupt=skip_corrupt)
     except IrbenchError as exc:
-        _fail(exc)
+        fail(exc)
         return
+    for path in st.skipped_files:
+        _warn(f"skipped unreadable file {path}")
     table = Table(title=f"campaign {prepared.spec.name}: {st.stored}/{st.planned} runs stored")
     for col in ("model", "planned", "stored", "outcomes"):
         table.add_column(col)
@@ -173,12 +271,27 @@ def status(
             ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())) or "-",
         )
     console.print(table)
+    _print_retryable(prepared, RunStore(data), campaign, data)
     if live is not None:
+        from orchestrator.rates import model_rates, rates_table
+
+        remaining = {m: n - sum(st.stored_by_model.get(m, {}).values()) for m, n in st.planned_by_model.items()}
+        rates = model_rates(RunStore(data), prepared.spec.name, remaining)
+        console.print(rates_table(rates, {m: p.in_flight for m, p in live.progress.items()}))
         console.print(f"outstanding (dispatched, not done): {live.outstanding}")
         if live.cancel_reason:
             console.print(f"cancelled: {live.cancel_reason}")
         for model, reason in live.closed_models.items():
             console.print(f"closed model {model}: {reason}")
+
+
+def _print_retryable(prepared, store, campaign: Path, data: Path) -> None:  # noqa: ANN001
+    from orchestrator.retry_failed import retry_command, retryable
+
+    again = retryable(prepared, store)
+    if again.total:
+        console.print(f"{again.total} runs retryable (latest execution {again.describe()}): "
+                      f"{retry_command(campaign, data)}", soft_wrap=True)
 
 
 @app.command()
@@ -188,6 +301,7 @@ def resume(
     executor: Annotated[Optional[str], typer.Option(help="'local' or 'celery' (default: the campaign's).")] = None,
     broker: BrokerOpt = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar per model.")] = True,
+    max_planned_runs: MaxRunsOpt = DEFAULT_MAX_PLANNED_RUNS,
 ) -> None:
     """Pick up exactly the runs without a stored outcome (the same as running the campaign again).
 
@@ -195,7 +309,8 @@ def resume(
     """
     run(
         campaign=campaign, data=data, executor=executor, broker=broker, analyze=True, progress=progress,
-        log_file=None, verbose=False,
+        log_file=None, verbose=False, claim_ttl_s=None, reconcile_interval_s=None, max_task_failures=None,
+        max_planned_runs=max_planned_runs, broker_wait_s=10.0,
     )
 
 
@@ -211,13 +326,16 @@ def cancel(
     """
     from orchestrator.celery_executor import cancel_campaign
     from orchestrator.spec import load_campaign
+    from orchestrator.worker_checks import wait_with_countdown
 
     _setup_logging(None, False)
     try:
         spec = load_campaign(campaign)
-        cancel_campaign(spec.name, _broker_url(broker, spec.executor.broker), reason=reason)
+        url = _broker_url(broker, spec.executor.broker)
+        wait_with_countdown(url, float(os.environ.get("IRBENCH_BROKER_WAIT_S", "10")), sys.stderr)
+        cancel_campaign(spec.name, url, reason=reason)
     except IrbenchError as exc:
-        _fail(exc)
+        fail(exc)
         return
     console.print(f"campaign {spec.name}: cancelled ({reason}); workers record the remaining runs as cancelled")
 
@@ -229,34 +347,44 @@ def worker(
     concurrency: Annotated[int, typer.Option(help="Threads (concurrent calls) in this worker process.")] = 8,
     queues: Annotated[str, typer.Option(help="Comma-separated queues to consume.")] = "irbench",
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
+    claim_ttl_s: ClaimTtlOpt = None,
+    lease_ttl_s: LeaseTtlOpt = None,
+    spool_max_rows: SpoolRowsOpt = None,
+    spool_max_age_s: SpoolAgeOpt = None,
 ) -> None:
     """Start a Celery worker that executes runs (wraps `celery worker -P threads`).
 
     API keys are read from this machine's environment, by the variable names the campaign gives.
     Example: irbench worker --broker redis://127.0.0.1:6379/0 --data /shared/irbench-data --concurrency 8
     """
-    from workers.celery_app import start_worker
+    from orchestrator.worker_app import run_worker
 
     try:
         url = _broker_url(broker, None)
+        settings = worker_settings(url, claim_ttl_s=claim_ttl_s, lease_ttl_s=lease_ttl_s,
+                                   spool_max_rows=spool_max_rows, spool_max_age_s=spool_max_age_s)
     except IrbenchError as exc:
-        _fail(exc)
+        fail(exc)
         return
-    start_worker(url, concurrency=concurrency, queues=tuple(q for q in queues.split(",") if q),
-                 data_dir=str(data.resolve()), loglevel=loglevel)
+    run_worker(url, concurrency=concurrency, queues=tuple(q for q in queues.split(",") if q),
+               data_dir=str(data.resolve()), loglevel=loglevel, settings=settings)
 
 
 @app.command()
-def compact(data: DataOpt = Path("data")) -> None:
+def compact(
+    data: DataOpt = Path("data"),
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also one row per date partition.")] = False,
+) -> None:
     """Merge the small Parquet files of every date partition into one, deduplicated by run_id.
 
     Example: irbench compact --data data/
     """
+    from orchestrator.summary_tables import compaction_tables
     from storage.runs import RunStore
 
     _setup_logging(None, False)
-    report = RunStore(data).compact()
-    console.print(str(report))
+    for part in compaction_tables(RunStore(data).compact(), verbose=verbose):
+        console.print(part)
 
 
 @app.command()
@@ -275,7 +403,7 @@ def simulate(
     try:
         cfg = load_sim_config(config)
     except (IrbenchError, ValueError) as exc:
-        _fail(exc)
+        fail(exc)
         return
     console.print(f"simulating {len(cfg.models)} models on http://{host}:{port} (Ctrl-C to stop)")
     serve(cfg, host, port)
@@ -297,13 +425,14 @@ def demo(
     try:
         run_demo(workdir, examples, console, progress=progress)
     except IrbenchError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 def _register_more_commands() -> None:
     """Verbs whose bodies live in their own modules (one module per area)."""
     from orchestrator.audit_cli import analyze_command, import_artifact_command
     from orchestrator.ops_cli import availability_app, probe_command
+    from orchestrator.real_cli import demo_real_command
     from orchestrator.report_cli import report_command
     from orchestrator.view_cli import view_command
 
@@ -313,19 +442,41 @@ def _register_more_commands() -> None:
     app.command("probe")(probe_command)
     app.add_typer(availability_app, name="availability")
     app.command("view")(view_command)
+    app.command("demo-real")(demo_real_command)
 
 
 _register_more_commands()
 
 
+# typer >= 0.20 carries its own click; older ones raise click's exceptions
+_USAGE_ERRORS = tuple(
+    t for t in (getattr(getattr(typer, "exceptions", None), "TyperException", None), click.ClickException) if t
+)
+
+
 def main() -> None:
     """Console-script entry point."""
+    from orchestrator.envfile import load_env_file
+
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    load_env_file(Path.cwd() / ".env")
+    configure_logging(level="WARNING")  # stderr; commands that log more configure their own
     try:
-        app()
-    except KeyboardInterrupt:
+        code = app(standalone_mode=False)
+    except (KeyboardInterrupt, click.exceptions.Abort, typer.Abort):
         err_console.print("interrupted; stored runs are kept, run the same command again to resume")
         sys.exit(130)
+    except _USAGE_ERRORS as exc:  # a bad option or argument: one line, no usage box
+        message = exc.format_message()  # type: ignore[attr-defined]
+        if not message:  # `irbench` alone: the help is the answer
+            exc.show()  # type: ignore[attr-defined]
+            sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+        print_error(f"{message} (see irbench --help)")
+        sys.exit(USER_ERROR_EXIT_CODE)
+    except OSError as exc:  # disk full, permission denied, ...: what to do, not a traceback
+        print_error(exc)
+        sys.exit(USER_ERROR_EXIT_CODE)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -64,13 +64,16 @@ def _resolve(base_dir: Path, p: Path) -> Path:
     return p if p.is_absolute() else base_dir / p
 
 
-def _discover(spec: CorpusSpec, base_dir: Path, problems: list[str]) -> list[tuple[str, Path]]:
-    """(name, path) for every file the spec selects; a file reached twice is listed once."""
+def _discover(spec: CorpusSpec, base_dir: Path, problems: list[str]) -> tuple[list[tuple[str, Path]], dict[Path, int]]:
+    """(name, path) for every file the spec selects (a file reached twice is listed once), and
+    the files named directly in ``corpus.paths`` with their index there."""
     found: dict[Path, str] = {}
+    explicit: dict[Path, int] = {}
     for i, raw in enumerate(spec.paths):
         root = _resolve(base_dir, raw)
         if root.is_file():
             found.setdefault(root.resolve(), root.name)
+            explicit.setdefault(root.resolve(), i)
         elif root.is_dir():
             for pattern in spec.globs:
                 for f in root.glob(pattern):
@@ -78,7 +81,7 @@ def _discover(spec: CorpusSpec, base_dir: Path, problems: list[str]) -> list[tup
                         found.setdefault(f.resolve(), f.relative_to(root).as_posix())
         else:
             problems.append(f"corpus.paths[{i}]: {str(root)!r} does not exist; fix the path (relative paths resolve against {str(base_dir)!r})")
-    return [(name, path) for path, name in found.items()]
+    return [(name, path) for path, name in found.items()], explicit
 
 
 def _read(name: str, path: Path, max_bytes: int) -> tuple[_Candidate | None, str | None]:
@@ -96,6 +99,8 @@ def _read(name: str, path: Path, max_bytes: int) -> tuple[_Candidate | None, str
         return None, f"{name}: not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start}); re-encode it as UTF-8"
     if not text.strip():
         return None, f"{name}: empty ({len(data)} bytes, no text); remove it from the corpus"
+    if "\x00" in text:
+        return None, f"{name}: binary (NUL byte at offset {data.index(0)}), not a prompt; remove it from the corpus"
     return _Candidate(name, path, data, hashlib.sha256(data).hexdigest()), None
 
 
@@ -140,9 +145,12 @@ def load_corpus(spec: CorpusSpec, base_dir: Path) -> Corpus:
     problems: list[str] = []
     rejected: list[tuple[str, str]] = []
     cands: list[_Candidate] = []
-    for name, path in _discover(spec, base_dir, problems):
+    found, explicit = _discover(spec, base_dir, problems)
+    for name, path in found:
         cand, reason = _read(name, path, spec.max_file_bytes)
-        if cand is None:
+        if cand is None and path in explicit:  # a file the user named: its problem is the user's error
+            problems.append(f"corpus.paths[{explicit[path]}]: {reason}")
+        elif cand is None:
             rejected.append((str(path), reason or "rejected"))
         else:
             cands.append(cand)

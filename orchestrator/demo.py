@@ -37,7 +37,7 @@ def run_demo(workdir: Path, examples: Path, console: Console, *, progress: bool 
             f"simulated endpoint on {sim.base_url}; campaign [bold]{spec.name}[/]: "
             f"{len(prepared.corpus.prompts)} prompts × {len(spec.models)} models × {spec.runs} runs"
         )
-        with ModelBars(console, enabled=progress) as bars:
+        with ModelBars(enabled=progress) as bars:
             skipped, summary = run_campaign_local(prepared, RunStore(data), {}, on_progress=bars.update)
     elapsed = time.monotonic() - started
     console.print(

@@ -1,7 +1,11 @@
-"""The in-process executor: asyncio, one shared httpx client, per-model worker pools.
+"""The in-process executor: asyncio, per-model worker pools, one HTTP connection per call in flight.
 
 Each model gets its own pool of ``max_concurrency`` coroutines pulling from its own queue, so a
-model waiting on its rate limit never holds up another model. Finished records go to a single
+model waiting on its rate limit never holds up another model. Each endpoint's calls go through a
+``PooledProvider``: a call borrows an idle single-connection client of that endpoint (or makes
+one), so httpcore's per-request walk over its pool is one connection long (a shared pool of 64
+cost more CPU per call at 64 coroutines than the call itself, bench/README.md) and an endpoint
+sees no more connections than its peak of concurrent calls. Finished records go to a single
 writer that flushes a batch every ``flush_interval_s`` (or ``flush_max_records``): a crash loses
 at most the unflushed batch, and those runs simply execute again on the next ``irbench run``.
 """
@@ -10,13 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import httpx
 import structlog
 
+from storage.errors import StorageError
 from storage.records import Outcome, RunRecord
 from storage.runs import RunStore
 from workers.clock import Clock, SystemClock
@@ -25,29 +32,52 @@ from workers.gate import MemoryGate, ModelGate
 from workers.limits.base import Limiter
 from workers.limits.memory import MemoryLimiter
 from workers.providers.base import Provider
-from workers.providers.registry import make_http_client, make_provider
+from workers.providers.pooled import PooledProvider
+from workers.providers.registry import make_provider, make_tls_context
 from workers.runtask import RunTask
 
 log = structlog.get_logger("irbench.local")
+T = TypeVar("T")
+
+
+def run_event_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to completion on a fresh uvloop event loop (asyncio's own when uvloop is not
+    installed). uvloop's transports and scheduling cost less CPU per call than asyncio's selector
+    loop (0.1-0.3 ms per run in one paired measurement; bench/README.md has the figures)."""
+    try:
+        import uvloop
+    except ImportError:  # e.g. Windows
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
 
 
 @dataclass(frozen=True)
 class LocalOptions:
-    """``max_in_flight`` caps concurrent calls over all models (None = sum of model caps)."""
+    """``max_in_flight`` caps concurrent calls over all models (None = sum of model caps).
+
+    ``connections_per_client``: the pool size of each pooled client (one call at a time each,
+    so 1 keeps one keep-alive connection per client). An injected ``client`` is shared by every
+    call instead.
+    """
 
     max_in_flight: int | None = None
     default_model_concurrency: int = 4
     flush_interval_s: float = 0.25
     flush_max_records: int = 512
-    max_connections: int = 128
+    connections_per_client: int = 1
 
 
 @dataclass
 class ModelProgress:
+    """Counts of this call's runs of one model: ``done`` = finished in any class; ``failed`` = a
+    failure other than ``cancelled`` (no IR); ``cancelled`` = never sent (model closed, campaign stopped)."""
+
     total: int
     done: int = 0
     failed: int = 0
     in_flight: int = 0
+    cancelled: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)
 
 
@@ -63,7 +93,11 @@ class ExecutionSummary:
 
 
 class _BatchWriter:
-    """Collects records and writes them to the store in batches from a background task."""
+    """Collects records and writes them to the store in batches from a background task.
+
+    A failed write (disk full, permissions) never raises out of the background task: it is kept
+    in ``failure``, ``failed`` is set so the executor stops starting runs, and later batches are
+    dropped (``lost`` counts the records not stored; they run again on the next resume)."""
 
     def __init__(self, store: RunStore, options: LocalOptions) -> None:
         self._store = store
@@ -72,8 +106,14 @@ class _BatchWriter:
         self._wake = asyncio.Event()
         self._closing = False
         self.written = 0
+        self.lost = 0
+        self.failure: Exception | None = None
+        self.failed = asyncio.Event()
 
     def add(self, record: RunRecord) -> None:
+        if self.failure is not None:
+            self.lost += 1
+            return
         self._buffer.append(record)
         if len(self._buffer) >= self._options.flush_max_records:
             self._wake.set()
@@ -82,20 +122,45 @@ class _BatchWriter:
         if not self._buffer:
             return
         batch, self._buffer = self._buffer, []
-        await asyncio.to_thread(self._store.write, batch)
+        if self.failure is not None:
+            self.lost += len(batch)
+            return
+        try:
+            await asyncio.to_thread(self._store.write, batch)
+        except (StorageError, OSError) as exc:
+            self.failure, self.lost = exc, self.lost + len(batch)
+            self.failed.set()
+            log.info("store_write_failed", error=str(exc), records=len(batch))  # the raised error says it
+            return
         self.written += len(batch)
 
     async def run(self) -> None:
+        """Flush every interval until ``close()``; the last flush is awaited, never cancelled
+        (a cancelled write would leave it unknown whether its batch was stored)."""
         while not self._closing:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._options.flush_interval_s)
             self._wake.clear()
             await self._flush()
+        await self._flush()
 
-    async def close(self) -> None:
+    def close(self) -> None:
+        """Ask ``run()`` to write what is left and return."""
         self._closing = True
         self._wake.set()
-        await self._flush()
+
+    def error(self) -> StorageError:
+        """The failure as one actionable ``StorageError``."""
+        cause = self.failure.__cause__ if isinstance(self.failure, StorageError) else self.failure
+        root = self._store.root
+        if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
+            what = f"no space left on the device holding {root}"
+        else:
+            what = f"cannot write to {root} ({self.failure})"
+        return StorageError(
+            f"{what}: {self.written} runs stored, {self.lost} executed but not stored; free space (or fix "
+            "the permissions) and run the same command again: stored runs are kept, the rest resume"
+        )
 
 
 async def run_local(
@@ -118,15 +183,25 @@ async def run_local(
     """
     limiter = limiter or MemoryLimiter()
     gate = gate or MemoryGate(tasks[0].retry.disable_after_consecutive if tasks else 3)
-    own_client = client is None
-    client = client or make_http_client(options.max_connections)
+    tls = make_tls_context() if client is None else None  # one CA bundle load for every client
     providers: dict[str, Provider] = {}
+    pooled: list[PooledProvider] = []
 
     def provider_for(task: RunTask) -> Provider:
         key = task.endpoint.name
         if key not in providers:
             api_key = secrets.get(task.endpoint.api_key_env) if task.endpoint.api_key_env else None
-            providers[key] = make_provider(task.endpoint, client, api_key)
+            if client is not None:
+                providers[key] = make_provider(task.endpoint, client, api_key)
+            else:
+                assert tls is not None
+                endpoint = task.endpoint
+                pool = PooledProvider(
+                    lambda c: make_provider(endpoint, c, api_key), tls=tls,
+                    connections_per_client=options.connections_per_client, wire_format=endpoint.wire_format,
+                )
+                pooled.append(pool)
+                providers[key] = pool
         return providers[key]
 
     ctx = RunContext(
@@ -168,7 +243,9 @@ async def run_local(
             by_model[model][record.outcome.value] += 1
             state.done += 1
             state.outcomes[record.outcome.value] += 1
-            if record.outcome is not Outcome.OK or not record.succeeded:
+            if record.outcome is Outcome.CANCELLED:
+                state.cancelled += 1
+            elif record.failed:
                 state.failed += 1
             if on_progress:
                 on_progress(model, state)
@@ -178,21 +255,33 @@ async def run_local(
     for model, queue in queues.items():
         workers += [asyncio.create_task(worker(model)) for _ in range(min(caps[model], queue.qsize()))]
     interrupted = False
+    all_done = asyncio.gather(*workers)
+    write_failed = asyncio.create_task(writer.failed.wait())
     try:
-        await asyncio.gather(*workers)
+        await asyncio.wait([all_done, write_failed], return_when=asyncio.FIRST_COMPLETED)
+        if writer.failure is not None:  # nothing more can be stored: stop calling endpoints
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+        await all_done if all_done.done() and not all_done.cancelled() else None
     except (asyncio.CancelledError, KeyboardInterrupt):
         interrupted = True
         for w in workers:
             w.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
     finally:
-        await writer.close()
-        writer_task.cancel()
+        write_failed.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await writer_task
-        if own_client:
-            await client.aclose()
+            await write_failed
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(all_done, return_exceptions=True)
+        writer.close()
+        await asyncio.shield(writer_task)
+        for pool in pooled:
+            await pool.aclose()
     log.info("local_execution_finished", executed=writer.written, interrupted=interrupted)
+    if writer.failure is not None:
+        raise writer.error()
     return ExecutionSummary(
         executed=writer.written,
         by_model={m: dict(c) for m, c in by_model.items()},

@@ -20,18 +20,16 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from orchestrator.user_errors import fail as _fail
 from workers.errors import ConfigError, IrbenchError
+from workers.logs import configure_logging
 
 
 def _console() -> Console:
     return Console(width=None if sys.stdout.isatty() else 160)
-
-
-def _fail(exc: Exception) -> None:
-    Console(stderr=True).print(f"[bold red]error:[/] {exc}")
-    raise typer.Exit(code=2)
 
 
 def _endpoint_urls(values: list[str] | None) -> dict[str, str]:
@@ -46,7 +44,7 @@ def _endpoint_urls(values: list[str] | None) -> dict[str, str]:
 
 def probe_command(
     probe: Annotated[Path, typer.Argument(help="Probe TOML (a campaign with >= 2 budgets).", exists=True, dir_okay=False)],
-    data: Annotated[Path, typer.Option("--data", help="Dataset root (runs/, probes/).")] = Path("data"),
+    data: Annotated[Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root (runs/, probes/).")] = Path("data"),
     reference_timeout: Annotated[float, typer.Option(help="Total timeout (s) whose effect is attributed, e.g. the study's 60 s.")] = 60.0,
     works_min_share: Annotated[float, typer.Option(help="Share of usable runs for a model × budget cell to count as working.")] = 0.5,
     endpoint_url: Annotated[Optional[list[str]], typer.Option(help="Override an endpoint's base_url: NAME=URL (repeatable).")] = None,
@@ -54,18 +52,27 @@ def probe_command(
     broker: Annotated[Optional[str], typer.Option(help="Redis broker URL for --executor celery.")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Where to write probes.parquet (default DATA/probes.parquet).")] = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar per model.")] = True,
+    retry_failed: Annotated[bool, typer.Option(help="Also execute again runs whose latest execution failed "
+                                               "transiently (see `irbench run --help`).")] = False,
+    outcomes: Annotated[Optional[str], typer.Option(help="With --retry-failed: classes to retry (default 'transient').")] = None,
 ) -> None:
     """Run a failure-attribution probe: models × token budgets × runs, then attribute each model
     (budget_bound, timeout_bound, works_under_both, fails_under_both) with the evidence.
 
     Example: irbench probe examples/probe.toml --data data/ --reference-timeout 60
+    (examples/probe.toml calls the probe simulator: irbench simulate --config examples/sim_probe.toml --port 8766)
     """
     from analysis.tables.probes import ProbeSettings
+    from orchestrator.retry_failed import parse_outcomes
     from orchestrator.probe import attribution_lines, probe_rich_table, run_probe
     from orchestrator.progress import ModelBars
 
     console = _console()
+    configure_logging(level="WARNING")  # per-run log lines (INFO) stay off stdout, which holds the results
     try:
+        if outcomes is not None and not retry_failed:
+            raise ConfigError("--outcomes only goes with --retry-failed")
+        retry_outcomes = parse_outcomes(outcomes) if retry_failed else frozenset()
         settings = ProbeSettings(reference_timeout_s=reference_timeout, works_min_share=works_min_share)
         execute = None
         if executor == "celery":
@@ -76,9 +83,9 @@ def probe_command(
             execute = celery_execute(broker)  # workers read keys from their own environment
         elif executor != "local":
             raise ConfigError(f"--executor {executor!r}: use 'local' or 'celery'")
-        with ModelBars(console, enabled=progress and executor == "local") as bars:
+        with ModelBars(enabled=progress and executor == "local") as bars:
             result = run_probe(probe, data, settings=settings, base_urls=_endpoint_urls(endpoint_url),
-                               on_progress=bars.update, out_path=out, execute=execute)
+                               on_progress=bars.update, out_path=out, execute=execute, retry_outcomes=retry_outcomes)
     except (IrbenchError, ValueError) as exc:
         _fail(exc)
         return
@@ -89,6 +96,24 @@ def probe_command(
         f"{result.planned} runs planned, {result.skipped} already stored, {result.executed} executed now; "
         f"summary in {result.parquet_path} and {Path(data) / 'probes'}/"
     )
+    unreachable = _unreachable_share(result.table)
+    if unreachable:
+        Console(stderr=True).print(
+            f"[yellow]{unreachable} of the latest runs never reached the endpoint[/] (connect errors or connect "
+            "timeouts): start it (for examples/probe.toml: irbench simulate --config examples/sim_probe.toml "
+            "--port 8766 &) and run the same command with --retry-failed", soft_wrap=True)
+
+
+def _unreachable_share(table) -> str | None:  # noqa: ANN001 - the probe summary table
+    """'n/N' runs whose latest execution never reached the endpoint, or None when none."""
+    total = unreachable = 0
+    for outcomes, runs in zip(table.column("outcomes").to_pylist(), table.column("runs").to_pylist()):
+        total += runs
+        for part in (outcomes or "").split(","):
+            name, _, n = part.strip().partition("=")
+            if name in ("connect_error", "timeout_connect") and n.isdigit():
+                unreachable += int(n)
+    return f"{unreachable}/{total}" if unreachable else None
 
 
 def _split(values: list[str] | None) -> list[str]:
@@ -101,7 +126,7 @@ def availability_check_command(
     base_url: Annotated[Optional[str], typer.Option(help="Endpoint of --models (without --campaign).")] = None,
     wire_format: Annotated[str, typer.Option(help="'openai' or 'ollama' (with --base-url).")] = "openai",
     api_key_env: Annotated[Optional[str], typer.Option(help="NAME of the environment variable holding the key.")] = None,
-    data: Annotated[Path, typer.Option("--data", help="Dataset root (availability/ is written here).")] = Path("data"),
+    data: Annotated[Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root (availability/ is written here).")] = Path("data"),
     max_tokens: Annotated[int, typer.Option(help="Token cap of the minimal call.")] = 5,
     timeout: Annotated[float, typer.Option(help="Total timeout (s) of each minimal call.")] = 60.0,
 ) -> None:
@@ -142,11 +167,15 @@ def availability_check_command(
     table = Table(title=f"availability check {records[0].checked_at:%Y-%m-%d %H:%M} UTC" if records else "availability check")
     for col in ("endpoint", "model", "status", "listed", "HTTP", "latency ms", "retired on", "reference"):
         table.add_column(col)
+    table.add_column("message", overflow="fold")
     for r in records:
         table.add_row(r.endpoint, r.model, r.status.value, "?" if r.listed is None else ("yes" if r.listed else "no"),
                       str(r.http_status or "–"), f"{r.latency_ms:.0f}" if r.latency_ms is not None else "–",
-                      r.retired_on or "", r.reference or "")
+                      r.retired_on or "", r.reference or "", escape(r.message or ""))
     console.print(table)
+    for r in records:  # what the endpoint said, for every model that did not answer
+        if r.status.value != "available" and r.message:
+            console.print(f"{r.model} ({r.status.value}): {r.message}", markup=False, highlight=False)
     console.print(f"stored in {Path(data) / 'availability'}/")
 
 
@@ -155,7 +184,7 @@ def _d(value: dt.date | None) -> str:
 
 
 def availability_history_command(
-    data: Annotated[Path, typer.Option("--data", help="Dataset root holding availability/.")] = Path("data"),
+    data: Annotated[Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root holding availability/.")] = Path("data"),
     models: Annotated[Optional[list[str]], typer.Option("--models", help="Only these models (comma-separated or repeated).")] = None,
 ) -> None:
     """Print each model's availability timeline: first seen, last available, first missing,
@@ -171,6 +200,11 @@ def availability_history_command(
         lines = AvailabilityStore(data).timelines(names or None)
     except IrbenchError as exc:
         _fail(exc)
+        return
+    if not lines and names and AvailabilityStore(data).timelines():
+        known = ", ".join(t.model for t in AvailabilityStore(data).timelines())
+        console.print(f"--models {', '.join(names)} matched no checked model in {Path(data) / 'availability'}/ "
+                      f"(checked: {known})", soft_wrap=True)
         return
     if not lines:
         console.print(f"no availability checks in {Path(data) / 'availability'}/ (run `irbench availability check` "

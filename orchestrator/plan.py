@@ -49,7 +49,7 @@ def plan_runs(
     per_model: list[list[RunTask]] = []
     for m in spec.models.values():
         endpoint = spec.endpoint_ref(m)
-        limits, timeouts = m.to_limits(), m.to_timeouts()
+        limits, timeouts, response = m.to_limits(), m.to_timeouts(), m.to_response_limits()
         tasks = []
         for p in corpus.prompts:
             for budget in budgets:
@@ -64,11 +64,13 @@ def plan_runs(
                             limits=limits,
                             timeouts=timeouts,
                             retry=retry,
+                            response=response,
                             max_tokens=budget if budget is not None else m.max_tokens,
                             budget_max_tokens=budget,
                             temperature=m.temperature,
                             reasoning=m.reasoning,
                             structured_output=m.structured_output,
+                            stream=m.stream,
                             options=dict(m.options),
                             prompt_sha256=p.sha256,
                             prompt_name=p.name,

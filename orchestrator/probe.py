@@ -104,12 +104,15 @@ def run_probe(
     on_progress: ProgressCallback | None = None,
     out_path: Path | None = None,
     now: Callable[[], dt.datetime] = utc_now,
+    retry_outcomes: frozenset = frozenset(),
 ) -> ProbeResult:
     """Run (or resume) the probe at ``probe_spec_path`` and summarise it.
 
     Runs go to ``data_dir/runs``; the summary replaces this probe's rows in ``data_dir/probes``
     and is written to ``out_path`` (default ``data_dir/probes.parquet``). ``secrets`` defaults
     to the environment variables the endpoints name. ``execute`` defaults to the local executor.
+    ``retry_outcomes`` (``--retry-failed``): also execute again the runs whose latest execution
+    ended in one of these outcome classes.
     """
     data_dir = Path(data_dir)
     spec = load_probe(Path(probe_spec_path), settings, base_urls)
@@ -117,7 +120,8 @@ def run_probe(
     secrets = resolve_secrets(spec) if secrets is None else secrets
     store = RunStore(data_dir)
     execute = execute or run_campaign_local
-    skipped, summary = execute(prepared, store, secrets, on_progress=on_progress)
+    extra = {"retry_outcomes": retry_outcomes} if retry_outcomes else {}
+    skipped, summary = execute(prepared, store, secrets, on_progress=on_progress, **extra)
     table = summarise_probe(store, spec.name, settings, computed_at=now())
     ProbeStore(data_dir).replace(table, source=PROBE_SOURCE, campaign=spec.name)
     out_path = Path(out_path) if out_path is not None else data_dir / "probes.parquet"

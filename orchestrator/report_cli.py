@@ -10,9 +10,11 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+from orchestrator.user_errors import fail
+
 
 def report_command(
-    data: Annotated[Path, typer.Option("--data", help="Dataset root (runs under DATA/runs/, "
+    data: Annotated[Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root (runs under DATA/runs/, "
                                        "availability checks under DATA/availability/).")] = Path("data"),
     out: Annotated[Path, typer.Option("--out", help="Where report.html, report.md and figures/ go.")] = Path("report"),
     analysis: Annotated[Optional[Path], typer.Option(
@@ -37,7 +39,7 @@ def report_command(
     from orchestrator.analysis_progress import StageProgress
     from workers.errors import IrbenchError
 
-    console, err = Console(), Console(stderr=True)
+    console = Console()
     started = time.monotonic()
     try:
         if analysis is None:
@@ -51,7 +53,6 @@ def report_command(
             paths = build_report(analysis, out, data_dir=data, progress=stages.report,
                                  options=ReportOptions(max_table_rows=max_table_rows))
     except (IrbenchError, ValueError, OSError) as exc:  # ReportInputError is an IrbenchError
-        err.print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(code=2) from None
+        fail(exc)
     console.print(f"report: {paths.html} ({paths.html_bytes / 1e6:.2f} MB), {paths.md} "
                   f"({len(paths.figures)} figures) in {time.monotonic() - started:.1f} s")

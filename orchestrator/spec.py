@@ -24,9 +24,20 @@ Layout of the file (unknown keys anywhere are errors, so typos never pass silent
     endpoint = "sim"
     [models.sim-mild]             # one table per model; the key is the model id sent to
     requests_per_minute = 600     # the provider unless `name = "..."` overrides it
-    [retry]                       # fields of workers.runtask.RetryPolicy
+    stream = true                 # optional: streamed answers, time to first token recorded
+    max_response_bytes = 8388608  # bounds on one answer (workers.runtask.ResponseLimits):
+    max_json_depth = 64           #   body size, JSON nesting, answer size read by the IR
+    max_answer_chars = 1048576    #   extraction, IR nodes validated; any model field can
+    max_ir_nodes = 2000           #   also go in [defaults]
+    [retry]                       # fields of workers.runtask.RetryPolicy, e.g.
+    max_retry_after_s = 120       #   longest Retry-After honoured; longer ends the run
+    run_deadline_s = 3600         #   no retry wait may end past this (per run)
     [executor]
     kind = "local"                # or "celery"
+
+Model ids (``name``, default the table key) may hold letters, digits and ``. _ : / @ + -`` only
+(no whitespace, control characters or ``..`` segments); ``base_url`` must be http(s) with a
+host, a port in 1-65535 and no credentials.
 
 Models are declared as ``[models.<id>]`` tables (not ``[[models]]`` arrays) so every error
 names the model in its field path. TOML has no null: write ``"none"`` for an optional number
@@ -39,14 +50,19 @@ import difflib
 import re
 import tomllib
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from workers.errors import ConfigError
-from workers.runtask import EndpointRef, ModelLimits, RetryPolicy, TimeoutPolicy, WireFormat
+from workers.runtask import EndpointRef, ModelLimits, ResponseLimits, RetryPolicy, TimeoutPolicy, WireFormat
 
 SLUG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# Model ids as providers spell them ("gpt-4o", "gemma3:12b", "meta-llama/Llama-3-8B@v2"): no
+# whitespace, control characters, quotes, angle brackets, backslashes or '..' path segments.
+MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$")
+MODEL_NAME_HINT = "only letters, digits and . _ : / @ + - (at most 200; no spaces, control characters or '..' segments)"
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Prefixes of real provider keys (OpenAI, Anthropic, GitHub, Groq, xAI, HF, Google, Stripe-like).
 KEY_LITERAL_RE = re.compile(r"^(sk-|sk_|ghp_|gho_|github_pat_|gsk_|xai-|hf_|AIza|pk-|rk-)[A-Za-z0-9_\-]{12,}$")
@@ -76,6 +92,43 @@ def looks_like_key(value: str) -> bool:
     return len(value) >= 32 and any(c.islower() for c in value) and any(c.isdigit() for c in value)
 
 
+def check_model_name(name: str) -> str:
+    """``name`` if it is a safe model id (``MODEL_NAME_RE``, no ``..`` segment, no ``//``)."""
+    segments = name.split("/")
+    if not MODEL_NAME_RE.match(name) or ".." in segments or "" in segments:
+        raise ValueError(f"{_shown(name)} is not a valid model name; use {MODEL_NAME_HINT}")
+    return name
+
+
+def _shown(value: str) -> str:
+    """``repr`` of a user value, shortened (a hostile value must not flood the one-line error)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_http_url(value: str) -> str:
+    """``value`` without trailing slashes if it is an http(s) URL with a host and a valid port;
+    ``ValueError`` saying what to fix otherwise. Credentials in the URL are refused (keys go in
+    environment variables)."""
+    example = "write e.g. 'http://127.0.0.1:8765'"
+    if not isinstance(value, str) or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError(f"{_shown(value)} contains whitespace or control characters; {example}")
+    try:
+        parts = urlsplit(value)
+        port = parts.port  # raises ValueError when out of 0-65535 or not a number
+    except ValueError as exc:
+        raise ValueError(f"{_shown(value)} is not a valid URL ({exc}); {example}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{_shown(value)} is not an http(s) URL with a host; {example}")
+    if port == 0:
+        raise ValueError(f"{_shown(value)}: port 0 is not a port; use 1-65535")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(f"{_shown(value)}: credentials in the URL are not allowed; put the key in an environment variable and name it in api_key_env")
+    if parts.query or parts.fragment:
+        raise ValueError(f"{_shown(value)}: a base_url has no query or fragment; give scheme://host:port[/path]")
+    return value.rstrip("/")
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -98,9 +151,7 @@ class EndpointSpec(_Strict):
     @field_validator("base_url")
     @classmethod
     def _url(cls, v: str) -> str:
-        if not re.match(r"^https?://[^/\s]+", v):
-            raise ValueError(f"{v!r} is not an http(s) URL; write e.g. 'http://127.0.0.1:8765'")
-        return v.rstrip("/")
+        return check_http_url(v)
 
     @field_validator("api_key_env")
     @classmethod
@@ -134,7 +185,13 @@ class ModelDefaults(_Strict):
     temperature: TemperatureOrNone = 0.0
     reasoning: bool | None = None
     structured_output: bool = False
+    stream: bool = False  # ask for a streamed answer: the record then has the time to first token
     options: dict[str, Any] = Field(default_factory=dict)
+    # bounds on one answer (workers.runtask.ResponseLimits documents each)
+    max_response_bytes: int = Field(default=ResponseLimits().max_response_bytes, ge=1024)
+    max_json_depth: int = Field(default=ResponseLimits().max_json_depth, ge=4, le=512)
+    max_answer_chars: int = Field(default=ResponseLimits().max_answer_chars, ge=1024)
+    max_ir_nodes: int = Field(default=ResponseLimits().max_ir_nodes, ge=1)
 
 
 NONE_ABLE = frozenset(
@@ -149,11 +206,24 @@ class ModelSpec(ModelDefaults):
     name: str = Field(min_length=1)
     endpoint: str = Field(min_length=1)  # type: ignore[assignment]
 
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_model_name(v)
+
     def to_limits(self) -> ModelLimits:
         return ModelLimits(
             requests_per_minute=self.requests_per_minute,
             tokens_per_minute=self.tokens_per_minute,
             max_concurrency=self.max_concurrency,
+        )
+
+    def to_response_limits(self) -> ResponseLimits:
+        return ResponseLimits(
+            max_response_bytes=self.max_response_bytes,
+            max_json_depth=self.max_json_depth,
+            max_answer_chars=self.max_answer_chars,
+            max_ir_nodes=self.max_ir_nodes,
         )
 
     def to_timeouts(self) -> TimeoutPolicy:
@@ -202,6 +272,14 @@ class CampaignSpec(_Strict):
             raise ValueError(f"{v!r} is not slug-safe; use letters, digits, '.', '_' or '-' (e.g. 'demo-2024')")
         return v
 
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoint_keys(cls, v: dict[str, EndpointSpec]) -> dict[str, EndpointSpec]:
+        for key in v:
+            if not SLUG_RE.match(key):
+                raise ValueError(f"endpoint name {_shown(key)} is not slug-safe; use letters, digits, '.', '_' or '-'")
+        return v
+
     @field_validator("budgets")
     @classmethod
     def _unique_budgets(cls, v: list[int] | None) -> list[int] | None:
@@ -216,7 +294,8 @@ class CampaignSpec(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _panel_default(cls, data: Any) -> Any:
-        if isinstance(data, dict) and not data.get("panel") and isinstance(data.get("name"), str):
+        # an invalid name is reported once, under `name`, not again under the panel it would fill
+        if isinstance(data, dict) and not data.get("panel") and isinstance(data.get("name"), str) and SLUG_RE.match(data["name"]):
             data = {**data, "panel": data["name"]}
         return data
 

@@ -10,19 +10,30 @@ whatever else is interleaved. The prompt is the text between the lines
 ``--- BEGIN PROMPT ---`` and ``--- END PROMPT ---`` of the last user message (the whole
 message if the markers are absent); its annotations are the true structure.
 All state (caches, counters, stats) lives in the ``SimState`` of one app instance.
+
+Streaming (``"stream": true``; Ollama's default): OpenAI server-sent events (a role chunk, the
+reasoning then answer in ``stream_chunk_chars`` pieces, a ``finish_reason`` chunk, a usage chunk
+when ``stream_options.include_usage``, ``data: [DONE]``) or Ollama NDJSON (pieces, then the
+``done`` line with the counts), paced ``stream_chunk_interval_ms`` apart; the latency draw is the
+wait before the first chunk, and ``stall_prob`` pauses ``stall_s`` after the first token.
+Gateway behaviours: each 429 carries the ``retry_after_headers`` forms (``retry-after`` seconds
+or date, ``retry-after-ms``, ``x-ratelimit-reset-*`` Go durations, ``llm_provider-retry-after``);
+``unknown_model_status = 400`` answers an unknown model as LiteLLM does; ``context_tokens`` makes
+a longer prompt a 400 worded as llama-cpp-python words it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import email.utils
 import hashlib
 import hmac
 import json
 import math
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +67,38 @@ def extract_prompt(message: str) -> str:
         end = stripped.index(END_MARKER, start) if END_MARKER in stripped[start:] else len(lines)
         return "\n".join(lines[start:end])
     return message
+
+
+def go_duration(seconds: float) -> str:
+    """``seconds`` as a Go ``time.Duration`` string, the form of OpenAI's
+    ``x-ratelimit-reset-*`` headers: ``20ms``, ``1s``, ``1.5s``, ``6m0s``, ``1h2m3s``."""
+    if seconds < 1:
+        return f"{round(seconds * 1000, 3):g}ms"
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    out = f"{int(hours)}h" if hours else ""
+    if hours or minutes:
+        out += f"{int(minutes)}m"
+    return out + f"{round(secs, 3):g}s"
+
+
+def retry_after_headers(forms: tuple[str, ...], retry_after_s: float, now_s: float) -> dict[str, str]:
+    """The 429 headers for each form in ``forms`` (``simulator.config.RetryAfterForm``)."""
+    ra = retry_after_s
+    seconds = str(int(ra)) if float(ra).is_integer() else f"{ra:g}"
+    headers: dict[str, str] = {}
+    for form in forms:
+        if form == "retry-after":
+            headers["Retry-After"] = seconds
+        elif form == "retry-after-date":  # HTTP-dates have whole seconds: round up, never early
+            headers["Retry-After"] = email.utils.formatdate(math.ceil(now_s + ra), usegmt=True)
+        elif form == "retry-after-ms":
+            headers["retry-after-ms"] = str(int(ra * 1000))
+        elif form in ("x-ratelimit-reset-requests", "x-ratelimit-reset-tokens"):
+            headers[form] = go_duration(ra)
+        elif form == "llm_provider-retry-after":
+            headers["llm_provider-retry-after"] = seconds
+    return headers
 
 
 def _int_of(text: str) -> int:
@@ -115,6 +158,9 @@ class _Answer:
     reasoning_tokens: int
     answer_id: str
     elapsed_ns: int
+    stall_s: float = 0.0  # a streamed answer pauses this long after its first chunk
+    chunk_chars: int = 16
+    chunk_interval_s: float = 0.0
 
 
 class SimApp:
@@ -217,12 +263,23 @@ class SimApp:
         t0 = time.perf_counter_ns()
         name = body.get("model")
         if not isinstance(name, str) or name not in self.config.models:
+            if self.config.unknown_model_status == 400:  # a gateway (LiteLLM's wording)
+                raise _Reject(400, f"Invalid model name passed in model={name}. Call `/v1/models` to view "
+                                   "available models for your key.", "400")
             raise _Reject(404, f"The model '{name}' does not exist on this endpoint.", "model_not_found")
         p = self.config.models[name]
         self.state.model_requests[name] += 1
         if p.retired_after_requests is not None and self.state.model_requests[name] > p.retired_after_requests:
             raise _Reject(410, self._retired_message(name, p), "model_retired")
         message = self._user_text(body)
+        prompt_tokens = count_tokens(message, p.chars_per_token)
+        if p.context_tokens is not None and prompt_tokens >= p.context_tokens:
+            # llama-cpp-python's server words it this way (llama_cpp/server/errors.py)
+            completion = max_tokens or 0
+            raise _Reject(400, f"This model's maximum context length is {p.context_tokens} tokens. However, you "
+                               f"requested {prompt_tokens + completion} tokens ({prompt_tokens} in the messages, "
+                               f"{completion} in the completion). Please reduce the length of the messages or "
+                               "completion.", "context_length_exceeded")
         prompt = extract_prompt(message)
         sha = hashlib.sha256(prompt.encode("utf-8")).hexdigest()
         key = (name, sha)
@@ -233,10 +290,9 @@ class SimApp:
         rng = np.random.default_rng([self.config.seed, self._model_ints[name], int(sha, 16), counter])
         u = rng.random(5)
         if u[0] < p.rate_limit_prob:
-            ra = p.retry_after_s
-            ra_text = str(int(ra)) if float(ra).is_integer() else f"{ra:g}"
-            raise _Reject(429, f"Rate limit reached for model '{name}'; retry after {ra_text} s.", "rate_limited",
-                          {"Retry-After": ra_text, "retry-after-ms": str(int(ra * 1000))})
+            raise _Reject(429, f"Rate limit reached for model '{name}'; retry after {p.retry_after_s:g} s.",
+                          "rate_limited", retry_after_headers(p.retry_after_headers, p.retry_after_s,
+                                                              self._wall_clock()))
         if u[1] < p.server_error_prob:
             status = 500 if u[2] < 0.5 else 503
             raise _Reject(status, f"Simulated server error {status} for model '{name}'.", "server_error")
@@ -251,11 +307,32 @@ class SimApp:
         reasoning = reasoning_text(p, rng) if reasoning_on else ""
         text = render_answer(ir, p, rng, structured=structured)
         out = apply_token_budget(text, reasoning, max_tokens, p.chars_per_token)
+        # stalls draw from their own generator so every other draw stays as it was
+        stalls = p.stall_prob > 0 and np.random.default_rng(
+            [self.config.seed, self._model_ints[name], int(sha, 16), counter, 1]).random() < p.stall_prob
         if delay_s > 0:
             await self._sleep(delay_s)
-        return _Answer(out.content, out.reasoning, out.finish_reason, count_tokens(message, p.chars_per_token),
+        return _Answer(out.content, out.reasoning, out.finish_reason, prompt_tokens,
                        out.completion_tokens, out.reasoning_tokens, f"{counter}-{sha[:12]}-{name}",
-                       time.perf_counter_ns() - t0)
+                       time.perf_counter_ns() - t0, p.stall_s if stalls else 0.0, p.stream_chunk_chars,
+                       p.stream_chunk_interval_ms / 1000.0)
+
+    async def _paced(self, a: _Answer, frames: list[bytes], first_token: int) -> AsyncIterator[bytes]:
+        """Yield the frames of a streamed answer ``chunk_interval_s`` apart, with the stall (if
+        any) right after frame ``first_token`` (the first carrying a token)."""
+        for i, frame in enumerate(frames):
+            if i == first_token + 1 and a.stall_s > 0:
+                await self._sleep(a.stall_s)
+            elif i > 0 and a.chunk_interval_s > 0:
+                await self._sleep(a.chunk_interval_s)
+            yield frame
+
+    @staticmethod
+    def _pieces(a: _Answer) -> list[tuple[str, str]]:
+        """``(kind, text)`` chunks, reasoning first, each at most ``chunk_chars`` long."""
+        n = a.chunk_chars
+        return ([("reasoning", a.reasoning[i:i + n]) for i in range(0, len(a.reasoning), n)]
+                + [("content", a.content[i:i + n]) for i in range(0, len(a.content), n)])
 
     async def _serve(self, request: Request, fmt: str, build: Callable[[dict], Awaitable[Response]]) -> Response:
         st: ModelStats | None = None
@@ -275,12 +352,15 @@ class SimApp:
     # ---- OpenAI --------------------------------------------------------------------------
     async def openai_chat(self, request: Request) -> Response:
         async def build(body: dict) -> Response:
-            if body.get("stream"):
-                raise _Reject(400, "stream=true is not supported by the simulator; send stream=false", "unsupported")
             mt = body.get("max_completion_tokens", body.get("max_tokens"))
             rf = body.get("response_format")
             structured = isinstance(rf, dict) and rf.get("type") in ("json_object", "json_schema")
             a = await self._answer(body, self._budget(mt, "max_tokens"), True, structured)
+            usage = {"prompt_tokens": a.prompt_tokens, "completion_tokens": a.completion_tokens,
+                     "total_tokens": a.prompt_tokens + a.completion_tokens,
+                     "completion_tokens_details": {"reasoning_tokens": a.reasoning_tokens}}
+            if body.get("stream"):
+                return self._openai_stream(body, a, usage)
             message: dict[str, Any] = {"role": "assistant", "content": a.content}
             if a.reasoning:
                 message["reasoning_content"] = a.reasoning
@@ -288,11 +368,29 @@ class SimApp:
                 "id": f"chatcmpl-{a.answer_id}", "object": "chat.completion",
                 "created": int(self._wall_clock()), "model": body["model"],
                 "choices": [{"index": 0, "message": message, "finish_reason": a.finish_reason}],
-                "usage": {"prompt_tokens": a.prompt_tokens, "completion_tokens": a.completion_tokens,
-                          "total_tokens": a.prompt_tokens + a.completion_tokens,
-                          "completion_tokens_details": {"reasoning_tokens": a.reasoning_tokens}},
+                "usage": usage,
             })
         return await self._serve(request, "openai", build)
+
+    def _openai_stream(self, body: dict, a: _Answer, usage: dict) -> Response:
+        """Server-sent events as OpenAI sends them: a role chunk, one chunk per piece, a chunk
+        with ``finish_reason``, the usage chunk (``stream_options.include_usage``), ``[DONE]``."""
+        head = {"id": f"chatcmpl-{a.answer_id}", "object": "chat.completion.chunk",
+                "created": int(self._wall_clock()), "model": body["model"]}
+
+        def event(choices: list, **extra: Any) -> bytes:
+            return b"data: " + json.dumps({**head, "choices": choices, **extra}).encode() + b"\n\n"
+
+        frames = [event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])]
+        for kind, text in self._pieces(a):
+            key = "reasoning_content" if kind == "reasoning" else "content"
+            frames.append(event([{"index": 0, "delta": {key: text}, "finish_reason": None}]))
+        frames.append(event([{"index": 0, "delta": {}, "finish_reason": a.finish_reason}]))
+        options = body.get("stream_options")
+        if isinstance(options, dict) and options.get("include_usage"):
+            frames.append(event([], usage=usage))
+        frames.append(b"data: [DONE]\n\n")
+        return StreamingResponse(self._paced(a, frames, 1), media_type="text/event-stream")
 
     async def openai_models(self, request: Request) -> Response:
         try:
@@ -322,11 +420,16 @@ class SimApp:
                      "eval_count": a.completion_tokens, "eval_duration": eval_ns}
             if body.get("stream", True) is False:
                 return JSONResponse(final)
-            # Ollama streams by default: one content chunk, then the final (empty) done chunk.
-            chunk = {"model": body["model"], "created_at": created, "message": message, "done": False}
+            # Ollama streams by default: one line per piece, then the final (empty) done line.
+            lines = []
+            for kind, text in self._pieces(a):
+                msg = {"role": "assistant", "content": "", "thinking": text} if kind == "reasoning" else \
+                    {"role": "assistant", "content": text}
+                lines.append(json.dumps({"model": body["model"], "created_at": created, "message": msg,
+                                         "done": False}).encode() + b"\n")
             final_chunk = {**final, "message": {"role": "assistant", "content": ""}}
-            lines = [json.dumps(chunk) + "\n", json.dumps(final_chunk) + "\n"]
-            return StreamingResponse(iter(lines), media_type="application/x-ndjson")
+            lines.append(json.dumps(final_chunk).encode() + b"\n")
+            return StreamingResponse(self._paced(a, lines, 0), media_type="application/x-ndjson")
         return await self._serve(request, "ollama", build)
 
     async def ollama_tags(self, request: Request) -> Response:

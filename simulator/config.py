@@ -17,10 +17,20 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from storage.errors import ConfigError
+
+#: How a 429 tells the client when to come back (one header each; gateways differ):
+#: ``retry-after`` delta-seconds, ``retry-after-date`` an HTTP-date in ``Retry-After``,
+#: ``retry-after-ms`` (OpenAI/Azure), ``x-ratelimit-reset-requests``/``-tokens`` as a Go
+#: duration ("1s", "6m0s", "20ms"), ``llm_provider-retry-after`` (LiteLLM's pass-through).
+RetryAfterForm = Literal[
+    "retry-after", "retry-after-date", "retry-after-ms", "x-ratelimit-reset-requests",
+    "x-ratelimit-reset-tokens", "llm_provider-retry-after",
+]
 
 DEFAULT_INFERRED_WORDS: tuple[str, ...] = (
     "overview", "context", "persona", "output_format", "examples", "constraints",
@@ -54,6 +64,9 @@ class SimModel(BaseModel):
     # failures
     rate_limit_prob: float = Field(default=0.0, ge=0, le=1)
     retry_after_s: float = Field(default=1.0, ge=0)
+    retry_after_headers: tuple[RetryAfterForm, ...] = Field(
+        default=("retry-after", "retry-after-ms"), description="which headers a 429 carries (RetryAfterForm)"
+    )
     server_error_prob: float = Field(default=0.0, ge=0, le=1, description="500 or 503")
     hang_prob: float = Field(default=0.0, ge=0, le=1)
     hang_s: float = Field(default=30.0, ge=0, description="sleep before answering when hanging")
@@ -62,6 +75,14 @@ class SimModel(BaseModel):
     retirement_reference: str | None = None
     replacement_model: str | None = None
     listed: bool = True
+    context_tokens: int | None = Field(
+        default=None, ge=1, description="context window: a longer prompt + max_tokens is a 400 as llama.cpp words it"
+    )
+    # streaming (``stream: true``): the latency above is the time to the first chunk
+    stream_chunk_chars: int = Field(default=16, ge=1, description="answer characters per streamed chunk")
+    stream_chunk_interval_ms: float = Field(default=0.0, ge=0, description="pause between streamed chunks")
+    stall_prob: float = Field(default=0.0, ge=0, le=1, description="stream stalls after its first chunk")
+    stall_s: float = Field(default=30.0, ge=0, description="length of a stall before the stream resumes")
 
 
 class SimConfig(BaseModel):
@@ -72,6 +93,9 @@ class SimConfig(BaseModel):
     seed: int = 0
     api_key: str | None = Field(default=None, repr=False)
     models: dict[str, SimModel] = Field(default_factory=dict)
+    unknown_model_status: Literal[400, 404] = Field(
+        default=404, description="404 (a provider) or 400 with LiteLLM's wording (a gateway) for an unknown model"
+    )
 
 
 def load_sim_config(path: str | Path) -> SimConfig:

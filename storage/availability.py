@@ -2,7 +2,7 @@
 
 A row records what one availability check (``orchestrator.availability``) found for one model:
 ``available``, ``retired`` (with the retirement date and reference id from the 410 body),
-``not_listed``, ``not_found``, ``auth_error``, ``timeout`` or ``error``
+``not_listed``, ``not_found``, ``unknown_model``, ``auth_error``, ``timeout`` or ``error``
 (``../shared/spec/failures.md``). Rows are appended, never rewritten, so the dataset is the
 model's history; imports of published audits carry ``source = "artifact"``.
 
@@ -37,13 +37,16 @@ class Availability(StrEnum):
     RETIRED = "retired"
     NOT_LISTED = "not_listed"
     NOT_FOUND = "not_found"
+    UNKNOWN_MODEL = "unknown_model"  # a gateway's 400/404 saying it routes no such model
     AUTH_ERROR = "auth_error"
     TIMEOUT = "timeout"
     ERROR = "error"
 
 
 #: statuses meaning the model itself is gone (not a problem of our key, network or the moment)
-MISSING = frozenset({Availability.RETIRED, Availability.NOT_LISTED, Availability.NOT_FOUND})
+MISSING = frozenset(
+    {Availability.RETIRED, Availability.NOT_LISTED, Availability.NOT_FOUND, Availability.UNKNOWN_MODEL}
+)
 
 
 class AvailabilityRecord(BaseModel):

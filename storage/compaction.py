@@ -4,7 +4,8 @@ Per partition, under an exclusive ``flock`` (one compactor per partition; releas
 kernel if the process dies):
 
 1. finish any manifest left by an earlier, interrupted compaction (see :func:`recover`);
-2. read the partition's published files and deduplicate them by key;
+2. read the partition's published files and drop copies (same key, or for a dataset of
+   executions same key and execution id: every execution is kept);
 3. write the result into a hidden scratch dir ``.compact-<date>-<hex>/`` (fsynced);
 4. rename each output into the partition as ``part-<hex>.parquet`` and fsync the partition;
 5. atomically write a JSON manifest ``_compaction/<date>-<hex>.json`` (inputs -> outputs);
@@ -29,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage.dataset import FILENAME_COLUMN, ParquetDataset, dedupe_table, fsync_dir
+from storage.dataset import FILENAME_COLUMN, ParquetDataset, dedupe_copies, fsync_dir
 from storage.errors import StorageError
 
 MANIFEST_DIR = "_compaction"
@@ -203,7 +204,8 @@ def write_outputs(
         return None
     raw = dataset.read_files(inputs, dedupe=False, with_filename=True)
     spec = dataset.spec
-    merged = dedupe_table(raw, spec.key, spec.order_col, FILENAME_COLUMN)  # sorted by key
+    # copies of one row collapse; a dataset of executions keeps every execution
+    merged = dedupe_copies(raw, spec, FILENAME_COLUMN)  # sorted by key
     merged = merged.drop_columns([FILENAME_COLUMN, spec.partition_col])
     merged = merged.replace_schema_metadata(spec.schema.metadata)
     scratch = dataset.path / f".compact-{day.isoformat()}-{uuid.uuid4().hex}"

@@ -48,6 +48,12 @@ class DatasetSpec:
     ``schema`` must contain ``key`` (string), ``partition_col`` (date32) and, if given,
     ``order_col`` (dedupe keeps the row with the smallest value) and ``version_col`` (rows
     with a value above the schema-metadata version are refused on read).
+
+    ``execution_col`` (optional) makes the dataset one of *executions*: several rows per key
+    are kept, one per execution id, and the deduplicating read picks the **latest** execution
+    of each key: the largest ``finish_col`` (``order_col`` where that is null), ties broken by
+    the smallest execution id, then file name, then row position (:func:`pick_latest`).
+    Compaction then only collapses copies of the same (key, execution) (:func:`dedupe_copies`).
     """
 
     name: str
@@ -56,10 +62,13 @@ class DatasetSpec:
     partition_col: str
     order_col: str | None = None
     version_col: str | None = None
+    execution_col: str | None = None
+    finish_col: str | None = None
 
     def __post_init__(self) -> None:
         names = set(self.schema.names)
-        for col in (self.key, self.partition_col, self.order_col, self.version_col):
+        for col in (self.key, self.partition_col, self.order_col, self.version_col,
+                    self.execution_col, self.finish_col):
             if col is not None and col not in names:
                 raise StorageError(f"dataset {self.name!r}: column {col!r} is not in its schema")
         if self.schema.field(self.partition_col).type != pa.date32():
@@ -324,15 +333,17 @@ class ParquetDataset:
         date_to: dt.date | None = None,
         filters: Mapping[str, Any] | None = None,
         columns: Sequence[str] | None = None,
-        dedupe: bool = True,
+        dedupe: bool | str = True,
         sort_by_key: bool = True,
     ) -> pa.Table:
         """Rows in ``[date_from, date_to]`` matching ``filters``, one per key if ``dedupe``.
 
         ``columns`` projects (default: all, in schema order). Deduplicated output is sorted
         by key; the surviving row is the one with the smallest ``order_col``, ties broken by
-        file name, then row position. ``sort_by_key=False``: when no key repeats, the rows come
-        in file order without the sorted copy (the memory peak of a large read).
+        file name, then row position — or, for a dataset of executions, the latest execution
+        (see :class:`DatasetSpec`). ``dedupe="executions"``: one row per (key, execution),
+        i.e. every execution once, sorted by key. ``sort_by_key=False``: when no key repeats,
+        the rows come in file order without the sorted copy (the memory peak of a large read).
         """
         columns = list(columns) if columns is not None else list(self.spec.schema.names)
         unknown = [c for c in columns if c not in self.spec.schema.names]
@@ -356,15 +367,29 @@ class ParquetDataset:
         raise AssertionError("unreachable")
 
     def read_files(
-        self, files: Sequence[Path], *, dedupe: bool = True, with_filename: bool = False
+        self,
+        files: Sequence[Path],
+        *,
+        dedupe: bool | str = True,
+        with_filename: bool = False,
+        columns: Sequence[str] | None = None,
+        filters: Mapping[str, Any] | None = None,
     ) -> pa.Table:
-        """All columns of exactly ``files`` (used by compaction); ``with_filename`` adds the
-        source path as column ``__filename``."""
-        columns = list(self.spec.schema.names) + ([FILENAME_COLUMN] if with_filename else [])
-        return self._read_files(list(files), None, columns, dedupe)
+        """``columns`` (default all) of exactly ``files`` (compaction, incremental readers);
+        ``with_filename`` adds the source path as column ``__filename``; ``filters`` as in
+        :meth:`read`. Raises FileNotFoundError if a file vanished (a compaction)."""
+        cols = list(columns) if columns is not None else list(self.spec.schema.names)
+        cols += [FILENAME_COLUMN] if with_filename else []
+        expr = self.filter_expression(filters=filters) if filters else None
+        return self._read_files(list(files), expr, cols, dedupe)
+
+    def _dedupe_columns(self) -> list[str]:
+        spec = self.spec
+        cols = [spec.key, spec.order_col, spec.execution_col, spec.finish_col]
+        return [c for c in cols if c is not None]
 
     def _read_files(
-        self, files: list[Path], expr: ds.Expression | None, columns: list[str], dedupe: bool,
+        self, files: list[Path], expr: ds.Expression | None, columns: list[str], dedupe: bool | str,
         sort_by_key: bool = True,
     ) -> pa.Table:
         schema = self.spec.schema
@@ -373,9 +398,7 @@ class ParquetDataset:
             if FILENAME_COLUMN in columns:
                 empty = empty.append_column(FILENAME_COLUMN, pa.array([], pa.string()))
             return empty.select(columns)
-        extra = [self.spec.key, self.spec.order_col, self.spec.version_col] if dedupe else [
-            self.spec.version_col
-        ]
+        extra = [*self._dedupe_columns(), self.spec.version_col] if dedupe else [self.spec.version_col]
         wanted = [c for c in columns if c != FILENAME_COLUMN]
         needed = list(dict.fromkeys(wanted + [c for c in extra if c is not None]))
         dataset = ds.dataset(
@@ -395,10 +418,26 @@ class ParquetDataset:
             raise self._diagnose(files, exc) from exc
         self._check_versions(table)
         self._check_required(table)
-        if dedupe:
-            table = dedupe_table(table, self.spec.key, self.spec.order_col, FILENAME_COLUMN,
-                                 columns=columns, sort_by_key=sort_by_key)
+        if dedupe == "executions":
+            table = dedupe_copies(table, self.spec, FILENAME_COLUMN)
+        elif dedupe:
+            return self.pick(table, columns=columns, sort_by_key=sort_by_key)
         return table.select(columns)
+
+    def pick(
+        self, table: pa.Table, *, columns: Sequence[str] | None = None, sort_by_key: bool = True
+    ) -> pa.Table:
+        """One row per key by this dataset's rule (needs the key/order/execution columns);
+        ``columns``/``sort_by_key`` as in :func:`dedupe_table`."""
+        spec = self.spec
+        if spec.execution_col is None:
+            return dedupe_table(table, spec.key, spec.order_col, FILENAME_COLUMN, columns=columns,
+                                sort_by_key=sort_by_key)
+        if table.num_rows == 0 or pc.count_distinct(table[spec.key]).as_py() == table.num_rows:
+            # one execution per key: nothing to pick (dedupe_table's no-copy fast paths)
+            return dedupe_table(table, spec.key, None, None, columns=columns, sort_by_key=sort_by_key)
+        out = pick_latest(table, spec, FILENAME_COLUMN)
+        return out.select(list(columns)) if columns is not None else out
 
     def _check_versions(self, table: pa.Table) -> None:
         vcol = self.spec.version_col
@@ -526,3 +565,74 @@ def dedupe_table(
     if n > 1:
         first[1:] = pc.not_equal(sorted_keys[1:], sorted_keys[:-1]).to_numpy(zero_copy_only=False)
     return out.take(pc.filter(order, pa.array(first)))
+
+
+def _finish_order(table: pa.Table, spec: DatasetSpec) -> pa.ChunkedArray | None:
+    """``finish_col``, falling back to ``order_col`` where null (rows of older schemas)."""
+    names = table.column_names
+    finish = table[spec.finish_col] if spec.finish_col is not None and spec.finish_col in names else None
+    order = table[spec.order_col] if spec.order_col is not None and spec.order_col in names else None
+    if finish is None or order is None:
+        return finish if finish is not None else order
+    return pc.coalesce(finish, order.cast(finish.type))
+
+
+def _first_of_groups(table: pa.Table, order: pa.Array, group_cols: Sequence[str]) -> pa.Table:
+    """Rows at ``order`` positions that start a new group of ``group_cols`` values (two nulls
+    are the same value)."""
+    n = len(order)
+    first = np.ones(n, dtype=bool)
+    if n > 1:
+        new = np.zeros(n - 1, dtype=bool)
+        for col in group_cols:
+            vals = pc.take(table[col], order)
+            later, earlier = vals[1:], vals[:-1]
+            differs = pc.fill_null(pc.not_equal(later, earlier), False)
+            one_null = pc.xor(pc.is_null(later), pc.is_null(earlier))
+            new |= pc.or_(differs, one_null).to_numpy(zero_copy_only=False)
+        first[1:] = new
+    return table.take(pc.filter(order, pa.array(first)))
+
+
+def _sorted_indices(table: pa.Table, keys: list[tuple[pa.Array | pa.ChunkedArray, str]]) -> pa.Array:
+    n = table.num_rows
+    work = pa.table({f"k{i}": col for i, (col, _) in enumerate(keys)} | {
+        "__row": pa.array(np.arange(n, dtype=np.int64))})
+    sort_keys = [(f"k{i}", how) for i, (_, how) in enumerate(keys)] + [("__row", "ascending")]
+    return pc.sort_indices(work, sort_keys=sort_keys)  # nulls sort last
+
+
+def pick_latest(table: pa.Table, spec: DatasetSpec, file_col: str | None = None) -> pa.Table:
+    """One row per ``spec.key``: the latest execution (the :class:`DatasetSpec` rule).
+
+    Latest = largest ``finish_col`` (``order_col`` where null); ties: smallest execution id
+    (nulls last), then ``file_col``, then row position. Returns rows sorted by key.
+    """
+    if table.num_rows == 0:
+        return table
+    keys: list[tuple[pa.Array | pa.ChunkedArray, str]] = [(table[spec.key], "ascending")]
+    finish = _finish_order(table, spec)
+    if finish is not None:
+        keys.append((finish, "descending"))
+    if spec.execution_col is not None and spec.execution_col in table.column_names:
+        keys.append((table[spec.execution_col], "ascending"))
+    if file_col is not None and file_col in table.column_names:
+        keys.append((table[file_col], "ascending"))
+    return _first_of_groups(table, _sorted_indices(table, keys), [spec.key])
+
+
+def dedupe_copies(table: pa.Table, spec: DatasetSpec, file_col: str | None = None) -> pa.Table:
+    """One row per (key, execution id): every execution once, copies of one collapsed.
+
+    Rows without an execution id (schema version 1) collapse per key as before (the smallest
+    ``order_col``). Returns rows sorted by key, then execution id.
+    """
+    if table.num_rows == 0 or spec.execution_col is None:
+        return dedupe_table(table, spec.key, spec.order_col, file_col)
+    keys: list[tuple[pa.Array | pa.ChunkedArray, str]] = [
+        (table[spec.key], "ascending"), (table[spec.execution_col], "ascending")]
+    if spec.order_col is not None and spec.order_col in table.column_names:
+        keys.append((table[spec.order_col], "ascending"))
+    if file_col is not None and file_col in table.column_names:
+        keys.append((table[file_col], "ascending"))
+    return _first_of_groups(table, _sorted_indices(table, keys), [spec.key, spec.execution_col])

@@ -11,13 +11,17 @@ Units are in field names: ``*_ms`` milliseconds, ``*_s`` seconds, ``*_chars`` ch
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from enum import StrEnum
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
+#: 2: ``execution_id`` and ``finished_at`` (every execution of a run is its own row), and the
+#: streaming columns ``stream``, ``first_token_ms``, ``stream_duration_ms``; files of version 1
+#: stay readable (these columns read as null).
+SCHEMA_VERSION = 2
 ERROR_TEXT_MAX_CHARS = 2000
 
 
@@ -38,7 +42,9 @@ class Outcome(StrEnum):
     CLIENT_ERROR = "client_error"
     SERVER_ERROR = "server_error"
     PROTOCOL_ERROR = "protocol_error"
+    CONTEXT_EXCEEDED = "context_exceeded"  # the prompt (+ budget) does not fit the model's context
     CANCELLED = "cancelled"
+    WORKER_ERROR = "worker_error"  # the run's task raised or killed its worker N times (poison run)
 
 
 class ParseOutcome(StrEnum):
@@ -85,8 +91,18 @@ class Attempt(BaseModel):
     error: str | None = Field(default=None, max_length=ERROR_TEXT_MAX_CHARS)
 
 
+def new_execution_id() -> str:
+    """A fresh execution id (32 hex chars): one per execution of a run, never reused."""
+    return uuid.uuid4().hex
+
+
 class RunRecord(BaseModel):
-    """Everything known about one run. Flat so it maps 1:1 onto the Arrow schema."""
+    """Everything known about one *execution* of a run. Flat so it maps 1:1 onto the Arrow schema.
+
+    A run (``run_id``) may be executed more than once (redelivery under at-least-once, retry of a
+    failed run); every execution is stored as its own row with its own ``execution_id``, and
+    readers pick one per run_id by :data:`storage.runs.EXECUTION_RULE` (the latest).
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -111,6 +127,7 @@ class RunRecord(BaseModel):
     temperature: float | None = None
     reasoning_enabled: bool | None = None
     structured_output: bool = False
+    stream: bool | None = Field(default=None, description="streamed call; None in rows from before schema 2")
     connect_timeout_s: float | None = None
     read_timeout_s: float | None = None
     total_timeout_s: float | None = None
@@ -127,6 +144,11 @@ class RunRecord(BaseModel):
     cancel_reason: str | None = None
     attempts: list[Attempt] = Field(default_factory=list)
     latency_ms: float | None = Field(default=None, description="latency of the final attempt")
+    total_latency_ms: float | None = Field(
+        default=None,
+        description="every attempt's latency plus the backoff waits between attempts (ms); None when no "
+        "call was made (cancelled before the first attempt, imports)",
+    )
     status_code: int | None = None
     finish_reason: str | None = None
     retired_on: str | None = None
@@ -138,6 +160,10 @@ class RunRecord(BaseModel):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     reasoning_tokens: int | None = None
+    first_token_ms: float | None = Field(
+        default=None, description="streamed: final attempt's start to its first token; None = not streamed or none came"
+    )
+    stream_duration_ms: float | None = Field(default=None, description="streamed: first token to the last byte")
     # the IR extracted from response_text
     parse_outcome: ParseOutcome = ParseOutcome.NOT_ATTEMPTED
     parse_repairs: list[str] = Field(default_factory=list)
@@ -146,8 +172,22 @@ class RunRecord(BaseModel):
     node_count: int = 0
     duplicate_id_count: int = 0
     irbench_version: str = ""
+    # schema version 2: which execution of the run this row is
+    execution_id: str | None = Field(
+        default_factory=new_execution_id,
+        description="one per execution of the run; None only in rows of schema version 1",
+    )
+    finished_at: dt.datetime | None = Field(
+        default=None, description="UTC end of the execution (None: imports, schema version 1)"
+    )
 
     @property
     def succeeded(self) -> bool:
         """A run that produced a parseable IR (the metrics' definition of a run)."""
         return run_succeeded(self.parse_outcome, self.ir_json)
+
+    @property
+    def failed(self) -> bool:
+        """What progress and campaign state count as failed: the call did not end ``ok`` or the
+        answer yielded no IR (a truncated answer that still parsed counts as failed here)."""
+        return self.outcome is not Outcome.OK or not self.succeeded

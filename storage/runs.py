@@ -1,8 +1,15 @@
-"""The ``runs/`` dataset: every RunRecord, partitioned by ``measurement_date``, deduped by run_id.
+"""The ``runs/`` dataset: every execution of every run, partitioned by ``measurement_date``.
 
-A single-record write is published as ``<run_id>.parquet`` with first-writer-wins, so a
-redelivered run that finishes again is a no-op on disk; batches are ``batch-<uuid>.parquet``
-and the reader keeps one row per run_id (earliest ``measured_at``, then file name).
+**Execution model.** A run (``run_id``) can be executed more than once: a redelivered task
+under at-least-once delivery, a worker stopped past its claim, a retry of a failed run. Each
+execution is one row with its own ``execution_id`` and is never overwritten or dropped, so the
+dataset read file by file without dedupe holds every execution and every attempt an endpoint
+answered. :data:`EXECUTION_RULE` picks the one execution per run_id that analysis, status and
+resume use. Copies of one execution (a crash mid-compaction) collapse on read and compaction.
+
+A single-record write is published as ``<run_id>.<execution_id>.parquet`` with
+first-writer-wins (re-publishing the same execution is a no-op); batches are
+``batch-<uuid>.parquet``.
 """
 
 from __future__ import annotations
@@ -17,11 +24,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from storage.compaction import CompactionConfig, CompactionReport, compact
-from storage.dataset import DatasetSpec, ParquetDataset
+from storage.dataset import DatasetSpec, ParquetDataset, pick_latest
 from storage.records import RunRecord
+from storage.spool import recover_orphans
 from storage.schema import RUN_SCHEMA, records_to_table, table_to_records
 
 RUNS_DATASET = "runs"
+#: The rule readers use to pick one execution per run_id (``DatasetSpec``'s execution rule).
+EXECUTION_RULE = (
+    "latest execution: largest finished_at (measured_at for rows without one, e.g. schema "
+    "version 1), ties broken by the smallest execution_id, then file name, then row position"
+)
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,150}$")
 
 
@@ -34,7 +47,15 @@ def run_spec(name: str = RUNS_DATASET) -> DatasetSpec:
         partition_col="measurement_date",
         order_col="measured_at",
         version_col="schema_version",
+        execution_col="execution_id",
+        finish_col="finished_at",
     )
+
+
+def latest_executions(table: pa.Table) -> pa.Table:
+    """One row per run_id of ``table`` by :data:`EXECUTION_RULE` (needs ``run_id``,
+    ``measured_at``; uses ``execution_id``/``finished_at`` when present), sorted by run_id."""
+    return pick_latest(table, run_spec())
 
 
 def file_stem_for(run_id: str) -> str:
@@ -65,13 +86,18 @@ class RunStore:
     def write(self, records: Sequence[RunRecord]) -> int:
         """Persist ``records`` atomically; returns rows published.
 
-        One record: ``<run_id>.parquet``, 0 if that file already exists (redelivery).
-        More: one ``batch-<uuid>.parquet`` per measurement date (duplicates are deduped on read).
+        One record: ``<run_id>.<execution_id>.parquet``, 0 if that file already exists (the
+        same execution published twice). More: one ``batch-<uuid>.parquet`` per measurement
+        date. Every execution is kept; readers pick one per run_id (:data:`EXECUTION_RULE`).
         """
         if not records:
             return 0
         table = records_to_table(records)
-        stem = file_stem_for(records[0].run_id) if len(records) == 1 else None
+        stem = None
+        if len(records) == 1:
+            stem = file_stem_for(records[0].run_id)
+            if records[0].execution_id:
+                stem = f"{stem}.{records[0].execution_id}"
         return self.dataset.write(table, stem=stem).rows_written
 
     @staticmethod
@@ -98,7 +124,8 @@ class RunStore:
         models: Sequence[str] | None = None,
         columns: Sequence[str] | None = None,
     ) -> pa.Table:
-        """Runs in the inclusive date range, one row per run_id, sorted by run_id."""
+        """Runs in the inclusive date range, one row per run_id (:data:`EXECUTION_RULE`),
+        sorted by run_id."""
         return self.dataset.read(
             date_from=date_from,
             date_to=date_to,
@@ -115,6 +142,17 @@ class RunStore:
     ) -> list[RunRecord]:
         """Like :meth:`read_table`, as validated RunRecords."""
         return table_to_records(self.read_table(date_from, date_to, campaigns, models))
+
+    def read_executions(
+        self,
+        campaigns: Sequence[str] | None = None,
+        models: Sequence[str] | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> pa.Table:
+        """Every stored execution once (copies of one collapsed), sorted by run_id."""
+        return self.dataset.read(
+            filters=self._filters(campaigns, models), columns=columns, dedupe="executions"
+        )
 
     def count_by_outcome(self, campaign: str | None = None) -> dict[str, int]:
         """Deduplicated run counts per final outcome value (e.g. ``{"ok": 95, "timeout_read": 5}``)."""
@@ -143,5 +181,7 @@ class RunStore:
         return mm["min"], mm["max"]
 
     def compact(self, date: dt.date | None = None) -> CompactionReport:
-        """Merge small files of one partition (or all); see :mod:`storage.compaction`."""
+        """Publish the spools of dead writers, then merge small files of one partition (or
+        all); see :mod:`storage.compaction` and :mod:`storage.spool`."""
+        recover_orphans(self.dataset)
         return compact(self.dataset, date, self.compaction)

@@ -67,6 +67,7 @@ RUN_FIELDS: list[pa.Field] = [
     _f("temperature", pa.float64()),
     _f("reasoning_enabled", pa.bool_()),
     _f("structured_output", pa.bool_(), False),
+    _f("stream", pa.bool_()),
     _f("connect_timeout_s", pa.float64()),
     _f("read_timeout_s", pa.float64()),
     _f("total_timeout_s", pa.float64()),
@@ -79,6 +80,7 @@ RUN_FIELDS: list[pa.Field] = [
     _f("cancel_reason", pa.string()),
     _f("attempts", pa.list_(pa.field("item", ATTEMPT_STRUCT, nullable=False)), False),
     _f("latency_ms", pa.float64()),
+    _f("total_latency_ms", pa.float64()),  # added in version 2; null in older files
     _f("status_code", pa.int64()),
     _f("finish_reason", pa.string()),
     _f("retired_on", pa.string()),
@@ -89,6 +91,8 @@ RUN_FIELDS: list[pa.Field] = [
     _f("prompt_tokens", pa.int64()),
     _f("completion_tokens", pa.int64()),
     _f("reasoning_tokens", pa.int64()),
+    _f("first_token_ms", pa.float64()),
+    _f("stream_duration_ms", pa.float64()),
     _f("parse_outcome", pa.string(), False),
     _f("parse_repairs", pa.list_(pa.field("item", pa.string(), nullable=False)), False),
     _f("ir_json", pa.string()),
@@ -96,6 +100,9 @@ RUN_FIELDS: list[pa.Field] = [
     _f("node_count", pa.int64(), False),
     _f("duplicate_id_count", pa.int64(), False),
     _f("irbench_version", pa.string(), False),
+    # schema version 2 (nullable: version 1 files lack them)
+    _f("execution_id", pa.string()),
+    _f("finished_at", TIMESTAMP),
 ]
 
 RUN_SCHEMA: pa.Schema = pa.schema(
@@ -118,6 +125,8 @@ def schema_version_of(schema: pa.Schema) -> int | None:
 
 def _check_aware(record: RunRecord) -> None:
     stamps: list[tuple[str, dt.datetime]] = [(f, getattr(record, f)) for f in _DATETIME_FIELDS]
+    if record.finished_at is not None:
+        stamps.append(("finished_at", record.finished_at))
     stamps += [(f"attempts[{a.attempt}].started_at", a.started_at) for a in record.attempts]
     for name, value in stamps:
         if value.tzinfo is None or value.utcoffset() is None:

@@ -75,7 +75,7 @@ def build_store(root: Path) -> None:
     store = RunStore(root, fsync=False)
     for i in range(0, len(recs), 9):
         store.write(recs[i : i + 9])
-    # the same run stored again on a later day (a redelivery across midnight): the earliest wins
+    # the same run executed again on a later day (a redelivery across midnight): the latest wins
     again = recs[0].model_copy(update={"measured_at": recs[0].measured_at + dt.timedelta(days=5),
                                        "measurement_date": DAYS[-1] + dt.timedelta(days=1),
                                        "node_ids": ["ZZZ"], "node_count": 1})
@@ -114,7 +114,7 @@ def test_distributed_outputs_equal_local(tmp_path: Path, broker: str) -> None:
         for stem in ours:
             assert theirs[stem].equals(ours[stem], check_metadata=True), f"{name}/{stem}.parquet differs"
         assert _manifest(dist.panels[name].directory) == _manifest(panel.directory)
-    # the duplicated run counts once, with its first record
+    # the duplicated run counts once, with its latest execution
     main_cells = dist.panels["main"].cells
     assert main_cells.column("runs_total").to_pylist() == local.panels["main"].cells.column("runs_total").to_pylist()
     jobs = list((tmp_path / "dist" / ".jobs").iterdir())
@@ -148,7 +148,7 @@ def test_completed_campaign_enqueues_its_dated_analysis(tmp_path: Path, broker: 
                                            prompts=4, runs=3))
         store = RunStore(tmp_path / "data")
         summary = run_campaign_celery(prepare(spec), store, broker, timeout_s=60, analysis_options=OPTIONS,
-                                      options=CeleryOptions(reconcile_after_s=4.0, store_scan_s=0.3),
+                                      options=CeleryOptions(claim_ttl_s=3.0, reconcile_interval_s=1.0),
                                       on_analysis=jobs.append)
     assert summary.executed == 36 and len(jobs) == 1
     done = wait_analysis(jobs[0], timeout_s=60, poll_interval_s=0.2)

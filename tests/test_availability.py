@@ -181,11 +181,11 @@ def test_beat_one_check_per_interval_with_two_beats(tmp_path: Path) -> None:
     import redis
 
     from deploy.redis_server import RedisServer
-    from workers.availability_tasks import LOCK_PREFIX, slot_of, targets_to_json
+    from workers.celery.availability_tasks import LOCK_PREFIX, slot_of, targets_to_json
 
     interval_s = 2.0
     data = tmp_path / "data"
-    celery = [sys.executable, "-m", "celery", "-A", "workers.availability_tasks:app"]
+    celery = [sys.executable, "-m", "celery", "-A", "orchestrator.worker_app"]
     cfg = SimConfig(models={"alive": SimModel(), "switch": SimModel(retired_after_requests=2, retired_on="2026-08-01",
                                                                     retirement_reference="RET-9")})
     procs: list[subprocess.Popen] = []

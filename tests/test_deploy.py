@@ -23,7 +23,7 @@ from deploy.local_cluster import free_port
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
 LAUNCHER = DEPLOY / "local_cluster.py"
-REAL_APP = REPO / "workers" / "celery_app.py"
+REAL_APP = REPO / "orchestrator" / "worker_app.py"
 
 needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
 
@@ -170,10 +170,10 @@ def test_up_status_down_with_two_workers(cluster_dirs, app_env):
 
 @needs_redis
 @pytest.mark.timeout(60)
-@pytest.mark.skipif(not REAL_APP.exists(), reason="workers/celery_app.py not written yet")
+@pytest.mark.skipif(not REAL_APP.exists(), reason="orchestrator/worker_app.py missing")
 def test_real_celery_app_two_workers_answer_ping(cluster_dirs, app_env):
     state, data = cluster_dirs
-    _up_and_check("workers.celery_app", state, data, app_env, task_roundtrip=False)
+    _up_and_check("orchestrator.worker_app", state, data, app_env, task_roundtrip=False)
 
 
 @needs_redis
@@ -331,7 +331,7 @@ def test_compose_structure():
     w = s["worker"]
     assert "replicas" in w["deploy"] and "env_file" in w
     cmd = " ".join(w["command"])
-    for part in ("-A workers.celery_app worker", "-P threads", "--without-gossip", "--without-mingle", "worker@%h"):
+    for part in ("-A orchestrator.worker_app worker", "-P threads", "--without-gossip", "--without-mingle", "worker@%h"):
         assert part in cmd
     assert "inspect ping" in " ".join(w["healthcheck"]["test"])
     assert s["beat"]["deploy"]["replicas"] == 1 and "beat" in s["beat"]["command"]
@@ -355,8 +355,33 @@ def test_compose_worker_command_expands_to_the_agreed_argv(queues):
     script = script.replace("exec celery", "printf '%s\\n' celery", 1)
     env = {"PATH": os.environ.get("PATH", ""), "IRBENCH_QUEUES": queues, "IRBENCH_WORKER_CONCURRENCY": "7"}
     argv = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, check=True).stdout.splitlines()
-    assert argv[:6] == ["celery", "-A", "workers.celery_app", "worker", "-P", "threads"]
+    assert argv[:6] == ["celery", "-A", "orchestrator.worker_app", "worker", "-P", "threads"]
     assert argv[argv.index("-c") + 1] == "7"
     assert ("-Q" in argv) == bool(queues)
     if queues:
         assert argv[argv.index("-Q") + 1] == queues
+
+
+def test_launcher_with_an_interpreter_lacking_celery_says_what_to_do(cluster_dirs, tmp_path):
+    """The system Python without celery: a one-line hint (make demo / --python .venv/bin/python), no traceback."""
+    state, data = cluster_dirs
+    bare = tmp_path / "bare-python"
+    bare.write_text(f"#!/bin/sh\nexec {sys.executable} -I -S \"$@\"\n")  # -S: no site-packages, so no celery
+    bare.chmod(0o755)
+    out = subprocess.run([sys.executable, str(LAUNCHER), "up", "--workers", "1", "--state", str(state),
+                          "--data", str(data), "--python", str(bare)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "cannot import celery" in out.stderr and "make demo" in out.stderr and "--python" in out.stderr
+    assert not (state / "cluster.json").exists()
+
+
+def test_launcher_picks_the_repository_venv_when_run_by_a_python_without_celery(tmp_path):
+    """`python3 deploy/local_cluster.py` with a bare interpreter defaults --python to .venv's when there is one."""
+    venv_python = REPO / ".venv" / "bin" / "python"
+    if not venv_python.is_file():
+        pytest.skip("no .venv in this checkout")
+    out = subprocess.run([sys.executable, "-I", "-S", "-c",
+                          f"import sys; sys.path.insert(0, {str(DEPLOY)!r}); import local_cluster as lc; "
+                          "print(lc.default_python())"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert Path(out.stdout.strip()) == venv_python

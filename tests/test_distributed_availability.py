@@ -36,11 +36,11 @@ from storage.runs import RunStore
 from deploy.celery_workers import CeleryWorkers
 from deploy.redis_server import RedisServer
 from tests.test_distributed import WORKER_ENV, make_campaign
-from workers.campaign_state import CampaignState
-from workers.worker_runtime import sync_redis
+from workers.celery.campaign_state import CampaignState
+from workers.celery.runtime import sync_redis
 
 pytestmark = pytest.mark.timeout(120)
-FAST = CeleryOptions(reconcile_after_s=4.0, store_scan_s=0.5, analyze_on_complete=False)
+FAST = CeleryOptions(claim_ttl_s=3.0, reconcile_interval_s=1.0, analyze_on_complete=False)
 
 
 @pytest.fixture(scope="module")

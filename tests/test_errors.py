@@ -17,7 +17,7 @@ from workers import errors as worker_errors
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("storage", "workers", "orchestrator", "analysis", "viewer", "simulator")
 # Control-flow signals, not errors: they never reach a user.
-SIGNALS = {"workers.worker_runtime.Deferred", "simulator.app._Reject"}
+SIGNALS = {"workers.celery.runtime.Deferred", "simulator.app._Reject"}
 
 
 def _exception_classes() -> list[str]:
@@ -70,5 +70,56 @@ def test_an_analysis_input_error_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert r.exit_code == 2, r.output
     assert "Traceback" not in r.output and r.exception is None or isinstance(r.exception, SystemExit)
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
-    assert lines and lines[0].startswith("error:"), r.output
+    assert len(lines) == 1 and lines[0].startswith("error:"), r.output  # one line, however long
+    assert "holds no panel outputs" in lines[0]
     assert not (tmp_path / "rep" / "report.html").exists()
+
+
+def test_the_error_line_is_the_message_verbatim(capsys) -> None:
+    import pytest
+    import typer
+
+    from orchestrator.user_errors import fail
+
+    message = "prompt p.txt line 3: [conditionRef=C1] names no id " + "x" * 300
+    with pytest.raises(typer.Exit) as exit_info:
+        fail(ConfigError(message))
+    assert exit_info.value.exit_code == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {message}\n"  # markup-looking text kept, no wrapping
+
+
+def _bare_value_errors(root: Path, base: Path = REPO) -> list[str]:
+    """``raise ValueError(...)`` sites under ``root``, except inside pydantic validators (where
+    ValueError is pydantic's protocol: it becomes a ValidationError naming the field)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        validators: set[int] = set()
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names = {ast.unparse(d).split("(")[0].split(".")[-1] for d in fn.decorator_list}
+                if names & {"field_validator", "model_validator", "validator", "root_validator"}:
+                    validators.update(id(n) for n in ast.walk(fn))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and id(node) not in validators:
+                func = node.exc.func
+                if isinstance(func, ast.Name) and func.id == "ValueError":
+                    found.append(f"{path.relative_to(base)}:{node.lineno}")
+    return found
+
+
+def test_analysis_raises_analysis_errors_not_bare_value_errors() -> None:
+    bad = _bare_value_errors(REPO / "analysis")
+    assert not bad, "raise AnalysisError (analysis.errors) instead of ValueError at:\n" + "\n".join(bad)
+
+
+def test_the_value_error_finder_finds_them(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "m.py").write_text(
+        "from pydantic import field_validator\n"
+        "def f(x):\n    raise ValueError('no')\n"
+        "class M:\n    @field_validator('x')\n    def v(cls, x):\n        raise ValueError('pydantic')\n"
+    )
+    assert _bare_value_errors(pkg, base=tmp_path) == ["pkg/m.py:3"]

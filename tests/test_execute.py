@@ -126,3 +126,27 @@ def test_rate_limited_calls_cool_down_and_complete(tmp_path: Path) -> None:
             if prev.outcome is Outcome.RATE_LIMITED:
                 gap = (nxt.started_at - prev.started_at).total_seconds() * 1000 - prev.latency_ms
                 assert gap >= 1000 - 50
+
+
+def test_total_latency_covers_every_attempt_and_the_backoff_waits(tmp_path: Path) -> None:
+    """``latency_ms`` is the final attempt's; ``total_latency_ms`` adds the earlier attempts and
+    the waits between them, checked against the attempts' own start stamps (no rate limit here,
+    so the gap between two starts is one attempt plus one backoff wait)."""
+    cfg = SimConfig(seed=11, models={"flaky": SimModel(server_error_prob=0.6, latency_ms_median=20)})
+    with start_background(cfg) as sim:
+        tasks = _tasks("flaky", sim.base_url, 12, retry=RetryPolicy(max_attempts=5, backoff_base_s=0.15,
+                                                                     backoff_cap_s=0.3))
+        store, _ = _run(tasks, tmp_path)
+    records = store.read_records()
+    retried = [r for r in records if len(r.attempts) > 1]
+    assert retried, "the seed should make some runs retry"
+    for r in records:
+        first, last = r.attempts[0], r.attempts[-1]
+        assert r.latency_ms == last.latency_ms
+        wall_ms = (last.started_at - first.started_at).total_seconds() * 1000 + last.latency_ms
+        assert r.total_latency_ms == pytest.approx(wall_ms, abs=15 + 5 * len(r.attempts))
+        assert r.total_latency_ms >= sum(a.latency_ms for a in r.attempts)
+    # the backoff waits (full jitter, deterministic per run_id) are in the total, not in latency_ms
+    waits_ms = sum(r.total_latency_ms - sum(a.latency_ms for a in r.attempts) for r in retried)
+    assert waits_ms > 100
+    assert sum(r.total_latency_ms for r in retried) > sum(r.latency_ms for r in retried) + waits_ms

@@ -233,3 +233,19 @@ def test_cut_after_the_node_array_is_truncated_not_a_bare_list() -> None:
     text = json.dumps({"nodes": SMALL["nodes"], "uri": "a-long-uri-that-gets-cut"})
     result = extract_ir(text[:-8])
     assert result.parse_outcome == ParseOutcome.TRUNCATED and result.node_count == 3
+
+
+def test_trailing_comma_repair_leaves_commas_inside_strings() -> None:
+    text = '{"nodes": [{"id": "a", "kind": "Rule", "label": "x,]", "meta": {"note": "y, }"}},]}'
+    result = extract_ir(text)
+    assert result.parse_outcome == ParseOutcome.REPAIRED and "trailing_comma" in result.repairs
+    assert result.document is not None and result.document.nodes[0].label == "x,]"
+
+
+def test_deep_and_huge_answers_are_refused_quickly() -> None:
+    assert extract_ir("[" * 100_000 + "]" * 100_000).parse_outcome == ParseOutcome.INVALID_JSON
+    assert "max_json_depth" in (extract_ir("{" * 65 + "}" * 65).error or "")
+    assert "max_answer_chars" in (extract_ir("x" * 2048, max_chars=1024).error or "")
+    many = json.dumps({"nodes": [{"id": f"n{i}", "kind": "Rule"} for i in range(11)]})
+    assert "max_ir_nodes=10" in (extract_ir(many, max_nodes=10).error or "")
+    assert extract_ir(many, max_nodes=11).parse_outcome == ParseOutcome.REPAIRED

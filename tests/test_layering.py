@@ -50,33 +50,23 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "deploy": frozenset(),
 }
 
-# The run engine: no Celery, no Redis, directly or through any module of ours it imports.
+# The run engine: no Celery, no Redis, directly or through any module of ours it imports
+# (including the package ``__init__`` files an import runs).
 ENGINE = (
     "workers.execute",
     "workers.retry",
-    "workers.providers",  # the package and every module under it
-    "workers.limits.base",
-    "workers.limits.memory",
     "workers.ir_extract",
+    "workers.gate",
+    "workers.clock",
+    "workers.errors",
+    "workers.runtask",
+    "workers.availability",
+    "workers.providers",  # the package and every module under it
+    "workers.limits",  # likewise (the Redis limiter lives in workers.celery)
     "orchestrator.local",
 )
 ENGINE_FORBIDDEN = frozenset({"celery", "kombu", "redis"})
 
-# Edges issue 9 removes while moving workers' Celery side into its own sub-package. Each entry
-# is (importer, imported); the integrator deletes this allow-list when that branch lands, and a
-# stale entry (one that no longer occurs) fails the test, so it cannot outlive the fix.
-KNOWN_UNTIL_ISSUE_9: frozenset[tuple[str, str]] = frozenset(
-    {
-        ("workers.analysis_tasks", "analysis.inputs"),
-        ("workers.analysis_tasks", "analysis.pipeline"),
-        ("workers.analysis_tasks", "analysis.tables.partial"),
-        ("workers.analysis_tasks", "analysis.options"),
-        ("orchestrator.availability", "workers.providers._http"),
-    }
-)
-KNOWN_CYCLES_UNTIL_ISSUE_9: frozenset[frozenset[str]] = frozenset(
-    {frozenset({"workers.celery_app", "workers.availability_tasks"})}
-)
 # Issue 11 rebuilds the analysis benchmark, which today times private kernels of
 # ``analysis.stats.ranks``. Same rule: a stale entry fails.
 KNOWN_UNTIL_ISSUE_11: frozenset[tuple[str, str]] = frozenset({("bench.analysis_scale", "analysis.stats.ranks")})
@@ -198,27 +188,21 @@ def test_the_reader_sees_imports_of_every_kind() -> None:
 
 
 def test_no_package_imports_what_the_layout_forbids() -> None:
-    seen_known: set[tuple[str, str]] = set()
     bad: list[str] = []
     for e in OUR_EDGES:
         src, dst = e.importer_top, e.imported_top
         if src == dst:
             continue
-        if (e.importer, e.imported) in KNOWN_UNTIL_ISSUE_9:
-            seen_known.add((e.importer, e.imported))
-            continue
         if dst not in MAY_IMPORT[src]:
             bad.append(f"{e.where}: {e.importer} imports {e.imported} ({src} may import {sorted(MAY_IMPORT[src]) or 'nothing of ours'})")
     assert not bad, "layering violations:\n" + "\n".join(bad)
-    stale = KNOWN_UNTIL_ISSUE_9 - seen_known
-    assert not stale, f"allow-listed edges no longer occur; delete them from KNOWN_UNTIL_ISSUE_9: {sorted(stale)}"
 
 
 def test_no_package_reaches_into_another_packages_privates() -> None:
     seen_known: set[tuple[str, str]] = set()
     bad = []
     for e in OUR_EDGES:
-        if e.importer_top == e.imported_top or (e.importer, e.imported) in KNOWN_UNTIL_ISSUE_9:
+        if e.importer_top == e.imported_top:
             continue
         private_names = [n for n in e.names if n.startswith("_") and not n.startswith("__")]
         if _private(e.imported) or private_names:
@@ -240,16 +224,23 @@ def _graph() -> dict[str, set[str]]:
     return graph
 
 
+def _with_parents(module: str) -> list[str]:
+    """``module`` and the packages whose ``__init__`` importing it runs (``a``, ``a.b`` for ``a.b.c``)."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1) if _is_module(".".join(parts[:i]))]
+
+
 def _closure(start: str, graph: dict[str, set[str]]) -> dict[str, str]:
-    """Every module reachable from ``start``, mapped to the module that imports it (for paths)."""
-    parent: dict[str, str] = {start: ""}
-    todo = [start]
+    """Every module that importing ``start`` runs, mapped to the module that imports it (for paths)."""
+    parent: dict[str, str] = {m: "" for m in _with_parents(start)}
+    todo = list(parent)
     while todo:
         mod = todo.pop()
-        for nxt in graph.get(mod, ()):
-            if nxt not in parent:
-                parent[nxt] = mod
-                todo.append(nxt)
+        for imported in graph.get(mod, ()):
+            for nxt in _with_parents(imported):
+                if nxt not in parent:
+                    parent[nxt] = mod
+                    todo.append(nxt)
     return parent
 
 
@@ -258,6 +249,12 @@ def test_the_run_engine_reaches_no_celery_or_redis() -> None:
     modules = {_module_name(p) for pkg in ("workers", "orchestrator") for p in (REPO / pkg).rglob("*.py")}
     engine = sorted(m for m in modules if any(m == e or m.startswith(e + ".") for e in ENGINE))
     assert "workers.providers.openai_compat" in engine and "orchestrator.local" in engine
+    # the walk can fail: the Celery executor and the Celery task module do reach them
+    for outside in ("orchestrator.celery_executor", "workers.celery.tasks"):
+        reached = {e.imported_top for m in _closure(outside, graph) for e in EDGES if e.importer == m and not e.type_only}
+        assert {"celery", "redis"} <= reached, outside
+    # importing a module runs its packages' __init__ files: they are walked too
+    assert "workers.limits" in _closure("workers.limits.memory", graph)
     bad = []
     for start in engine:
         parent = _closure(start, graph)
@@ -323,11 +320,8 @@ def test_the_cycle_finder_finds_cycles() -> None:
 
 
 def test_no_import_cycles() -> None:
-    found = _cycles(_graph())
-    cycles = [c for c in found if c not in KNOWN_CYCLES_UNTIL_ISSUE_9]
+    cycles = _cycles(_graph())
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(sorted(c)) for c in cycles)
-    stale = KNOWN_CYCLES_UNTIL_ISSUE_9 - set(found)
-    assert not stale, f"allow-listed cycles are gone; delete them from KNOWN_CYCLES_UNTIL_ISSUE_9: {stale}"
 
 
 def _packages() -> list[str]:
@@ -355,3 +349,20 @@ def test_each_package_declares_its_public_names(package: str) -> None:
     assert len(names) == len(set(names)), f"{package}.__all__ repeats a name"
     missing = [n for n in names if not hasattr(mod, n) and not _is_module(f"{package}.{n}")]
     assert not missing, f"{package}.__all__ names what it does not have: {missing}"
+    # a package whose public names are (some of) its modules lists all its public modules
+    root = REPO.joinpath(*package.split("."))
+    public = {p.stem for p in root.glob("*.py") if not p.stem.startswith("_")}
+    public |= {p.parent.name for p in root.glob("*/__init__.py") if not p.parent.name.startswith("_")}
+    if public & set(names):
+        unlisted = sorted(public - set(names))
+        assert not unlisted, f"{package}.__all__ lists some of its modules but not {unlisted}"
+
+
+def test_only_the_celery_side_imports_the_celery_adapter() -> None:
+    """Inside ``workers``, ``workers.celery`` is a leaf: the engine never imports its adapter."""
+    bad = [
+        f"{e.where}: {e.importer} imports {e.imported}"
+        for e in OUR_EDGES
+        if e.imported.startswith("workers.celery") and e.importer_top == "workers" and not e.importer.startswith("workers.celery")
+    ]
+    assert not bad, "\n".join(bad)

@@ -19,7 +19,8 @@ import redis
 import redis.asyncio as aioredis
 
 from deploy.redis_server import RedisServer
-from workers.limits import Lease, MemoryLimiter, ModelDisabled, RedisLimiter, WaitBudgetExceeded
+from workers.celery.redis_limiter import RedisLimiter
+from workers.limits import Lease, MemoryLimiter, ModelDisabled, WaitBudgetExceeded
 from workers.runtask import ModelLimits
 
 pytestmark = pytest.mark.timeout(60)

@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
 from deploy.redis_server import RedisServer
-from workers.limits import Lease, LimiterUnavailable, ModelDisabled, RedisLimiter, SyncRedisLimiter
+from workers.celery.redis_limiter import RedisLimiter
+from workers.limits import Lease, LimiterUnavailable, ModelDisabled
 from workers.runtask import ModelLimits
 
 REPO = Path(__file__).resolve().parent.parent
@@ -271,7 +272,7 @@ WORKER = textwrap.dedent(
     """
     import asyncio, json, random, sys
     import redis.asyncio as aioredis
-    from workers.limits import RedisLimiter
+    from workers.celery.redis_limiter import RedisLimiter
     from workers.runtask import ModelLimits
 
     async def main(url, prefix, who):
@@ -371,36 +372,29 @@ def test_redis_down_raises_limiter_unavailable_then_recovers_with_state() -> Non
         asyncio.run(body(srv))
 
 
-def test_sync_twin_shares_state_and_wakes_async_waiters(redis_srv: RedisServer) -> None:
+def test_release_on_another_instance_wakes_waiters(redis_srv: RedisServer) -> None:
     limits = ModelLimits(max_concurrency=1, tokens_per_minute=100)
     prefix = f"y:{uuid.uuid4().hex}"
-    sync_client = redis.Redis.from_url(redis_srv.url)
-    sync = SyncRedisLimiter(sync_client, key_prefix=prefix, period_s=1.0)
 
     async def body() -> None:
-        client = aioredis.Redis.from_url(redis_srv.url)
-        lim = RedisLimiter(client, key_prefix=prefix, period_s=1.0)
+        c1, c2 = aioredis.Redis.from_url(redis_srv.url), aioredis.Redis.from_url(redis_srv.url)
+        other = RedisLimiter(c1, key_prefix=prefix, period_s=1.0)
+        lim = RedisLimiter(c2, key_prefix=prefix, period_s=1.0, max_block_s=30.0)  # no wake: a 30 s wait
         try:
-            d = sync.try_acquire("m", limits, "sync-holder", 100)
-            assert d.permit is not None and sync.outstanding("m") == 1
-            waiter = asyncio.create_task(lim.acquire("m", limits, "async-holder", 10))
+            d = await other.try_acquire("m", limits, "other-holder", 100)
+            assert d.permit is not None and await other.outstanding("m") == 1
+            waiter = asyncio.create_task(lim.acquire("m", limits, "waiting-holder", 10))
             await asyncio.sleep(0.1)
             assert not waiter.done()
             t0 = time.monotonic()
-            await asyncio.to_thread(sync.release, d.permit, 5)  # frees the slot and refunds 95 tokens
+            await other.release(d.permit, 5)  # frees the slot and refunds 95 tokens
             p = await waiter
-            assert time.monotonic() - t0 < 1.5, "the release message must wake the async waiter (else ~5 s)"
-            assert p.waited_ms > 90
-            sync.disable("m", "410")
-            assert await lim.is_disabled("m")
+            assert time.monotonic() - t0 < 10, "the release message must wake the waiter (else ~30 s)"
+            assert p.waited_ms > 0  # measured on Redis's clock from its first denial
         finally:
-            await lim.aclose()
-            await client.aclose()
+            for x in (other, lim):
+                await x.aclose()
+            for c in (c1, c2):
+                await c.aclose()
 
-    try:
-        asyncio.run(body())
-    finally:
-        sync_client.close()
-    srv_down = SyncRedisLimiter(redis.Redis(port=1, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0)))
-    with pytest.raises(LimiterUnavailable):
-        srv_down.try_acquire("m", limits, "x", 0)
+    asyncio.run(body())

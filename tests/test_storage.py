@@ -159,7 +159,7 @@ def test_partition_path_and_hive_layout(tmp_path: Path) -> None:
     assert store.write([rec]) == 1
     files = store.dataset.data_files()
     assert [f.relative_to(tmp_path).as_posix() for f in files] == [
-        f"runs/measurement_date=2026-03-02/{rec.run_id}.parquet"
+        f"runs/measurement_date=2026-03-02/{rec.run_id}.{rec.execution_id}.parquet"
     ]
     # the partition column lives in the directory name only, so a plain hive reader works
     assert "measurement_date" not in pq.read_schema(files[0]).names
@@ -205,26 +205,79 @@ def test_filters_and_projection(tmp_path: Path) -> None:
     assert by_day["run_id"].to_pylist() == expect(lambda r: r.measurement_date == DAY2)
 
 
-def test_dedupe_single_and_batch(tmp_path: Path) -> None:
+def test_every_execution_kept_latest_one_read(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
-    first = make_record(1, second=10)
+    first = make_record(1, second=10, finished_at=dt.datetime(2026, 3, 1, 0, 0, 11, tzinfo=UTC))
     assert store.write([first]) == 1
-    assert store.write([first]) == 0  # redelivery: loses the link race, nothing written
-    later = make_record(1, second=20, outcome=Outcome.TIMEOUT_READ)  # same run_id, re-run
-    assert store.write([later, make_record(2)]) == 2  # batch: written, deduped on read
-    assert store.write([later, make_record(3)]) == 2
+    assert store.write([first]) == 0  # the same execution again: loses the link race
+    # a second execution of run 1 (redelivery), finished later: kept, and the one read
+    later = make_record(1, second=20, outcome=Outcome.TIMEOUT_READ,
+                        finished_at=dt.datetime(2026, 3, 1, 0, 0, 30, tzinfo=UTC))
+    assert later.execution_id != first.execution_id
+    assert store.write([later, make_record(2)]) == 2
+    assert store.write([later, make_record(3)]) == 2  # a copy of `later` in another file
     assert len(store.dataset.data_files()) == 3
     assert store.dataset.read(dedupe=False).num_rows == 5
     recs = store.read_records()
     assert [r.run_id for r in recs] == ["run-000001", "run-000002", "run-000003"]
-    assert recs[0] == first  # earliest measured_at wins
-    assert store.count_by_outcome("camp") == {"ok": 3}
+    assert recs[0] == later  # the latest execution
+    assert store.count_by_outcome("camp") == {"ok": 2, "timeout_read": 1}
+    execs = store.read_executions(columns=["run_id", "execution_id"])
+    assert execs["run_id"].to_pylist() == ["run-000001", "run-000001", "run-000002", "run-000003"]
+    assert set(execs["execution_id"].to_pylist()[:2]) == {first.execution_id, later.execution_id}
+    # compaction keeps every execution and drops only the copy
+    store.compact()
+    assert store.dataset.read(dedupe=False).num_rows == 4
+    assert store.read_records()[0] == later
+
+
+def test_latest_by_finish_time_falls_back_to_start(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    # schema-1 style rows (no finished_at): the later start is the latest execution
+    a = make_record(1, second=10, response_text="a")
+    b = make_record(1, second=20, response_text="b")
+    store.write([b])
+    store.write([a])
+    assert store.read_records()[0].response_text == "b"
+    # a finish time wins over a later start without one
+    c = make_record(1, second=5, response_text="c", finished_at=dt.datetime(2026, 3, 1, 0, 1, tzinfo=UTC))
+    store.write([c])
+    assert store.read_records()[0].response_text == "c"
+
+
+def test_equal_finish_times_tie_on_execution_id(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    end = dt.datetime(2026, 3, 1, 0, 1, tzinfo=UTC)
+    x = make_record(1, response_text="x", execution_id="f" * 32, finished_at=end)
+    y = make_record(1, response_text="y", execution_id="0" * 32, finished_at=end)
+    store.write([x])
+    store.write([y])
+    assert store.read_records()[0].response_text == "y"  # smallest execution_id
+
+
+def test_schema_version_1_files_stay_readable(tmp_path: Path) -> None:
+    store = RunStore(tmp_path)
+    v1_fields = [f for f in RUN_SCHEMA if f.name not in ("execution_id", "finished_at")]
+    v1_schema = pa.schema(v1_fields, metadata={b"irbench.schema_version": b"1", b"irbench.record": b"RunRecord"})
+    rows = records_to_table([make_record(1, second=1), make_record(2)]).to_pylist()
+    for r in rows:
+        r["schema_version"] = 1
+    table = pa.Table.from_pylist(rows, schema=v1_schema)
+    pdir = store.dataset.partition_dir(DAY1)
+    pdir.mkdir(parents=True)
+    pq.write_table(table.drop_columns(["measurement_date"]), pdir / "old.parquet")
+    new = make_record(1, second=50, response_text="new", finished_at=dt.datetime(2026, 3, 1, 1, tzinfo=UTC))
+    store.write([new])
+    recs = store.read_records()
+    assert [r.run_id for r in recs] == ["run-000001", "run-000002"]
+    assert recs[0] == new and recs[1].execution_id is None and recs[1].schema_version == 1
+    assert store.read_executions().num_rows == 3
 
 
 def test_dedupe_ties_break_by_file_name(tmp_path: Path) -> None:
     ds_ = ParquetDataset(tmp_path, run_spec())
     a = make_record(1, response_text="from-a")
-    b = make_record(1, response_text="from-b")  # same measured_at: the tie goes to file "a"
+    b = make_record(1, response_text="from-b", execution_id=a.execution_id)  # a copy: the tie goes to file "a"
     ds_.write(records_to_table([b]), stem="b")
     ds_.write(records_to_table([a]), stem="a")
     assert ds_.read()["response_text"].to_pylist() == ["from-a"]
@@ -248,7 +301,7 @@ def test_link_race_two_threads_one_file(tmp_path: Path) -> None:
             t.join()
         assert sorted(results) == [0, 0, 0, 1]
         pdir = store.dataset.partition_dir(DAY1)
-        assert [p.name for p in pdir.iterdir()] == [f"{rec.run_id}.parquet"]
+        assert [p.name for p in pdir.iterdir()] == [f"{rec.run_id}.{rec.execution_id}.parquet"]
 
 
 def test_unsafe_run_id_gets_hashed_stem(tmp_path: Path) -> None:
@@ -256,7 +309,7 @@ def test_unsafe_run_id_gets_hashed_stem(tmp_path: Path) -> None:
     rec = make_record(1, run_id="../evil/id")
     assert store.write([rec]) == 1 and store.write([rec]) == 0
     (f,) = store.dataset.data_files()
-    assert f.name == file_stem_for("../evil/id") + ".parquet" and f.name.startswith("run-")
+    assert f.name == f"{file_stem_for('../evil/id')}.{rec.execution_id}.parquet" and f.name.startswith("run-")
     assert store.read_records() == [rec]
 
 
@@ -265,16 +318,18 @@ def test_unsafe_run_id_gets_hashed_stem(tmp_path: Path) -> None:
 
 def test_tmp_files_and_hidden_dirs_are_ignored(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
-    store.write([make_record(1)])
+    rec = make_record(1)
+    store.write([rec])
     pdir = store.dataset.partition_dir(DAY1)
-    good = (pdir / "run-000001.parquet").read_bytes()
+    name = f"run-000001.{rec.execution_id}.parquet"
+    good = (pdir / name).read_bytes()
     (pdir / ".run-000002.abc.tmp").write_bytes(good[: len(good) // 2])  # a killed writer
     (tmp_path / "runs" / "_compaction").mkdir()
     (tmp_path / "runs" / "_compaction" / "junk.parquet").write_bytes(b"junk")
     assert store.completed_run_ids() == {"run-000001"}
     assert store.dataset.remove_stale_tmp(older_than_s=3600) == 0  # too young
     assert store.dataset.remove_stale_tmp(older_than_s=0, now_s=time.time() + 1) == 1
-    assert [p.name for p in pdir.iterdir()] == ["run-000001.parquet"]
+    assert [p.name for p in pdir.iterdir()] == [name]
 
 
 def test_unreadable_file_is_named(tmp_path: Path) -> None:

@@ -33,3 +33,13 @@ def test_a_dictionary_encoded_column_works_too() -> None:
     col = pa.array(["ok", "invalid_json", "repaired"]).dictionary_encode()
     table = pa.table({"parse_outcome": col, "ir_json": ["{}", "{}", None]})
     assert succeeded_mask(table).to_pylist() == [True, False, False]
+
+
+def test_failed_is_not_ok_or_no_ir() -> None:
+    from storage.records import Outcome
+
+    ok = RunRecord.model_construct(outcome=Outcome.OK, parse_outcome=ParseOutcome.OK, ir_json="{}")
+    truncated_but_parsed = RunRecord.model_construct(outcome=Outcome.TRUNCATED, parse_outcome=ParseOutcome.REPAIRED, ir_json="{}")
+    no_ir = RunRecord.model_construct(outcome=Outcome.OK, parse_outcome=ParseOutcome.INVALID_JSON, ir_json=None)
+    assert (ok.failed, truncated_but_parsed.failed, no_ir.failed) == (False, True, True)
+    assert truncated_but_parsed.succeeded  # counts for the metrics, not as a clean call

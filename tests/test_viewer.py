@@ -218,3 +218,28 @@ def test_cli_user_errors_are_one_line(tmp_path) -> None:
                           timeout=60, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "does not exist" in proc.stderr
+
+
+def test_index_shows_the_latest_execution_of_a_run_across_dates(tmp_path) -> None:
+    """A run re-executed on a later date (a --retry-failed) shows its newer execution, the
+    store's EXECUTION_RULE, not the first one ever stored."""
+    from storage.runs import RunStore
+    from tests.support.viewer_store import build_records
+    from viewer.index import RunIndex
+
+    first = build_records()[0]
+    later = first.model_copy(update={
+        "execution_id": "e-later", "response_text": "the later answer",
+        "measured_at": first.measured_at + dt.timedelta(days=1),
+        "finished_at": first.measured_at + dt.timedelta(days=1, seconds=1),
+        "measurement_date": first.measurement_date + dt.timedelta(days=1),
+    })
+    store = RunStore(tmp_path / "data", fsync=False)
+    store.write([first])
+    store.write([later])
+    index = RunIndex.load(tmp_path / "data")
+    try:
+        assert index.n_runs == 1
+        assert index.run(first.run_id)["response_text"] == "the later answer"
+    finally:
+        index.close()

@@ -67,7 +67,7 @@ class RunIndex:
     """Read-only queries over the runs (and analysis outputs) loaded at construction.
 
     ``chunks``: Arrow tables of run records (any order; a run_id in several chunks keeps its
-    row with the earliest ``measured_at``, as the store's reader does within a chunk);
+    latest execution, the store's ``EXECUTION_RULE`` that its reader applies within a chunk);
     ``threads``: DuckDB worker threads; ``memory_limit_mb``: DuckDB's memory cap — the
     database lives in a file under ``work_dir`` (a fresh temporary directory by default,
     removed by :meth:`close`), compressed and paged, so a large store does not have to fit in
@@ -97,7 +97,8 @@ class RunIndex:
             self._con.unregister("chunk")
         self._con.execute(
             "CREATE TABLE runs AS WITH d AS (SELECT * FROM staging QUALIFY row_number() OVER "
-            "(PARTITION BY run_id ORDER BY measured_at, measurement_date) = 1) "
+            "(PARTITION BY run_id ORDER BY coalesce(finished_at, measured_at) DESC, "
+            "execution_id ASC NULLS LAST, measurement_date DESC) = 1) "
             f"SELECT *, {_DERIVED} FROM d ORDER BY row_no")
         self._con.execute("DROP TABLE staging")
         self._con.execute("CREATE UNIQUE INDEX runs_id ON runs(run_id)")

@@ -1,14 +1,13 @@
-"""The run engine and its Celery edge: provider clients, limiter, retry, outcome classification,
-IR extraction, and the Celery app and tasks that run it on workers (imports ``storage`` only).
+"""The run engine (provider clients, limiter contract and in-memory limiter, retry, outcome
+classification, IR extraction, the execution loop) and, in ``workers.celery``, its Celery/Redis
+adapter (imports ``storage`` only; only ``workers.celery`` imports Celery or Redis).
 
 The public surface is these modules; anything named ``_x`` is private to ``workers``.
 """
 
 __all__ = [
-    "analysis_tasks",
-    "availability_tasks",
-    "campaign_state",
-    "celery_app",
+    "availability",
+    "celery",
     "clock",
     "errors",
     "execute",
@@ -17,9 +16,7 @@ __all__ = [
     "limits",
     "logs",
     "providers",
-    "redis_gate",
     "retry",
     "runtask",
-    "tasks",
-    "worker_runtime",
+    "secrets",
 ]

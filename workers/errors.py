@@ -19,10 +19,12 @@
             ├── RateLimited        (rate_limited, retry_after_s)
             ├── ModelRetired       (retired, retired_on, reference)
             ├── ModelNotFound      (not_found)
+            │   └── UnknownModel   (not_found: a gateway's 400/404 saying it routes no such model)
             ├── AuthFailed         (auth_error; the key is never echoed)
             ├── ClientFailed       (client_error)
             ├── ServerFailed       (server_error)
-            └── ProtocolFailed     (protocol_error)
+            ├── ProtocolFailed     (protocol_error)
+            └── ContextExceeded    (context_exceeded: the prompt does not fit the context window)
 
 Providers translate httpx errors into these at the boundary; httpx and redis exceptions never
 leave ``workers/``.
@@ -98,12 +100,16 @@ class ProviderError(IrbenchError):
         latency_ms: float = 0.0,
         bytes_received: int = 0,
         retry_after_s: float | None = None,
+        first_token_ms: float | None = None,
+        body_head: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.latency_ms = latency_ms
         self.bytes_received = bytes_received
         self.retry_after_s = retry_after_s
+        self.first_token_ms = first_token_ms  # streamed calls: when the first token came, if it did
+        self.body_head = body_head  # the start of a body refused as too large (secrets masked)
 
 
 class ProviderUnreachable(ProviderError):
@@ -147,6 +153,10 @@ class ModelNotFound(ProviderRejected):
     outcome = Outcome.NOT_FOUND
 
 
+class UnknownModel(ModelNotFound):
+    """A gateway (LiteLLM, OpenRouter, ...) rejected the model name as one it does not route."""
+
+
 class AuthFailed(ProviderRejected):
     outcome = Outcome.AUTH_ERROR
 
@@ -161,3 +171,9 @@ class ServerFailed(ProviderRejected):
 
 class ProtocolFailed(ProviderRejected):
     outcome = Outcome.PROTOCOL_ERROR
+
+
+class ContextExceeded(ProviderRejected):
+    """The request does not fit the model's context window (the server's message is kept)."""
+
+    outcome = Outcome.CONTEXT_EXCEEDED

@@ -17,7 +17,7 @@ import structlog
 
 from storage.records import ERROR_TEXT_MAX_CHARS, Attempt, Outcome, ParseOutcome, RunRecord
 from workers.clock import Clock, SystemClock
-from workers.errors import IrbenchError, ModelRetired, ProviderError
+from workers.errors import IrbenchError, ModelRetired, ProtocolFailed, ProviderError
 from workers.gate import ModelGate
 from workers.ir_extract import extract_ir
 from workers.limits.base import Limiter
@@ -73,7 +73,9 @@ def _request(task: RunTask) -> ChatRequest:
         temperature=task.temperature,
         reasoning=task.reasoning,
         json_schema=schema,
+        stream=task.stream,
         options=dict(task.options),
+        max_response_bytes=task.response.max_response_bytes,
     )
 
 
@@ -105,10 +107,12 @@ async def _execute(task: RunTask, ctx: RunContext) -> RunRecord:
     measured_at = clock.now()
     rng = random.Random(task.run_id)  # deterministic jitter per run
     attempts: list[Attempt] = []
+    backoff_ms = 0.0  # time slept between attempts (part of total_latency_ms)
     reply: Reply | None = None
     last_error: ProviderError | None = None
     cancel_reason: str | None = None
     request = _request(task)
+    run_started = clock.monotonic()
 
     for number in range(1, task.retry.max_attempts + 1):
         cancel_reason = ctx.gate.closed_reason(task.model)
@@ -161,31 +165,45 @@ async def _execute(task: RunTask, ctx: RunContext) -> RunRecord:
                 detail = f"retired on {exc.retired_on}" if exc.retired_on else None
             ctx.gate.observe(task.model, exc.outcome, detail or _truncate(str(exc))[:200])
             if exc.outcome is Outcome.RATE_LIMITED and exc.retry_after_s:
-                await ctx.limiter.cooldown(task.model, exc.retry_after_s)
+                # an advertised wait beyond the cap cools the model for the cap only
+                await ctx.limiter.cooldown(task.model, min(exc.retry_after_s, task.retry.max_retry_after_s))
         finally:
             await ctx.limiter.release(permit, actual_tokens)
-        decision = decide(attempts[-1].outcome, number, task.retry, attempts[-1].retry_after_s, rng)
+        elapsed_s = clock.monotonic() - run_started
+        decision = decide(attempts[-1].outcome, number, task.retry, attempts[-1].retry_after_s, rng, elapsed_s)
         if not decision.retry:
             break
-        await clock.sleep(decision.wait_s)
+        backoff_ms += await _sleep_ms(clock, decision.wait_s)
 
-    return _record(task, ctx, measured_at, attempts, reply, last_error, cancel_reason)
+    return _record(task, ctx, measured_at, attempts, reply, last_error, cancel_reason, backoff_ms)
+
+
+async def _sleep_ms(clock: Clock, seconds: float) -> float:
+    """Sleep ``seconds``; return the time actually slept in ms (an overrun loop sleeps longer)."""
+    t0 = clock.monotonic()
+    await clock.sleep(seconds)
+    return (clock.monotonic() - t0) * 1000.0
 
 
 async def provider_call(ctx: RunContext, task: RunTask, request: ChatRequest) -> Reply:
-    return await ctx.provider_for(task).complete(request)
+    """One call; a ``RecursionError``/``MemoryError`` the answer provoked is a protocol_error
+    attempt, never an exception out of the run."""
+    try:
+        return await ctx.provider_for(task).complete(request)
+    except (RecursionError, MemoryError) as exc:
+        raise ProtocolFailed(f"model={task.model}: the answer could not be processed ({type(exc).__name__})") from None
 
 
-def _record(
-    task: RunTask,
-    ctx: RunContext,
-    measured_at,  # noqa: ANN001 - datetime
-    attempts: list[Attempt],
-    reply: Reply | None,
-    error: ProviderError | None,
-    cancel_reason: str | None,
-) -> RunRecord:
-    base = dict(
+def worker_error_record(task: RunTask, error_text: str, clock: Clock | None = None) -> RunRecord:
+    """The record of a poison run: its task raised or killed its worker too often. No attempt
+    is recorded (the failed executions left none); ``cancel_reason`` holds the failure text."""
+    now = (clock or SystemClock()).now()
+    base = _base(task, now, [], now)
+    return RunRecord(**base, outcome=Outcome.WORKER_ERROR, cancel_reason=_truncate(error_text))
+
+
+def _base(task: RunTask, measured_at, attempts: list[Attempt], finished_at) -> dict:  # noqa: ANN001 - datetimes
+    return dict(
         run_id=task.run_id,
         campaign=task.campaign,
         panel=task.panel,
@@ -202,6 +220,7 @@ def _record(
         temperature=task.temperature,
         reasoning_enabled=task.reasoning,
         structured_output=task.structured_output,
+        stream=task.stream,
         connect_timeout_s=task.timeouts.connect_timeout_s,
         read_timeout_s=task.timeouts.read_timeout_s,
         total_timeout_s=task.timeouts.total_timeout_s,
@@ -210,16 +229,42 @@ def _record(
         measured_at=measured_at,
         measurement_date=task.measured_on or measured_at.date(),
         attempts=attempts,
+        finished_at=finished_at,
         irbench_version=_package_version(),
     )
+
+
+def _record(
+    task: RunTask,
+    ctx: RunContext,
+    measured_at,  # noqa: ANN001 - datetime
+    attempts: list[Attempt],
+    reply: Reply | None,
+    error: ProviderError | None,
+    cancel_reason: str | None,
+    backoff_ms: float = 0.0,
+) -> RunRecord:
+    base = _base(task, measured_at, attempts, ctx.clock.now())
     if not attempts:  # closed before the first call
         return RunRecord(**base, outcome=Outcome.CANCELLED, cancel_reason=cancel_reason or "cancelled")
     last = attempts[-1]
-    base.update(latency_ms=last.latency_ms, status_code=last.status_code)
+    base.update(latency_ms=last.latency_ms, status_code=last.status_code,
+                total_latency_ms=sum(a.latency_ms for a in attempts) + backoff_ms)
     if reply is None:
         retired_on = error.retired_on if isinstance(error, ModelRetired) else None
-        return RunRecord(**base, outcome=last.outcome, retired_on=retired_on, cancel_reason=cancel_reason)
-    extraction = extract_ir(reply.answer_text, budget_exhausted=reply.outcome is Outcome.TRUNCATED)
+        head = error.body_head if error is not None else None  # a body refused as too large
+        return RunRecord(
+            **base, outcome=last.outcome, retired_on=retired_on, cancel_reason=cancel_reason, response_text=head,
+            first_token_ms=error.first_token_ms if error is not None else None,
+        )
+    bounds = task.response
+    extraction = extract_ir(
+        reply.answer_text,
+        budget_exhausted=reply.outcome is Outcome.TRUNCATED,
+        max_chars=bounds.max_answer_chars,
+        max_depth=bounds.max_json_depth,
+        max_nodes=bounds.max_ir_nodes,
+    )
     return RunRecord(
         **base,
         outcome=reply.outcome,
@@ -231,6 +276,8 @@ def _record(
         prompt_tokens=reply.prompt_tokens,
         completion_tokens=reply.completion_tokens,
         reasoning_tokens=reply.reasoning_tokens,
+        first_token_ms=reply.first_token_ms,
+        stream_duration_ms=reply.stream_duration_ms,
         parse_outcome=extraction.parse_outcome if reply.answer_text else ParseOutcome.EMPTY,
         parse_repairs=list(extraction.repairs),
         ir_json=extraction.ir_json,

@@ -25,6 +25,11 @@ Outcomes and repairs (``IRExtraction.repairs`` names every change, in the order 
   empty answer stays ``empty`` even when the budget ran out: nothing was cut mid-JSON (the
   attempt's own outcome, ``truncated``, records the budget).
 
+Bounds (every answer is hostile): an answer longer than ``max_chars`` is refused before any
+parsing, JSON nested deeper than ``max_depth`` is ``invalid_json``, and a ``RecursionError`` or
+``MemoryError`` anywhere inside becomes ``invalid_json`` too, so the work per answer is linear in
+its length with a small constant and nothing raises.
+
 A complete, valid IR with ``budget_exhausted=True`` is ``ok``/``repaired``: the text is whole.
 Duplicate ids are never dropped: ``node_count`` counts every node, ``node_ids`` is the distinct
 sorted id set, ``duplicate_id_count = node_count - len(node_ids)``.
@@ -32,6 +37,7 @@ sorted id set, ``duplicate_id_count = node_count - len(node_ids)``.
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from dataclasses import dataclass
@@ -47,8 +53,13 @@ COSMETIC_REPAIRS = frozenset({"stripped_fence"})
 
 _FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(```|\Z)", re.S)
 _THINK_RE = re.compile(r"\s*<think>(.*?)</think>", re.S)
-# A JSON string (possibly unterminated at the end of the text) or a bracket.
-_TOKEN_RE = re.compile(r'"(?:\\.|[^"\\])*(?:"|\Z)|[{}\[\]]', re.S)
+# A closed JSON string (group 1, skipped by the scan), a string cut off by the end of the text
+# (possibly right after a backslash), or a bracket.
+# (Strings use the unrolled form [^"\\]*(?:\\.[^"\\]*)*: several times faster in ``re`` than an
+# alternation inside the repeat, which matters on megabyte-long strings.)
+_TOKEN_RE = re.compile(r'("[^"\\]*(?:\\.[^"\\]*)*")|"[^"\\]*(?:\\.[^"\\]*)*\\?\Z|[{}\[\]]', re.S)
+_STRING_RE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.S)
+_TRAILING_COMMA_RE = re.compile(r",(?=\s*[}\]])")
 _CLOSER = {"{": "}", "[": "]"}
 # Stacks (open brackets, outermost first) at which a cut leaves only complete nodes behind:
 # inside the document object, inside its nodes array, inside a bare node list.
@@ -70,20 +81,46 @@ class IRExtraction:
     error: str | None = None
 
 
+# Defaults sized far above real IRs (the study's largest is ~6 KB, ~60 nodes) and so that the
+# worst case stays well under a second (bench/hostile_extract.py prints the figures).
+DEFAULT_MAX_CHARS = 1024 * 1024
+DEFAULT_MAX_DEPTH = 64
+DEFAULT_MAX_NODES = 2000
+
+
 def extract_ir(
     raw_text: str | None,
     *,
     budget_exhausted: bool = False,
     max_start_candidates: int = 64,
+    max_chars: int = DEFAULT_MAX_CHARS,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+    max_nodes: int = DEFAULT_MAX_NODES,
 ) -> IRExtraction:
-    """Extract the IR from ``raw_text``.
+    """Extract the IR from ``raw_text``; never raises.
 
     ``budget_exhausted``: the provider reported finish/done reason ``length``.
     ``max_start_candidates``: how many ``{``/``[`` positions to try as the JSON's start (bounds
-    the work on long prose answers).
+    the work on long prose answers). ``max_chars``: longer answers are ``invalid_json`` without
+    parsing. ``max_depth``: deepest bracket nesting accepted. ``max_nodes``: an IR with more
+    nodes is ``schema_invalid`` without validating them (validation is the costly step).
     """
     if raw_text is None or not raw_text.strip():
         return IRExtraction(ParseOutcome.EMPTY, error="no answer text")
+    if len(raw_text) > max_chars:
+        return IRExtraction(
+            ParseOutcome.INVALID_JSON,
+            error=f"answer of {len(raw_text)} chars exceeds max_answer_chars={max_chars}; not parsed",
+        )
+    try:
+        return _extract(raw_text, budget_exhausted, max_start_candidates, max_depth, max_nodes)
+    except (RecursionError, MemoryError) as exc:
+        return IRExtraction(ParseOutcome.INVALID_JSON, error=f"answer could not be parsed ({type(exc).__name__})")
+
+
+def _extract(
+    raw_text: str, budget_exhausted: bool, max_start_candidates: int, max_depth: int, max_nodes: int
+) -> IRExtraction:
     repairs: list[str] = []
     text = raw_text
     think = _THINK_RE.match(text)
@@ -101,12 +138,17 @@ def extract_ir(
     if first is None:
         outcome = ParseOutcome.TRUNCATED if budget_exhausted else ParseOutcome.INVALID_JSON
         return IRExtraction(outcome, tuple(repairs), error=_clip(f"no JSON object in the answer ({len(raw_text)} chars)"))
-    status, cuts = _scan(text, first)
+    status, cuts = _scan(text, first, max_depth)
+    if status == "too_deep":
+        return IRExtraction(
+            ParseOutcome.INVALID_JSON, tuple(repairs), error=f"JSON nested deeper than max_json_depth={max_depth}"
+        )
     found = _find_json(text, max_start_candidates, first, status)
     if found is None:
         cleaned = _strip_trailing_commas(text)
         if cleaned != text:
-            found = _find_json(cleaned, max_start_candidates, first, _scan(cleaned, first)[0])
+            # dropping commas changes neither brackets nor strings: the first scan's status holds
+            found = _find_json(cleaned, max_start_candidates, _first_start(cleaned) or 0, status)
             if found is not None:
                 repairs.append("trailing_comma")
                 text = cleaned
@@ -114,12 +156,12 @@ def extract_ir(
         value, start, end = found
         if prose or text[:start].strip() or text[end:].strip():
             repairs.append("extracted_from_prose")
-        return _validate(value, repairs, ParseOutcome.OK)
+        return _validate(value, repairs, ParseOutcome.OK, max_nodes)
     if status == "unterminated" or budget_exhausted:
-        return _recover_truncated(text, first, cuts, repairs)
+        return _recover_truncated(text, first, cuts, repairs, max_nodes)
     fallback = _any_json(text, max_start_candidates)
     if fallback is not None:
-        return _validate(fallback, repairs, ParseOutcome.OK)
+        return _validate(fallback, repairs, ParseOutcome.OK, max_nodes)
     return IRExtraction(ParseOutcome.INVALID_JSON, tuple(repairs), error=_clip(_json_error(text, first)))
 
 
@@ -164,7 +206,7 @@ def _decode_all(text: str, limit: int):  # type: ignore[no-untyped-def]
             continue
         try:
             value, end = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             continue
         skip_until = end
         yield value, pos, end
@@ -194,48 +236,53 @@ def _any_json(text: str, limit: int) -> Any | None:
     return None
 
 
-def _scan(text: str, start: int) -> tuple[str, list[tuple[int, str]]]:
-    """Bracket-match from ``start``: ``complete``, ``unterminated`` or ``mismatch``, plus the
-    cut points (index just after a closing bracket, open stack there) usable for recovery."""
+def _scan(text: str, start: int, max_depth: int) -> tuple[str, list[tuple[int, str]]]:
+    """Bracket-match from ``start``: ``complete``, ``unterminated``, ``mismatch`` or
+    ``too_deep`` (more than ``max_depth`` open brackets), plus the cut points (index just after
+    a closing bracket, open stack there) usable for recovery."""
     stack: list[str] = []
     cuts: list[tuple[int, str]] = []
     for match in _TOKEN_RE.finditer(text, start):
+        if match.lastindex:  # a closed string: nothing to track
+            continue
         token = match.group()
         if token in "{[":
             stack.append(token)
+            if len(stack) > max_depth:
+                return "too_deep", cuts
         elif token in "}]":
             if not stack or _CLOSER[stack[-1]] != token:
                 return "mismatch", cuts
             stack.pop()
             if not stack:
                 return "complete", cuts
-            shape = "".join(stack)
-            if shape in _RECOVERY_STACKS:
-                cuts.append((match.end(), shape))
-        elif not _string_closed(token):
+            if len(stack) <= 2:  # recovery stacks are at most two deep; never join a deep stack
+                shape = "".join(stack)
+                if shape in _RECOVERY_STACKS:
+                    cuts.append((match.end(), shape))
+        else:
             return "unterminated", cuts  # a string cut off by the end of the text
     return ("unterminated" if stack else "complete"), cuts
 
 
-def _string_closed(token: str) -> bool:
-    if len(token) < 2 or not token.endswith('"'):
-        return False
-    # count the backslashes before the final quote: odd means it is escaped
-    backslashes = len(token[:-1]) - len(token[:-1].rstrip("\\"))
-    return backslashes % 2 == 0
-
-
-def _recover_truncated(text: str, start: int, cuts: list[tuple[int, str]], repairs: list[str]) -> IRExtraction:
+def _recover_truncated(
+    text: str, start: int, cuts: list[tuple[int, str]], repairs: list[str], max_nodes: int
+) -> IRExtraction:
     """Close the JSON after the last complete node; the outcome stays ``truncated``."""
     for end, shape in reversed(cuts[-32:]):
         candidate = text[start:end] + "".join(_CLOSER[c] for c in reversed(shape))
         try:
             value = json.loads(candidate)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             continue
         if not _is_ir_like(value):
             continue
-        result = _validate(value, [*repairs, "closed_truncated_json"], ParseOutcome.OK)
+        count = len(value["nodes"]) if isinstance(value, dict) and isinstance(value["nodes"], list) else len(value)
+        if count > max_nodes:  # earlier cuts hold fewer nodes, but the answer is far past the bound
+            return IRExtraction(
+                ParseOutcome.TRUNCATED, tuple(repairs), error=f"JSON cut mid-value; {count} nodes > max_ir_nodes={max_nodes}"
+            )
+        result = _validate(value, [*repairs, "closed_truncated_json"], ParseOutcome.OK, max_nodes)
         if result.document is None:
             continue
         return IRExtraction(
@@ -252,14 +299,20 @@ def _recover_truncated(text: str, start: int, cuts: list[tuple[int, str]], repai
 
 
 def _strip_trailing_commas(text: str) -> str:
-    """Remove commas directly before ``}``/``]`` outside strings."""
-    out: list[str] = []
-    pos = 0
-    for match in re.finditer(r'"(?:\\.|[^"\\])*(?:"|\Z)|,(\s*[}\]])', text, re.S):
-        if match.group(1) is not None:
-            out.append(text[pos : match.start()])
-            out.append(match.group(1))
-            pos = match.end()
+    """Remove commas directly before ``}``/``]`` outside strings. Candidates are found first
+    (usually none or a few); only then are string spans listed to tell which are outside."""
+    commas = [m.start() for m in _TRAILING_COMMA_RE.finditer(text)]
+    if not commas:
+        return text
+    spans = [m.span() for m in _STRING_RE.finditer(text)]
+    starts = [a for a, _ in spans]
+    out, pos = [], 0
+    for at in commas:
+        i = bisect.bisect_right(starts, at) - 1
+        if i >= 0 and at < spans[i][1]:
+            continue  # inside a string
+        out.append(text[pos:at])
+        pos = at + 1
     out.append(text[pos:])
     return "".join(out)
 
@@ -269,6 +322,8 @@ def _json_error(text: str, start: int) -> str:
         json.JSONDecoder().raw_decode(text, start)
     except json.JSONDecodeError as exc:
         return f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+    except RecursionError:
+        return "invalid JSON: nested too deeply"
     return "invalid JSON"
 
 
@@ -319,9 +374,14 @@ def _normalise(value: Any, repairs: list[str]) -> Any:
     return doc
 
 
-def _validate(value: Any, repairs: list[str], outcome: ParseOutcome) -> IRExtraction:
+def _validate(value: Any, repairs: list[str], outcome: ParseOutcome, max_nodes: int) -> IRExtraction:
     if not _is_ir_like(value) or (isinstance(value, dict) and not isinstance(value["nodes"], list)):
         return IRExtraction(ParseOutcome.SCHEMA_INVALID, tuple(repairs), error="JSON is not an IR: no 'nodes' list")
+    count = len(value["nodes"] if isinstance(value, dict) else value)
+    if count > max_nodes:
+        return IRExtraction(
+            ParseOutcome.SCHEMA_INVALID, tuple(repairs), error=f"IR has {count} nodes > max_ir_nodes={max_nodes}; not validated"
+        )
     repairs = list(repairs)
     doc = _normalise(value, repairs)
     try:

@@ -14,7 +14,9 @@ from typing import Any, TextIO
 
 import structlog
 
-REDACTED = "[redacted]"
+from workers.secrets import MIN_SECRET_CHARS, SECRET_MARKER, mask_secrets
+
+REDACTED = SECRET_MARKER
 _SECRET_KEY_NAMES = re.compile(r"(api[_-]?key|secret|password|passwd|token|authorization|credential)", re.I)
 # Shapes of common credentials; run ids (32 hex) deliberately do not match.
 _SECRET_SHAPES = re.compile(
@@ -37,14 +39,15 @@ class Redactor:
         self._secrets: set[str] = {s for s in secrets if s}
 
     def add_secret(self, value: str | None) -> None:
-        if value and len(value) >= 4:
+        if value and len(value) >= MIN_SECRET_CHARS:
             self._secrets.add(value)
 
+    @property
+    def secrets(self) -> frozenset[str]:
+        return frozenset(self._secrets)
+
     def scrub(self, text: str) -> str:
-        for secret in self._secrets:
-            if secret in text:
-                text = text.replace(secret, REDACTED)
-        return _SECRET_SHAPES.sub(REDACTED, text)
+        return _SECRET_SHAPES.sub(REDACTED, mask_secrets(text, self._secrets))
 
     def _clean(self, key: str, value: Any) -> Any:
         if isinstance(key, str) and _SECRET_KEY_NAMES.search(key) and not _COUNT_KEYS.search(key):
@@ -61,6 +64,14 @@ class Redactor:
 
     def __call__(self, logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
         return {k: self._clean(k, v) for k, v in event.items()}
+
+
+def register_log_secret(value: str | None) -> None:
+    """Add ``value`` to the redactor of this process's current structlog configuration (a key
+    read by a worker from its environment); a no-op when logging was configured without one."""
+    for processor in structlog.get_config().get("processors", ()):
+        if isinstance(processor, Redactor):
+            processor.add_secret(value)
 
 
 def configure_logging(

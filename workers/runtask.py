@@ -39,6 +39,14 @@ class RetryPolicy(BaseModel):
     disable_after_consecutive: int = Field(
         default=3, ge=1, description="auth/not_found/client errors in a row before the model is disabled"
     )
+    max_retry_after_s: float = Field(
+        default=120.0, ge=0,
+        description="longest Retry-After honoured; a longer advertised wait ends the run (its value is stored)",
+    )
+    run_deadline_s: float | None = Field(
+        default=3600.0, gt=0,
+        description="wall clock for all attempts of one run: no retry wait may end past it (None = no cap)",
+    )
 
 
 class ModelLimits(BaseModel):
@@ -49,6 +57,29 @@ class ModelLimits(BaseModel):
     requests_per_minute: float | None = None
     tokens_per_minute: float | None = None
     max_concurrency: int | None = Field(default=4, ge=1)
+
+
+MIB = 1024 * 1024
+
+
+class ResponseLimits(BaseModel):
+    """Bounds on what one endpoint answer may cost us (every byte from it is hostile).
+
+    ``max_response_bytes``: body size after content decoding; a larger body ends the attempt as
+    ``protocol_error`` with its first KiB kept. ``max_json_depth``: nesting accepted in an IR
+    found in the answer (deeper is ``invalid_json``); the HTTP decode is bounded by the JSON
+    parser's own recursion guard. ``max_answer_chars``: longest answer the IR extraction reads
+    (a longer one is ``invalid_json``, refused before any parsing; the text is still stored).
+    ``max_ir_nodes``: an IR with more nodes is ``schema_invalid`` without validating them.
+    The extraction defaults keep its worst case far below a second (``bench/hostile_extract.py``).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    max_response_bytes: int = Field(default=8 * MIB, ge=1024)
+    max_json_depth: int = Field(default=64, ge=4, le=512)
+    max_answer_chars: int = Field(default=1 * MIB, ge=1024)
+    max_ir_nodes: int = Field(default=2000, ge=1)
 
 
 class EndpointRef(BaseModel):
@@ -73,11 +104,13 @@ class RunTask(BaseModel):
     limits: ModelLimits = ModelLimits()
     timeouts: TimeoutPolicy = TimeoutPolicy()
     retry: RetryPolicy = RetryPolicy()
+    response: ResponseLimits = ResponseLimits()
     max_tokens: int | None = None
     budget_max_tokens: int | None = None
     temperature: float | None = 0.0
     reasoning: bool | None = None
     structured_output: bool = False
+    stream: bool = False
     options: dict[str, Any] = Field(default_factory=dict)
     prompt_sha256: str
     prompt_name: str

@@ -23,7 +23,7 @@ PART_COLUMN = "__part"
 def partial_cells(runs: pa.Table, min_runs: int) -> tuple[pa.Table, pa.Table]:
     """One part's (cells, run-level features) — see the section comment above."""
     marker = pc.if_else(pc.is_valid(runs.column("ir_json")), pa.scalar(""), pa.scalar(None, pa.string()))
-    feats = runs.select([*REQUIRED_COLUMNS, "measured_at"])
+    feats = runs.select([*REQUIRED_COLUMNS, "measured_at", "execution_id", "finished_at"])
     feats = feats.set_column(feats.schema.get_field_index("ir_json"), "ir_json", marker)
     return build_cells(runs, min_runs=min_runs), feats
 
@@ -49,7 +49,7 @@ def combine_partial_cells(parts: list[tuple[pa.Table, pa.Table]], min_runs: int)
     """The ``build_cells`` table of the union of the parts' runs (same rows, same order).
 
     ``parts``: each part's :func:`partial_cells` output, at least one."""
-    from storage.dataset import dedupe_table
+    from storage.runs import latest_executions
 
     if not parts:
         raise AnalysisError("combine_partial_cells needs at least one part")
@@ -63,7 +63,7 @@ def combine_partial_cells(parts: list[tuple[pa.Table, pa.Table]], min_runs: int)
     kept = whole
     if split.num_rows:
         kept = whole.filter(pc.invert(_in_keys(whole, split)))
-        runs = dedupe_table(feats.filter(_in_keys(feats, split)), "run_id", "measured_at")
+        runs = latest_executions(feats.filter(_in_keys(feats, split)))
         kept = pa.concat_tables([kept, build_cells(runs, min_runs=min_runs)])
     order = pc.sort_indices(
         kept.append_column("__budget", pc.fill_null(kept.column("budget_max_tokens"), -1)),

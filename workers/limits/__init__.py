@@ -1,14 +1,13 @@
 """Per-model limits: concurrency leases, GCRA requests/tokens per window (with a jitter allowance,
 a grant log and slot reservations), cooldown, disable.
 
-``MemoryLimiter`` (one process, injectable clock) and ``RedisLimiter`` (global, Redis clock)
-implement the same contract, checked by one shared test suite.
+``MemoryLimiter`` (one process, injectable clock) and ``workers.celery.redis_limiter.RedisLimiter``
+(global, Redis clock) implement the same contract, checked by one shared test suite.
 """
 
 from workers.errors import LimiterError, LimiterUnavailable, ModelDisabled, WaitBudgetExceeded
 from workers.limits.base import Limiter, Permit
 from workers.limits.memory import Lease, LimitDecision, MemoryLimiter
-from workers.limits.redis_limiter import RedisLimiter, SyncRedisLimiter
 
 __all__ = [
     "Lease",
@@ -19,7 +18,5 @@ __all__ = [
     "MemoryLimiter",
     "ModelDisabled",
     "Permit",
-    "RedisLimiter",
-    "SyncRedisLimiter",
     "WaitBudgetExceeded",
 ]

@@ -16,10 +16,15 @@ from workers.runtask import ModelLimits
 
 @dataclass(frozen=True)
 class Permit:
+    """A granted lease. ``granted_mono_s``: this process's monotonic clock just before the call
+    that granted it (None when the grant is in-process); the grant-to-send delay is measured
+    from it (a permit that waited too long to be used is given back, see the Redis adapter)."""
+
     model: str
     holder: str
     cost_tokens: int
     waited_ms: float = 0.0
+    granted_mono_s: float | None = None
 
 
 class Limiter(Protocol):

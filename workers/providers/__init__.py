@@ -1,7 +1,10 @@
 """Provider clients, one per wire format (OpenAI-compatible, Ollama), behind ``base.Provider``.
 
 ``registry.make_provider`` picks one for an endpoint; ``_http`` (sending, status classification,
-bounded decoding) is private to this package.
+bounded decoding) is private to this package; ``parse_retirement`` (a 410 body's retirement date
+and reference) is the part other layers use.
 """
 
-__all__ = ["base", "ollama", "openai_compat", "registry"]
+from workers.providers._http import parse_retirement
+
+__all__ = ["base", "ollama", "openai_compat", "parse_retirement", "pooled", "registry", "retry_after", "streaming"]

@@ -8,6 +8,11 @@
 * ``total_timeout_s`` is a wall-clock ``asyncio.timeout`` around the whole call, body included,
   so a server trickling bytes under the read timeout still cannot exceed it.
 
+The body is read in chunks and bounded by ``max_body_bytes`` while it streams in (never
+buffered whole first): a larger body is a ``protocol_error`` carrying its first KiB. The JSON
+decode turns ``RecursionError``/``MemoryError`` (a deeply nested or huge document) into a
+``protocol_error`` too: nothing an endpoint sends can raise out of a provider.
+
 Every httpx exception is translated here into the ``workers.errors`` tree, so httpx types never
 leave ``workers/``. Non-2xx statuses are mapped by ``raise_for_status``. Error messages name the
 method, URL, model and what went wrong; secrets passed in ``secrets`` are replaced by ``***``
@@ -18,12 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import email.utils
 import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -35,6 +39,7 @@ from workers.errors import (
     ConfigError,
     ConnectFailed,
     ConnectTimeout,
+    ContextExceeded,
     ModelNotFound,
     ModelRetired,
     ProtocolFailed,
@@ -43,12 +48,31 @@ from workers.errors import (
     ReadTimeout,
     ServerFailed,
     TotalTimeout,
+    UnknownModel,
 )
+from workers.providers.retry_after import parse_retry_after, retry_after_from_headers  # noqa: F401 - re-export
 from workers.runtask import TimeoutPolicy
+from workers.secrets import mask_secrets
 
 Clock = Callable[[], float]  # monotonic seconds
 
 _RETIRED_ON_RE = re.compile(r"retire[ds]?\s+(?:on|at|since)?\s*:?\s*(\d{4}-\d{2}-\d{2})", re.I)
+# How servers word a request longer than the context window: OpenAI / vLLM / llama-cpp-python
+# ("maximum context length", code context_length_exceeded), llama.cpp's own server ("exceeds
+# the available context size"), TGI ("must have less than N tokens"), Anthropic-style gateways.
+_CONTEXT_RE = re.compile(
+    r"context[ _]length[ _]exceeded|maximum context length|exceeds? (?:the )?(?:available )?context"
+    r"|context window|context size|prompt is too long|input is too long|must have less than \d+ (?:input )?tokens",
+    re.I,
+)
+# How gateways word a model name they do not route (LiteLLM, OpenRouter, Portkey-like).
+_GATEWAY_UNKNOWN_MODEL_RE = re.compile(
+    r"invalid model|unknown model|not a valid model|no (?:healthy )?deployments?|model[ _]group"
+    r"|no endpoints? found|model_not_found",
+    re.I,
+)
+# A 400 naming the model as not there (any server).
+_MODEL_MISSING_RE = re.compile(r"model\b.{0,120}\b(?:not found|does not exist|not supported|not available)", re.I | re.S)
 _REFERENCE_RE = re.compile(r"\b(?:ref(?:erence)?)\b\s*(?:id)?\s*[:#=]?\s*([A-Za-z0-9][A-Za-z0-9_.:-]*[A-Za-z0-9])", re.I)
 
 
@@ -62,6 +86,22 @@ class RawResponse:
     latency_ms: float
     url: str
     bytes_received: int = 0  # bytes on the wire (before content decoding)
+    first_token_ms: float | None = None  # streamed 2xx: request start to the first token
+
+
+class BodyReader(Protocol):
+    """Reads a 2xx body as it arrives (a stream), instead of ``send`` reading it whole."""
+
+    first_token_ms: float | None  # request start to the first token; None until one came
+
+    async def read(self, response: httpx.Response, started: float) -> bytes:
+        """Consume ``response``'s body (``started``: the request's ``clock()`` start)."""
+        ...
+
+    def timeout_message(self, deadline: str, limit_s: float | None) -> str:
+        """What a fired deadline (``read_timeout_s`` / ``total_timeout_s``) means for the stream
+        so far: no first token yet, or a stream that stalled or ran long after it."""
+        ...
 
 
 def httpx_timeout(policy: TimeoutPolicy) -> httpx.Timeout:
@@ -83,14 +123,14 @@ def check_base_url(base_url: str) -> str:
         raise ConfigError(f"endpoint base_url {base_url!r} is not a URL ({exc}); use e.g. http://host:port") from exc
     if parsed.scheme not in ("http", "https") or not parsed.host:
         raise ConfigError(f"endpoint base_url {base_url!r} must start with http:// or https:// and name a host")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:  # httpx accepts 99999 until connect
+        raise ConfigError(f"endpoint base_url {base_url!r}: port {parsed.port} is not in 1-65535")
     return url
 
 
 def clip(text: str, secrets: Iterable[str | None] = ()) -> str:
     """Redact secrets, then bound the text to ``ERROR_TEXT_MAX_CHARS``."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
+    text = mask_secrets(text, secrets)
     if len(text) > ERROR_TEXT_MAX_CHARS:
         text = text[: ERROR_TEXT_MAX_CHARS - 1] + "…"
     return text
@@ -107,12 +147,18 @@ async def send(
     headers: dict[str, str] | None = None,
     secrets: Iterable[str | None] = (),
     context: str = "",
+    reader: BodyReader | None = None,
+    max_body_bytes: int | None = None,
 ) -> RawResponse:
     """One request, body read in full, under connect/read/total deadlines.
 
     Returns the response whatever its status; raises ``ConnectTimeout``, ``ReadTimeout``,
     ``TotalTimeout``, ``ConnectFailed`` or ``ProtocolFailed`` (each with ``latency_ms`` and the
-    body bytes received so far) when no complete response arrived.
+    body bytes received so far) when no complete response arrived. ``max_body_bytes`` bounds
+    the decoded body (``None`` = no bound): beyond it the connection is dropped and
+    ``ProtocolFailed`` keeps the first ``HEAD_BYTES`` of the body in ``body_head``.
+    With ``reader`` a 2xx body is consumed by ``reader.read`` (a stream, which bounds itself) and
+    timeouts are worded by the reader.
     """
     secrets = tuple(secrets)
     where = f"{method} {url}" + (f" ({context})" if context else "")
@@ -130,7 +176,11 @@ async def send(
             status_code=status,
             latency_ms=(clock() - started) * 1000.0,
             bytes_received=received(),
+            first_token_ms=reader.first_token_ms if reader is not None and streaming() else None,
         )
+
+    def streaming() -> bool:  # the reader is (or would be) reading this body
+        return reader is not None and (response is None or 200 <= response.status_code < 300)
 
     try:
         async with deadline:
@@ -139,13 +189,25 @@ async def send(
             )
             response = await client.send(request, stream=True)
             try:
-                body = b"".join([chunk async for chunk in response.aiter_bytes()])
+                if reader is not None and 200 <= response.status_code < 300:
+                    body = await reader.read(response, started)
+                else:
+                    body = await _read_bounded(response, max_body_bytes)
             finally:
                 await response.aclose()
+    except _BodyTooLarge as exc:
+        error = fail(
+            ProtocolFailed,
+            f"body exceeds max_response_bytes={max_body_bytes} (read {exc.size} bytes, then stopped); "
+            "raise max_response_bytes for this model if such answers are expected",
+        )
+        error.body_head = mask_secrets(exc.head.decode("utf-8", errors="replace"), secrets)
+        raise error from None
     except TimeoutError as exc:
         if deadline.expired():
             raise fail(
                 TotalTimeout,
+                reader.timeout_message("total_timeout_s", timeouts.total_timeout_s) if streaming() else
                 f"no complete answer within total_timeout_s={timeouts.total_timeout_s}; "
                 "raise total_timeout_s if slow answers are expected",
             ) from None
@@ -156,6 +218,8 @@ async def send(
         ) from None
     except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:
         kind = "read" if isinstance(exc, httpx.ReadTimeout) else "write"
+        if reader is not None and streaming() and kind == "read":
+            raise fail(ReadTimeout, reader.timeout_message("read_timeout_s", timeouts.read_timeout_s)) from None
         raise fail(
             ReadTimeout, f"no bytes for read_timeout_s={timeouts.read_timeout_s} ({kind} timed out)"
         ) from None
@@ -177,35 +241,43 @@ async def send(
         latency_ms=(clock() - started) * 1000.0,
         url=url,
         bytes_received=response.num_bytes_downloaded,
+        first_token_ms=reader.first_token_ms if reader is not None and streaming() else None,
     )
 
 
-def parse_retry_after(value: str | None, now: dt.datetime) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP-date); ``None`` if
-    absent or unparseable; never negative."""
-    if value is None or not value.strip():
-        return None
-    text = value.strip()
-    try:
-        return max(0.0, float(text))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
-    return max(0.0, (when - now).total_seconds())
+HEAD_BYTES = 1024  # how much of a refused body is kept
+
+
+class _BodyTooLarge(ProtocolFailed):
+    """Raised by ``_read_bounded``; ``send`` turns it into the ``ProtocolFailed`` it reports
+    (with the request's context: URL, latency, bytes)."""
+
+    def __init__(self, size: int, head: bytes) -> None:
+        super().__init__(f"body exceeds the bound after {size} bytes")
+        self.size, self.head = size, head
+
+
+async def _read_bounded(response: httpx.Response, max_bytes: int | None) -> bytes:
+    """The decoded body, chunk by chunk; ``_BodyTooLarge`` as soon as it passes ``max_bytes``."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if max_bytes is not None and size > max_bytes:
+            head = b"".join(chunks)[:HEAD_BYTES]
+            raise _BodyTooLarge(size, (head + chunk)[:HEAD_BYTES])
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def body_message(body: bytes) -> str:
     """The human message in an error body: ``{"error": {"message": ...}}``, ``{"error": "..."}``,
-    ``{"message"|"detail": ...}``, or the text itself."""
-    text = body.decode("utf-8", errors="replace").strip()
+    ``{"message"|"detail": ...}``, or the text itself (only the first ``ERROR_TEXT_MAX_CHARS``
+    are read: it ends up clipped to that anyway)."""
+    text = body[: ERROR_TEXT_MAX_CHARS * 4].decode("utf-8", errors="replace").strip()
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return text
     if isinstance(data, dict):
         err = data.get("error", data)
@@ -236,7 +308,7 @@ def raise_for_status(raw: RawResponse, *, model: str, now: dt.datetime, secrets:
         return
     secrets = tuple(secrets)
     message = body_message(raw.body)
-    retry_after = parse_retry_after(raw.headers.get("retry-after"), now)
+    retry_after = retry_after_from_headers(raw.headers, now)
     common = {"status_code": status, "latency_ms": raw.latency_ms, "bytes_received": raw.bytes_received}
 
     def text(what: str) -> str:
@@ -247,6 +319,13 @@ def raise_for_status(raw: RawResponse, *, model: str, now: dt.datetime, secrets:
     if status == 410:
         retired_on, reference = parse_retirement(message)
         raise ModelRetired(text("model retired"), retired_on=retired_on, reference=reference, **common)
+    if status in (400, 404, 413, 422) and _CONTEXT_RE.search(message):
+        raise ContextExceeded(text("prompt does not fit the model's context window"), **common)
+    if status in (400, 404, 422) and (
+        _GATEWAY_UNKNOWN_MODEL_RE.search(message) or (status != 404 and _MODEL_MISSING_RE.search(message))
+    ):
+        raise UnknownModel(text("model unknown to the endpoint (a gateway routes no such model); check the name "
+                                "against its /v1/models"), **common)
     if status == 404:
         raise ModelNotFound(text("model or route not found; check the model name and base_url"), **common)
     if status in (401, 403):
@@ -259,13 +338,15 @@ def raise_for_status(raw: RawResponse, *, model: str, now: dt.datetime, secrets:
 
 
 def decode_json_body(raw: RawResponse, *, model: str, secrets: Iterable[str | None] = ()) -> Any:
-    """The 2xx body as JSON; ``ProtocolFailed`` when it is not JSON."""
+    """The 2xx body as JSON; ``ProtocolFailed`` when it is not JSON, nested deeper than the
+    parser's recursion guard, or too big to hold in memory."""
     try:
         return json.loads(raw.body)
-    except ValueError as exc:
+    except (ValueError, RecursionError, MemoryError) as exc:
+        what = {RecursionError: "nested too deeply", MemoryError: "too large to decode"}.get(type(exc), str(exc))
         snippet = raw.body[:200].decode("utf-8", errors="replace")
         raise ProtocolFailed(
-            clip(f"POST {raw.url} model={model}: HTTP {raw.status_code} body is not JSON ({exc}): {snippet!r}", secrets),
+            clip(f"POST {raw.url} model={model}: HTTP {raw.status_code} body is not JSON ({what}): {snippet!r}", secrets),
             status_code=raw.status_code,
             latency_ms=raw.latency_ms,
             bytes_received=raw.bytes_received,
@@ -293,14 +374,16 @@ async def post_chat(
     now: WallClock,
     headers: dict[str, str],
     secrets: tuple[str | None, ...],
+    max_body_bytes: int | None = None,
 ) -> tuple[RawResponse, Any]:
     """POST a chat request; return the raw response and its decoded JSON body.
 
-    Non-2xx statuses and bodies that are not JSON raise the classified ``ProviderError``.
+    Non-2xx statuses, bodies over ``max_body_bytes`` and bodies that are not JSON raise the
+    classified ``ProviderError``.
     """
     raw = await send(
         client, "POST", url, timeouts=timeouts, clock=clock, json_body=body, headers=headers,
-        secrets=secrets, context=f"model={model}",
+        secrets=secrets, context=f"model={model}", max_body_bytes=max_body_bytes,
     )
     raise_for_status(raw, model=model, now=now(), secrets=secrets)
     return raw, decode_json_body(raw, model=model, secrets=secrets)

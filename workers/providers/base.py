@@ -23,7 +23,9 @@ class ChatRequest:
     temperature: float | None = None
     reasoning: bool | None = None
     json_schema: dict[str, Any] | None = None  # structured-output mode when set
+    stream: bool = False  # ask for a streamed answer (SSE / NDJSON); the reply then has its timings
     options: dict[str, Any] = field(default_factory=dict)
+    max_response_bytes: int | None = None  # bound on the decoded body; None = unbounded
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,8 @@ class Reply:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     reasoning_tokens: int | None = None
+    first_token_ms: float | None = None  # streamed: request start to the first token
+    stream_duration_ms: float | None = None  # streamed: first token to the last byte
 
 
 class Provider(Protocol):

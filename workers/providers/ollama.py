@@ -1,11 +1,13 @@
 """Ollama's native ``POST /api/chat`` (local Ollama or ollama.com with a bearer key).
 
-Request: one user message, ``stream: false``, ``options: {num_predict, temperature,
+Request: one user message, ``stream`` (false unless the model streams), ``options: {num_predict, temperature,
 **request.options}`` (``num_predict`` is Ollama's token cap), ``think`` when
 ``request.reasoning`` is set, ``format: <json schema>`` in structured-output mode.
 Reply: answer = ``message.content`` (a leading ``<think>`` block is split out for models that
 inline it), reasoning = ``message.thinking``; ``done_reason == "length"`` -> TRUNCATED;
 tokens from ``prompt_eval_count``/``eval_count`` (Ollama does not split reasoning tokens out).
+Streamed (``request.stream``): NDJSON lines whose ``message.content``/``thinking`` pieces are
+concatenated; the final ``done: true`` line carries ``done_reason`` and the token counts.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ from typing import Any
 
 import httpx
 
-from workers.providers import _http
+from workers.providers import _http, streaming
 from workers.providers.base import ChatRequest, Reply
-from workers.runtask import TimeoutPolicy
+from workers.runtask import ResponseLimits, TimeoutPolicy
+from workers.secrets import mask_optional, mask_secrets
+
+LIST_MAX_BYTES = ResponseLimits().max_response_bytes  # a model list is no bigger than an answer
 
 
 class OllamaProvider:
@@ -58,7 +63,7 @@ class OllamaProvider:
         body: dict[str, Any] = {
             "model": request.model,
             "messages": [{"role": "user", "content": request.user_message}],
-            "stream": False,
+            "stream": request.stream,
             "options": options,
         }
         if request.reasoning is not None:
@@ -70,9 +75,26 @@ class OllamaProvider:
     async def complete(self, request: ChatRequest) -> Reply:
         """One chat call; raises ``workers.errors.ProviderError`` subclasses on failure."""
         secrets = (self._api_key,)
+        url = f"{self._root}/api/chat"
+        if request.stream:
+            reader = streaming.EventReader(
+                "ndjson", _has_token, lambda event: isinstance(event, dict) and event.get("done") is True,
+                clock=self._clock, where=f"POST {url} model={request.model}", max_bytes=request.max_response_bytes,
+                secrets=secrets,
+            )
+            raw = await streaming.post_stream(
+                self._client, url, self.build_body(request), reader, model=request.model,
+                timeouts=request.timeouts, clock=self._clock, now=self._now, headers=self._headers(), secrets=secrets,
+            )
+            if not all(isinstance(e, dict) and isinstance(e.get("message", {}), dict) for e in reader.events):
+                raise _http.protocol_error(raw, model=request.model, what="stream line is not a chat chunk", secrets=secrets)
+            pieces = [e.get("message") or {} for e in reader.events]
+            final = reader.events[-1]
+            return _reply(raw, final, "".join(_text(m.get("content")) for m in pieces),
+                          "".join(_text(m.get("thinking")) for m in pieces), secrets=secrets, streamed=True)
         raw, data = await _http.post_chat(
             self._client,
-            f"{self._root}/api/chat",
+            url,
             self.build_body(request),
             model=request.model,
             timeouts=request.timeouts,
@@ -80,6 +102,7 @@ class OllamaProvider:
             now=self._now,
             headers=self._headers(),
             secrets=secrets,
+            max_body_bytes=request.max_response_bytes,
         )
         message = data.get("message") if isinstance(data, dict) else None
         if not isinstance(message, dict):
@@ -87,32 +110,14 @@ class OllamaProvider:
         content = message.get("content")
         if content is not None and not isinstance(content, str):
             raise _http.protocol_error(raw, model=request.model, what="message.content is not a string", secrets=secrets)
-        answer, think = _http.split_think(content or "")
-        thinking = message.get("thinking")
-        thinking = thinking if isinstance(thinking, str) else ""
-        reasoning = "\n".join(part for part in (thinking, think) if part)
-        done_reason = data.get("done_reason")
-        done_reason = done_reason if isinstance(done_reason, str) else None
-        outcome = _http.answer_outcome(done_reason, answer)
-        return Reply(
-            outcome=outcome,
-            answer_text=answer,
-            reasoning_text=reasoning,
-            latency_ms=raw.latency_ms,
-            status_code=raw.status_code,
-            bytes_received=raw.bytes_received,
-            finish_reason=done_reason,
-            prompt_tokens=_http.int_or_none(data.get("prompt_eval_count")),
-            completion_tokens=_http.int_or_none(data.get("eval_count")),
-            reasoning_tokens=None,
-        )
+        return _reply(raw, data, content or "", _text(message.get("thinking")), secrets=secrets)
 
     async def list_models(self, timeouts: TimeoutPolicy) -> list[str]:
         """Model names from ``GET /api/tags``."""
         secrets = (self._api_key,)
         raw = await _http.send(
             self._client, "GET", f"{self._root}/api/tags", timeouts=timeouts, clock=self._clock,
-            headers=self._headers(), secrets=secrets,
+            headers=self._headers(), secrets=secrets, max_body_bytes=LIST_MAX_BYTES,
         )
         _http.raise_for_status(raw, model="*", now=self._now(), secrets=secrets)
         data = _http.decode_json_body(raw, model="*", secrets=secrets)
@@ -126,3 +131,38 @@ class OllamaProvider:
                 if isinstance(name, str):
                     names.append(name)
         return names
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _has_token(event: Any) -> bool:
+    message = event.get("message") if isinstance(event, dict) else None
+    return isinstance(message, dict) and bool(_text(message.get("content")) or _text(message.get("thinking")))
+
+
+def _reply(
+    raw: _http.RawResponse, final: dict[str, Any], content: str, thinking: str, *,
+    secrets: tuple[str | None, ...], streamed: bool = False,
+) -> Reply:
+    """The classified reply; ``final`` is the whole body or the last (``done``) stream line. An
+    endpoint may echo the key inside a 200 answer: it is masked before anything keeps the text."""
+    answer, think = _http.split_think(content)
+    reasoning = "\n".join(part for part in (thinking, think) if part)
+    done_reason = final.get("done_reason")
+    done_reason = done_reason if isinstance(done_reason, str) else None
+    return Reply(
+        outcome=_http.answer_outcome(done_reason, answer),
+        answer_text=mask_secrets(answer, secrets),
+        reasoning_text=mask_secrets(reasoning, secrets),
+        latency_ms=raw.latency_ms,
+        status_code=raw.status_code,
+        bytes_received=raw.bytes_received,
+        finish_reason=mask_optional(done_reason, secrets),
+        prompt_tokens=_http.int_or_none(final.get("prompt_eval_count")),
+        completion_tokens=_http.int_or_none(final.get("eval_count")),
+        reasoning_tokens=None,
+        first_token_ms=raw.first_token_ms if streamed else None,
+        stream_duration_ms=streaming.stream_duration_ms(raw) if streamed else None,
+    )

@@ -1,7 +1,7 @@
 """OpenAI-compatible ``POST /v1/chat/completions`` (hosted open-model endpoints, vLLM, Ollama's
 ``/v1``, OpenAI itself).
 
-Request: one user message, ``stream: false``, ``temperature`` and the token cap when set (under
+Request: one user message, ``stream`` (false unless the model streams), ``temperature`` and the token cap when set (under
 ``max_tokens`` or, for endpoints that want it, ``max_completion_tokens``), a ``json_schema``
 ``response_format`` in structured-output mode, then ``request.options`` merged last as extra
 body fields (so a campaign can set anything the endpoint understands). The reasoning switch is
@@ -12,6 +12,11 @@ body fields sent when ``request.reasoning`` is True/False (default: ``reasoning_
 Reply: answer = ``choices[0].message.content``; reasoning = ``message.reasoning_content`` or
 ``message.reasoning``, plus a leading ``<think>…</think>`` block split out of the content.
 ``finish_reason == "length"`` -> TRUNCATED (even with empty content), empty answer -> EMPTY.
+
+Streamed (``request.stream``): ``stream_options: {include_usage: true}`` is sent; the answer and
+reasoning are the concatenated ``choices[0].delta`` pieces, ``finish_reason`` the last one given,
+usage the final chunk's ``usage`` (None when the server sends none); the reply carries the time
+to the first token and the stream's duration (``workers.providers.streaming``).
 """
 
 from __future__ import annotations
@@ -21,9 +26,12 @@ from typing import Any
 
 import httpx
 
-from workers.providers import _http
+from workers.providers import _http, streaming
 from workers.providers.base import ChatRequest, Reply
-from workers.runtask import TimeoutPolicy
+from workers.runtask import ResponseLimits, TimeoutPolicy
+from workers.secrets import mask_optional, mask_secrets
+
+LIST_MAX_BYTES = ResponseLimits().max_response_bytes  # a model list is no bigger than an answer
 
 SCHEMA_NAME = "irbench_ir"
 
@@ -66,8 +74,10 @@ class OpenAIProvider:
         body: dict[str, Any] = {
             "model": request.model,
             "messages": [{"role": "user", "content": request.user_message}],
-            "stream": False,
+            "stream": request.stream,
         }
+        if request.stream:
+            body["stream_options"] = {"include_usage": True}
         if request.temperature is not None:
             body["temperature"] = request.temperature
         if request.max_tokens is not None:
@@ -86,6 +96,8 @@ class OpenAIProvider:
 
     async def complete(self, request: ChatRequest) -> Reply:
         """One chat completion; raises ``workers.errors.ProviderError`` subclasses on failure."""
+        if request.stream:
+            return await self._complete_streamed(request)
         secrets = (self._api_key,)
         raw, data = await _http.post_chat(
             self._client,
@@ -97,6 +109,7 @@ class OpenAIProvider:
             now=self._now,
             headers=self._headers(),
             secrets=secrets,
+            max_body_bytes=request.max_response_bytes,
         )
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
@@ -108,36 +121,44 @@ class OpenAIProvider:
         content = message.get("content")
         if content is not None and not isinstance(content, str):
             raise _http.protocol_error(raw, model=request.model, what="message.content is not a string", secrets=secrets)
-        answer, think = _http.split_think(content or "")
         reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
-        if not isinstance(reasoning, str):
-            reasoning = ""
-        reasoning = "\n".join(part for part in (reasoning, think) if part)
         finish_reason = choice.get("finish_reason")
-        finish_reason = finish_reason if isinstance(finish_reason, str) else None
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-        details = usage.get("completion_tokens_details")
-        details = details if isinstance(details, dict) else {}
-        outcome = _http.answer_outcome(finish_reason, answer)
-        return Reply(
-            outcome=outcome,
-            answer_text=answer,
-            reasoning_text=reasoning,
-            latency_ms=raw.latency_ms,
-            status_code=raw.status_code,
-            bytes_received=raw.bytes_received,
-            finish_reason=finish_reason,
-            prompt_tokens=_http.int_or_none(usage.get("prompt_tokens")),
-            completion_tokens=_http.int_or_none(usage.get("completion_tokens")),
-            reasoning_tokens=_http.int_or_none(details.get("reasoning_tokens")),
+        return _reply(raw, content or "", reasoning if isinstance(reasoning, str) else "", finish_reason, usage,
+                      secrets=secrets)
+
+    async def _complete_streamed(self, request: ChatRequest) -> Reply:
+        secrets = (self._api_key,)
+        url = f"{self._root}/v1/chat/completions"
+        reader = streaming.EventReader(
+            "sse", _has_token, lambda event: False, clock=self._clock, where=f"POST {url} model={request.model}",
+            max_bytes=request.max_response_bytes, secrets=secrets,
         )
+        raw = await streaming.post_stream(
+            self._client, url, self.build_body(request), reader, model=request.model, timeouts=request.timeouts,
+            clock=self._clock, now=self._now, headers=self._headers(), secrets=secrets,
+        )
+        content: list[str] = []
+        reasoning: list[str] = []
+        finish_reason: Any = None
+        usage: dict[str, Any] = {}
+        for event in reader.events:
+            if not isinstance(event, dict):
+                raise _http.protocol_error(raw, model=request.model, what="stream event is not an object", secrets=secrets)
+            if isinstance(event.get("usage"), dict):
+                usage = event["usage"]
+            delta, reason = _delta(event)
+            content.append(_text(delta.get("content")))
+            reasoning.append(_text(delta.get("reasoning_content")) or _text(delta.get("reasoning")))
+            finish_reason = reason or finish_reason
+        return _reply(raw, "".join(content), "".join(reasoning), finish_reason, usage, secrets=secrets, streamed=True)
 
     async def list_models(self, timeouts: TimeoutPolicy) -> list[str]:
         """Model ids from ``GET /v1/models``."""
         secrets = (self._api_key,)
         raw = await _http.send(
             self._client, "GET", f"{self._root}/v1/models", timeouts=timeouts, clock=self._clock,
-            headers=self._headers(), secrets=secrets,
+            headers=self._headers(), secrets=secrets, max_body_bytes=LIST_MAX_BYTES,
         )
         _http.raise_for_status(raw, model="*", now=self._now(), secrets=secrets)
         data = _http.decode_json_body(raw, model="*", secrets=secrets)
@@ -145,3 +166,52 @@ class OpenAIProvider:
         if not isinstance(entries, list):
             raise _http.protocol_error(raw, model="*", what="/v1/models body has no 'data' list", secrets=secrets)
         return [e["id"] for e in entries if isinstance(e, dict) and isinstance(e.get("id"), str)]
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _delta(event: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """``choices[0].delta`` and ``finish_reason`` of one stream chunk (``{}``/None when absent,
+    e.g. the final usage-only chunk)."""
+    choices = event.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return {}, None
+    delta = choices[0].get("delta")
+    reason = choices[0].get("finish_reason")
+    return (delta if isinstance(delta, dict) else {}), (reason if isinstance(reason, str) else None)
+
+
+def _has_token(event: Any) -> bool:
+    if not isinstance(event, dict):
+        return False
+    delta, _ = _delta(event)
+    return bool(_text(delta.get("content")) or _text(delta.get("reasoning_content")) or _text(delta.get("reasoning")))
+
+
+def _reply(
+    raw: _http.RawResponse, content: str, reasoning: str, finish_reason: Any, usage: dict[str, Any],
+    *, secrets: tuple[str | None, ...], streamed: bool = False,
+) -> Reply:
+    """The classified reply from a whole (or reassembled streamed) answer. An endpoint may echo
+    the key inside a 200 answer: it is masked before anything keeps the text."""
+    answer, think = _http.split_think(content)
+    reasoning = "\n".join(part for part in (reasoning, think) if part)
+    finish_reason = finish_reason if isinstance(finish_reason, str) else None
+    details = usage.get("completion_tokens_details")
+    details = details if isinstance(details, dict) else {}
+    return Reply(
+        outcome=_http.answer_outcome(finish_reason, answer),
+        answer_text=mask_secrets(answer, secrets),
+        reasoning_text=mask_secrets(reasoning, secrets),
+        latency_ms=raw.latency_ms,
+        status_code=raw.status_code,
+        bytes_received=raw.bytes_received,
+        finish_reason=mask_optional(finish_reason, secrets),
+        prompt_tokens=_http.int_or_none(usage.get("prompt_tokens")),
+        completion_tokens=_http.int_or_none(usage.get("completion_tokens")),
+        reasoning_tokens=_http.int_or_none(details.get("reasoning_tokens")),
+        first_token_ms=raw.first_token_ms if streamed else None,
+        stream_duration_ms=streaming.stream_duration_ms(raw) if streamed else None,
+    )

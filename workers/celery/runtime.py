@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -38,13 +39,14 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from storage.runs import RunStore
+from storage.spool import RunSpool, SpoolConfig, recover_orphans
+from workers.celery.redis_limiter import RedisLimiter
 from workers.errors import ConfigError, GateClosed, LimiterError, LimiterUnavailable, WaitBudgetExceeded
 from workers.limits.base import Permit
 from workers.limits.memory import CONCURRENCY
-from workers.limits.redis_limiter import RedisLimiter
 from workers.providers.base import Provider
 from workers.providers.registry import make_http_client, make_provider
-from workers.redis_gate import RedisGate
+from workers.celery.gate import RedisGate
 from workers.runtask import ModelLimits, RunTask
 
 log = structlog.get_logger("irbench.worker")
@@ -85,6 +87,11 @@ class WorkerSettings:
     reservation_grace_s: float = 30.0
     redis_retry_s: float = 30.0
     key_prefix: str = "irbench"
+    failure_backoff_s: float = 1.0
+    max_regrants: int = 5
+    spool_max_rows: int = 2000
+    spool_max_age_s: float = 5.0
+    spool_idle_s: float = 0.5
 
     @property
     def heartbeat_s(self) -> float:
@@ -144,6 +151,8 @@ class DeferringLimiter:
         self._inner, self._gate, self._rt = inner, gate, runtime
         self._max_wait_s = runtime.settings.max_wait_s
         self._min_defer_s = runtime.settings.min_defer_s
+        self._allowance_s = runtime.settings.limit_jitter_allowance_s
+        self._max_regrants = runtime.settings.max_regrants
         self._acquisitions = 0  # one instance per run execution
 
     async def acquire(self, model: str, limits: ModelLimits, holder: str, cost_tokens: int) -> Permit:
@@ -151,21 +160,41 @@ class DeferringLimiter:
         # A retry inside execute_run must not defer: that would drop the attempts already made
         # (every attempt must be stored), so it waits; the wait is a cooldown or rate slot.
         budget_s = self._max_wait_s if self._acquisitions == 1 else None
-        try:
-            permit = await self._inner.acquire(model, limits, holder, cost_tokens, max_wait_s=budget_s)
-        except WaitBudgetExceeded as exc:
-            d = exc.decision
-            if d.reason == CONCURRENCY:  # the wait is an upper bound: a release comes sooner
-                raise Deferred(self._min_defer_s, d.reason) from None
-            raise Deferred(d.wait_s, d.reason, reserved=d.reserved_at_s is not None) from None
-        except LimiterUnavailable as exc:
-            raise Deferred(self._min_defer_s * 4, "limiter unavailable") from exc
-        return await self._admit(permit)
+        for regrant in range(self._max_regrants + 1):
+            try:
+                permit = await self._inner.acquire(model, limits, holder, cost_tokens, max_wait_s=budget_s)
+            except WaitBudgetExceeded as exc:
+                d = exc.decision
+                if d.reason == CONCURRENCY:  # the wait is an upper bound: a release comes sooner
+                    raise Deferred(self._min_defer_s, d.reason) from None
+                raise Deferred(d.wait_s, d.reason, reserved=d.reserved_at_s is not None) from None
+            except LimiterUnavailable as exc:
+                raise Deferred(self._min_defer_s * 4, "limiter unavailable") from exc
+            permit, cooling_s = await self._admit(permit)
+            late_s = self._late_s(permit)
+            if (late_s is None and cooling_s <= 0) or regrant == self._max_regrants:
+                return permit
+            # CPU starvation: the grant is older than the limiter's jitter allowance, so sending
+            # now could put one request too many into the provider's window; or a 429 started a
+            # cooldown after the grant. Give it back (its rate slot stays spent: never a burst)
+            # and take a fresh one (which waits out the cooldown).
+            log.info("permit_regranted", model=model, late_s=round(late_s or 0.0, 3),
+                     cooling_s=round(cooling_s, 3), regrant=regrant + 1)
+            await self.release(permit)
+        raise AssertionError("unreachable")
 
-    async def _admit(self, permit: Permit) -> Permit:
-        # A 410 may have closed the model while we waited: don't make the call.
+    def _late_s(self, permit: Permit) -> float | None:
+        """How far past the allowance the grant-to-send delay is, or None if within it."""
+        if permit.granted_mono_s is None:
+            return None
+        delay = time.monotonic() - permit.granted_mono_s
+        return delay if delay > self._allowance_s else None
+
+    async def _admit(self, permit: Permit) -> tuple[Permit, float]:
+        """The gate re-check (a 410 may have closed the model while we waited: don't make the
+        call) and the cooldown still to go, in one round trip."""
         try:
-            reason = await self._gate.closed_reason_async(permit.model)
+            reason, cooling_s = await self._gate.admission_async(permit.model, self._inner.state_key(permit.model))
         except RedisError:
             await self.release(permit)
             raise
@@ -173,7 +202,7 @@ class DeferringLimiter:
             await self.release(permit)
             raise GateClosed(reason)
         self._rt.hold_permit(permit)
-        return permit
+        return permit, cooling_s
 
     async def release(self, permit: Permit, actual_tokens: int | None = None) -> None:
         self._rt.drop_permit(permit)
@@ -210,6 +239,7 @@ class WorkerRuntime:
         self._permits: dict[tuple[str, str], Permit] = {}
         self._providers: dict[tuple[str, str, str, str | None], Provider] = {}
         self._stores: dict[str, RunStore] = {}
+        self._spools: dict[str, RunSpool] = {}
         self._stop = threading.Event()
         self.http, self.aredis, self.limiter = self.run(self._setup())
         self._heartbeat = threading.Thread(target=self._beat, name="irbench-heartbeat", daemon=True)
@@ -253,6 +283,24 @@ class WorkerRuntime:
                 self._stores[root] = RunStore(Path(root))
             return self._stores[root]
 
+    def spool(self, data_dir: str | None) -> RunSpool:
+        """This process's group-commit spool for the store at ``data_dir`` (created on first
+        use, after publishing the spools of dead writers)."""
+        store = self.store(data_dir)
+        key = str(store.root)
+        with self._lock:
+            if key not in self._spools:
+                recovered = recover_orphans(store.dataset)
+                if recovered:
+                    log.info("spool_orphans_published", rows=recovered, root=key)
+                s = self.settings
+                self._spools[key] = RunSpool(
+                    store.dataset,
+                    config=SpoolConfig(s.spool_max_rows, s.spool_max_age_s, s.spool_idle_s),
+                    on_error=lambda exc: log.warning("spool_publish_failed", error=str(exc)),
+                )
+            return self._spools[key]
+
     # ----- heartbeat ----------------------------------------------------------------------------
     def hold_claim(self, state: Any, run_id: str, owner: str) -> None:
         with self._lock:
@@ -287,6 +335,11 @@ class WorkerRuntime:
 
     def close(self) -> None:
         self._stop.set()
+        with self._lock:
+            spools, self._spools = list(self._spools.values()), {}
+        for sp in spools:
+            with contextlib.suppress(Exception):
+                sp.close()
 
         async def _close() -> None:
             await self.limiter.aclose()
@@ -308,6 +361,11 @@ class RuntimeHolder:
         self._settings = settings
         self._lock = threading.Lock()
         self._runtime: WorkerRuntime | None = None
+
+    @property
+    def settings(self) -> WorkerSettings:
+        """The settings this process's runtime uses (given, or read from the environment)."""
+        return self._settings or WorkerSettings.from_env(self._broker_url)
 
     def get(self) -> WorkerRuntime:
         with self._lock:

@@ -2,7 +2,7 @@
 
 A 410 retires the model for the campaign on every worker; ``disable_after_consecutive``
 auth/not-found/client errors in a row (counted across workers) disable it; ``cancel_all`` closes
-every model (``irbench cancel``). Keys live under the campaign (``workers.campaign_state``):
+every model (``irbench cancel``). Keys live under the campaign (``workers.celery.campaign_state``):
 ``P:gate`` HASH model -> reason, ``P:streak`` HASH model -> count, ``P:cancel`` STRING reason.
 
 The protocol methods are synchronous because ``execute_run`` calls them synchronously; each is
@@ -28,10 +28,10 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 import structlog
-from redis.exceptions import RedisError
 
 from storage.records import Outcome
-from workers.campaign_state import CampaignState
+from workers.celery.campaign_state import CampaignState
+from workers.celery.redis_retry import TRANSIENT, with_retry
 from workers.retry import DISABLING
 
 log = structlog.get_logger("irbench.gate")
@@ -43,7 +43,7 @@ def _reason(cancel: Any, closed: Any) -> str | None:
 
 
 class RedisGate:
-    """Gate of one campaign. ``observe_retries``/``observe_backoff_s``: best-effort persistence.
+    """Gate of one campaign. ``observe_budget_s``: how long ``observe`` retries Redis (best effort).
     ``async_client``: used by :meth:`closed_reason_async` (else it runs the sync check in a
     thread). ``fresh_s``: how old a remembered answer :meth:`closed_reason` may return.
     ``clock``: monotonic seconds (injectable)."""
@@ -53,8 +53,7 @@ class RedisGate:
         state: CampaignState,
         *,
         disable_after_consecutive: int = 3,
-        observe_retries: int = 3,
-        observe_backoff_s: float = 0.1,
+        observe_budget_s: float = 0.3,
         async_client: aioredis.Redis | None = None,
         fresh_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
@@ -63,8 +62,7 @@ class RedisGate:
         self._client: redis.Redis = state.client
         self._aclient = async_client
         self._limit = disable_after_consecutive
-        self._retries = observe_retries
-        self._backoff_s = observe_backoff_s
+        self._observe_budget_s = observe_budget_s
         self._fresh_s = fresh_s
         self._clock = clock
         self._known: dict[str, tuple[float, str | None]] = {}  # model -> (checked at, answer)
@@ -99,6 +97,23 @@ class RedisGate:
         pipe.hget(self._state.key("gate"), model)
         return self._remember(model, _reason(*await pipe.execute()), now)
 
+    async def admission_async(self, model: str, limiter_state_key: str) -> tuple[str | None, float]:
+        """The check right before a call is sent, in one round trip: the gate's answer, and how
+        long a cooldown (a 429 another run met after our permit was granted) still has to go, in
+        seconds on Redis's clock (0 if none). ``limiter_state_key``: the limiter's model HASH."""
+        now = self._clock()
+        if self._aclient is None:
+            return await asyncio.to_thread(self.refresh, model), 0.0
+        pipe = self._aclient.pipeline(transaction=False)
+        pipe.get(self._state.key("cancel"))
+        pipe.hget(self._state.key("gate"), model)
+        pipe.hget(limiter_state_key, "cool")
+        pipe.time()
+        cancel, closed, cool, (sec, usec) = await pipe.execute()
+        reason = self._remember(model, _reason(cancel, closed), now)
+        cooling_s = (float(cool) - (int(sec) * 1_000_000 + int(usec))) / 1e6 if cool is not None else 0.0
+        return reason, max(cooling_s, 0.0)
+
     def _observe_once(self, model: str, outcome: Outcome, detail: str | None) -> None:
         gate, streak = self._state.key("gate"), self._state.key("streak")
         if outcome is Outcome.RETIRED:
@@ -115,15 +130,11 @@ class RedisGate:
             self._client.hdel(streak, model)
 
     def observe(self, model: str, outcome: Outcome, detail: str | None = None) -> None:
-        for i in range(self._retries):
-            try:
-                self._observe_once(model, outcome, detail)
-                return
-            except RedisError as exc:
-                if i + 1 == self._retries:
-                    log.warning("gate_observe_lost", model=model, outcome=outcome.value, error=str(exc))
-                    return
-                time.sleep(self._backoff_s * (2**i))
+        try:
+            with_retry(lambda: self._observe_once(model, outcome, detail), "gate observe",
+                       budget_s=self._observe_budget_s, max_backoff_s=0.2)
+        except TRANSIENT as exc:
+            log.warning("gate_observe_lost", model=model, outcome=outcome.value, error=str(exc))
 
     def cancel_all(self, reason: str) -> None:
         self._state.cancel(reason)

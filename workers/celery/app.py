@@ -1,16 +1,15 @@
 """The Celery application: JSON only, late acks, no result backend, threads pool.
 
-Start a worker (the deploy files assume exactly this)::
+Start a worker (the deploy files assume exactly this; ``orchestrator.worker_app`` is this app
+plus the analysis-job tasks, which may import ``analysis`` and so do not live in ``workers``)::
 
     IRBENCH_BROKER_URL=redis://host:6379/0 IRBENCH_DATA_DIR=/data \\
-        celery -A workers.celery_app worker -P threads -c 16 -Q irbench
+        celery -A orchestrator.worker_app worker -P threads -c 16 -Q irbench
 
-Library code calls :func:`make_celery_app`; the module-level ``app`` exists only as the edge for
-the ``celery -A`` command line (built on first access from ``IRBENCH_BROKER_URL``; nothing is
-built or connects at import).
+Library code calls :func:`make_celery_app`; nothing is built or connects at import.
 
 Delivery is at-least-once (``task_acks_late`` + ``task_reject_on_worker_lost``), so the task is
-idempotent by run_id (``workers.tasks``). **Visibility timeout rule**: an unacked message is
+idempotent by run_id (``workers.celery.tasks``). **Visibility timeout rule**: an unacked message is
 re-delivered after ``visibility_timeout_s``, so it must exceed the longest fetch-to-ack time:
 ``visibility_timeout_s > max_attempts * max(total_timeout_s) + (max_attempts - 1) * backoff_cap_s
 + max deferral countdown (IRBENCH_MAX_DEFER_S) + margin`` — with the defaults (4 attempts × 600 s
@@ -20,23 +19,28 @@ re-delivered after ``visibility_timeout_s``, so it must exceed the longest fetch
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from celery import Celery
+from celery import signals as celery_signals
 from celery.signals import worker_init, worker_process_init, worker_shutdown
 
-from workers.availability_tasks import beat_settings_from_env, configure_availability_beat, register_availability_tasks
-from workers.analysis_tasks import register_analysis_tasks
+from workers.celery import DEFAULT_QUEUE, presence
+from workers.celery.availability_tasks import (
+    beat_settings_from_env,
+    configure_availability_beat,
+    register_availability_tasks,
+)
+from workers.celery.runtime import RuntimeHolder, WorkerSettings
+from workers.celery.tasks import register_tasks
 from workers.logs import configure_logging
-from workers.tasks import register_tasks
-from workers.worker_runtime import RuntimeHolder, WorkerSettings
 
-DEFAULT_QUEUE = "irbench"
+#: Registers more tasks on an app (e.g. ``orchestrator.analysis_tasks.register_analysis_tasks``).
+Registrar = Callable[[Celery], None]
 
 
 def make_celery_app(
@@ -48,16 +52,17 @@ def make_celery_app(
     publish_max_retries: int = 5,
     worker_settings: WorkerSettings | None = None,
     environ: Mapping[str, str] | None = None,
+    registrars: Sequence[Registrar] = (),
 ) -> Celery:
-    """A configured app with the ``irbench.run``, ``irbench.availability_check`` and analysis-job
-    (``irbench.analysis_map`` / ``irbench.analysis_reduce``) tasks registered. Connects lazily.
+    """A configured app with the ``irbench.run`` and ``irbench.availability_check`` tasks
+    registered, plus whatever ``registrars`` add. Connects lazily.
 
     ``worker_settings``: what a worker process started from this app uses (default: read from
     the ``IRBENCH_*`` environment on first task, see ``WorkerSettings``).
     ``environ`` (default ``os.environ``): when it sets ``IRBENCH_AVAILABILITY_TARGETS`` (a JSON
     file of check targets), the availability check joins ``beat_schedule`` every
     ``IRBENCH_AVAILABILITY_INTERVAL_S`` (default 86400 s) writing under ``IRBENCH_DATA_DIR``
-    (``workers.availability_tasks.beat_settings_from_env``; a bad file is a ConfigError).
+    (``workers.celery.availability_tasks.beat_settings_from_env``; a bad file is a ConfigError).
     """
     app = Celery(main, broker=broker_url, backend=None, set_as_current=False)
     app.conf.update(
@@ -95,7 +100,8 @@ def make_celery_app(
     app.irbench_runtime = holder  # type: ignore[attr-defined]  # per-process resources, created lazily
     register_tasks(app, holder)
     register_availability_tasks(app)
-    register_analysis_tasks(app)  # the analysis code itself is imported on a worker's first job
+    for register in registrars:
+        register(app)
     beat = beat_settings_from_env(os.environ if environ is None else environ)
     if beat is not None:
         targets, data_dir, interval_s = beat
@@ -125,16 +131,18 @@ def start_worker(
     data_dir: str | None = None,
     loglevel: str = "INFO",
     hostname: str | None = None,
+    settings: WorkerSettings | None = None,
+    registrars: Sequence[Registrar] = (),
 ) -> None:
     """Run a worker in this process until it is stopped (``irbench worker``); blocks.
 
-    Equivalent to ``celery -A workers.celery_app worker -P threads -c N -Q queues`` with
+    Equivalent to ``celery -A orchestrator.worker_app worker -P threads -c N -Q queues`` with
     ``IRBENCH_BROKER_URL=broker_url`` (and ``IRBENCH_DATA_DIR=data_dir`` when given).
     """
-    settings = WorkerSettings.from_env(broker_url)
+    settings = settings or WorkerSettings.from_env(broker_url)
     if data_dir is not None:
         settings = replace(settings, data_dir=data_dir)
-    worker_app = make_celery_app(broker_url, worker_settings=settings)
+    worker_app = make_celery_app(broker_url, worker_settings=settings, registrars=registrars)
     argv = ["worker", "-P", "threads", "-c", str(concurrency), "-Q", ",".join(queues), "--loglevel", loglevel,
             "--without-gossip", "--without-mingle"]
     if hostname:
@@ -148,8 +156,6 @@ def _configure_worker_logging(**_: Any) -> None:
 
 def _close_runtime(sender: Any = None, **_: Any) -> None:
     holder = getattr(getattr(sender, "app", None), "irbench_runtime", None)
-    if holder is None and _module_app.cache_info().currsize:
-        holder = getattr(_module_app(), "irbench_runtime", None)
     if holder is not None:
         holder.close()
 
@@ -158,17 +164,4 @@ def _close_runtime(sender: Any = None, **_: Any) -> None:
 worker_init.connect(_configure_worker_logging, weak=False, dispatch_uid="irbench-logging-init")
 worker_process_init.connect(_configure_worker_logging, weak=False, dispatch_uid="irbench-logging-proc")
 worker_shutdown.connect(_close_runtime, weak=False, dispatch_uid="irbench-close-runtime")
-
-@functools.lru_cache(maxsize=1)
-def _module_app() -> Celery:
-    return make_celery_app(os.environ.get("IRBENCH_BROKER_URL", "redis://127.0.0.1:6379/0"))
-
-
-def __getattr__(name: str) -> Any:
-    """``app`` (what ``celery -A workers.celery_app`` loads) is built on first access, not at
-    import: Celery registers tasks as *shared* by default, so an app built at import would hand
-    its task callables (and its runtime: broker, data dir) to every later app of the process —
-    e.g. :func:`start_worker`'s app with its own broker URL and data dir."""
-    if name == "app":
-        return _module_app()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+presence.install(celery_signals, lambda app: app.irbench_runtime.settings.data_dir)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
@@ -68,7 +69,7 @@ def _acquire_keys(prefix: str, model: str, holder: str) -> list[str]:
 
 @dataclass(frozen=True)
 class _RateConfig:
-    """What both Redis limiters pass to ``acquire.lua`` besides the request itself (seconds)."""
+    """What the limiter passes to ``acquire.lua`` besides the request itself (seconds)."""
 
     lease_ttl_s: float
     period_s: float
@@ -81,7 +82,7 @@ class _RateConfig:
 
 
 def _load_scripts(client: Any) -> dict[str, Any]:
-    pkg = resources.files("workers.limits")
+    pkg = resources.files("workers.celery") / "lua"
     return {n: client.register_script(pkg.joinpath(f"{n}.lua").read_text()) for n in _SCRIPTS}
 
 
@@ -175,6 +176,10 @@ class RedisLimiter:
     def _keys(self, model: str) -> list[str]:
         return _keys(self._prefix, model)
 
+    def state_key(self, model: str) -> str:
+        """The model's state HASH (field ``cool``: cooldown end, us on Redis's clock)."""
+        return self._keys(model)[1]
+
     def _channel(self, model: str) -> str:
         return self._chan_head + model
 
@@ -207,10 +212,11 @@ class RedisLimiter:
         started: float | None = None
         while True:
             changed = self._events.setdefault(model, asyncio.Event())  # before deciding: no lost wake-up
+            asked_at = time.monotonic()  # the grant happens after this: the grant-to-send delay's origin
             d = await self.try_acquire(model, limits, holder, cost_tokens, reserve=True)
             started = d.now_s if started is None else started
             if d.permit is not None:
-                return replace(d.permit, waited_ms=(d.now_s - started) * 1000.0)
+                return replace(d.permit, waited_ms=(d.now_s - started) * 1000.0, granted_mono_s=asked_at)
             waited_s = d.now_s - started
             if over_budget(d, waited_s, max_wait_s):
                 raise WaitBudgetExceeded(model, d)
@@ -334,65 +340,3 @@ class RedisLimiter:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-
-class SyncRedisLimiter:
-    """Blocking-client twin for sync code (a Celery task, an admission loop): the same keys and
-    scripts as :class:`RedisLimiter`, without waiting. Denied work should be deferred for
-    ``decision.wait_s`` rather than sleep in a worker slot."""
-
-    def __init__(
-        self,
-        client: redis.Redis,
-        *,
-        key_prefix: str = "irbench:lim",
-        lease_ttl_s: float = 900.0,
-        period_s: float = 60.0,
-        jitter_allowance_s: float = 0.25,
-        reserve_ahead_s: float = 30.0,
-        reservation_grace_s: float = 30.0,
-    ) -> None:
-        self._cfg = _RateConfig(lease_ttl_s, period_s, jitter_allowance_s, reserve_ahead_s, reservation_grace_s)
-        self._client = client
-        self._prefix = key_prefix
-        self._ttl_s = lease_ttl_s
-        self._scripts = _load_scripts(client)
-
-    def _call(self, what: str, fn: Any, *a: Any, **kw: Any) -> Any:
-        try:
-            return fn(*a, **kw)
-        except (RedisError, OSError) as e:
-            raise _translate(e, _where(self._client), what) from e
-
-    def try_acquire(
-        self, model: str, limits: ModelLimits, holder: str, cost_tokens: int, *, reserve: bool = False
-    ) -> LimitDecision:
-        args = _acquire_args(limits, holder, cost_tokens, self._cfg, reserve)
-        keys = _acquire_keys(self._prefix, model, holder)
-        res = self._call(f"deciding for model {model!r}", self._scripts["acquire"], keys=keys, args=args)
-        return _decision(res, model, holder, cost_tokens)
-
-    def release(self, permit: Permit, actual_tokens: int | None = None) -> bool:
-        args = _release_args(permit, actual_tokens, f"{self._prefix}:chg:{permit.model}")
-        removed, _ = self._call(f"releasing {permit.holder!r}", self._scripts["release"], keys=_keys(self._prefix, permit.model), args=args)
-        return int(removed) == 1
-
-    def renew(self, permit: Permit) -> bool:
-        keys = _keys(self._prefix, permit.model)[:1]
-        return int(self._call(f"renewing {permit.holder!r}", self._scripts["renew"], keys=keys, args=[permit.holder, self._ttl_s * _US])) == 1
-
-    def cooldown(self, model: str, seconds: float) -> None:
-        args = [max(seconds, 0.0) * _US, f"{self._prefix}:chg:{model}"]
-        self._call(f"setting a cooldown on {model!r}", self._scripts["cooldown"], keys=_keys(self._prefix, model)[1:], args=args)
-
-    def disable(self, model: str, reason: str) -> None:
-        pipe = self._client.pipeline(transaction=True)
-        pipe.hset(_keys(self._prefix, model)[1], "disabled", reason or "disabled")
-        pipe.publish(f"{self._prefix}:chg:{model}", "disabled")
-        self._call(f"disabling {model!r}", pipe.execute)
-
-    def is_disabled(self, model: str) -> bool:
-        return self._call(f"reading {model!r}", self._client.hget, _keys(self._prefix, model)[1], "disabled") is not None
-
-    def outstanding(self, model: str) -> int:
-        return int(self._call(f"counting leases of {model!r}", self._scripts["outstanding"], keys=_keys(self._prefix, model)[:1], args=[]))

@@ -1,0 +1,175 @@
+"""More faults against real workers: a worker stopped past its claim, a poison run, deferred
+(rate-limited) runs whose worker dies. Same harness as tests/test_distributed.py: real
+redis-server, real worker processes, the simulator over loopback."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import redis
+
+from orchestrator.campaign import prepare
+from orchestrator.celery_options import CeleryOptions
+from orchestrator.spec import load_campaign
+from simulator.config import SimModel
+from storage.runs import RunStore
+from deploy.celery_workers import CeleryWorkers
+from deploy.redis_server import RedisServer
+from tests.test_distributed import (
+    REPO,
+    WORKER_ENV,
+    Background,
+    Cluster,
+    assert_calls_equal_attempts,
+    assert_every_run_stored,
+    attempts_by_model,
+    executions_per_run,
+    make_campaign,
+    sim,
+    stats,
+    wait_for,
+)
+from workers.celery.campaign_state import CampaignState
+
+pytestmark = pytest.mark.timeout(150)
+FAST = CeleryOptions(claim_ttl_s=3.0, reconcile_interval_s=1.0, analyze_on_complete=False)
+
+
+@pytest.fixture(scope="module")
+def faults() -> Iterator[Cluster]:
+    env = {**WORKER_ENV, "IRBENCH_FAILURE_BACKOFF_S": "0.2"}
+    with RedisServer(aof=True) as srv, CeleryWorkers(srv.url, count=3, concurrency=4, env=env) as workers:
+        yield Cluster(srv, workers)
+
+
+@pytest.fixture
+def up(faults: Cluster) -> Iterator[Cluster]:
+    faults.workers.ensure_running()
+    yield faults
+
+
+def test_worker_stopped_past_its_claim_keeps_both_executions(up: Cluster, tmp_path: Path) -> None:
+    models = {"f1-a": SimModel(latency_ms_median=400, latency_sigma=0.05)}
+    with sim(models) as s:
+        prepared = prepare(load_campaign(make_campaign(tmp_path, "f1", s.base_url, {"f1-a": {"max_concurrency": 12}},
+                                                       prompts=4, runs=6)))
+        store = RunStore(tmp_path / "data")
+        bg = Background(prepared, store, up.url, options=FAST, timeout_s=120)
+        # the first wave: each of the 12 threads has sent its call (0.4 s each)
+        wait_for(lambda: stats(s.base_url).get("f1-a", {}).get("requests", 0) >= 12, 30, "calls in flight")
+        up.workers.kill(0, signal.SIGSTOP)  # frozen mid-call, past its 3 s claim TTL
+        try:
+            time.sleep(8)  # the reconciler re-sends its runs to the live workers
+        finally:
+            up.workers.kill(0, signal.SIGCONT)  # it wakes up, finishes and stores its executions
+        summary = bg.join(120)
+        # the woken worker's executions arrive after the campaign may have finished: its calls
+        # take 0.4 s, its spool publishes 0.5 s after the last append
+        time.sleep(3)
+        wait_for(lambda: attempts_by_model(store, "f1")["f1-a"] >= stats(s.base_url)["f1-a"]["requests"], 30,
+                 "the stopped worker's executions stored")
+        st = stats(s.base_url)
+    assert not summary.interrupted
+    execs = executions_per_run(store)
+    twice = [r for r, n in execs.items() if n > 1]
+    assert twice, ("the stopped worker's runs should have been executed again elsewhere", st,
+                   up.workers.tail(0)[-4000:])
+    assert len(twice) <= 4  # at most the stopped worker's 4 threads
+    assert_calls_equal_attempts(store, "f1", st, models)  # its attempts are not lost: every call stored
+    # analysis sees one record per run: the latest execution
+    recs = store.read_records(campaigns=["f1"])
+    assert len(recs) == 24 and {r.run_id for r in recs} == set(execs)
+
+
+def test_poison_run_ends_as_worker_error_and_others_carry_on(up: Cluster, tmp_path: Path) -> None:
+    models = {"f2-a": SimModel(latency_ms_median=5), "f2-b": SimModel(latency_ms_median=5)}
+    with sim(models) as s:
+        path = make_campaign(tmp_path, "f2", s.base_url, {m: {} for m in models}, prompts=3, runs=2)
+        prepared = prepare(load_campaign(path))
+        # one run whose task raises every time: a lone surrogate cannot be encoded as UTF-8 JSON
+        victim = prepared.tasks[0]
+        bad = victim.model_copy(update={"user_message": victim.user_message + "\ud800"})
+        prepared = replace(prepared, tasks=[bad, *prepared.tasks[1:]])
+        store = RunStore(tmp_path / "data")
+        opts = replace(FAST, max_task_failures=3)
+        summary = Background(prepared, store, up.url, options=opts, timeout_s=90).join(100)
+        st = stats(s.base_url)
+    assert not summary.interrupted
+    assert_every_run_stored(store, prepared)
+    recs = {r.run_id: r for r in store.read_records(campaigns=["f2"])}
+    poison = recs[victim.run_id]
+    assert poison.outcome.value == "worker_error" and poison.attempts == []
+    assert "3 task failures" in poison.cancel_reason and "UnicodeEncodeError" in poison.cancel_reason
+    assert Counter(r.outcome.value for rid, r in recs.items() if rid != victim.run_id) == {"ok": 11}
+    assert_calls_equal_attempts(store, "f2", st, models)  # the poison run never reached the endpoint
+    state = CampaignState(redis.Redis.from_url(up.url), "f2")
+    assert state.failures(victim.run_id)[0] == 3 and state.delayed_count() == 0
+    # the status script view
+    out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "status", str(path), "--data", str(store.root),
+                          "--json"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["total"] == {"planned": 12, "stored": 12, "executions": 12, "attempts": 11,
+                               "outcomes": {"ok": 11, "worker_error": 1}}
+    assert report["models"][victim.model]["outcomes"].get("worker_error") == 1
+
+
+def test_deferred_runs_survive_their_worker(up: Cluster, tmp_path: Path) -> None:
+    rpm = 8  # per 1 s window on the workers: 48 runs need ~6 s, most of them deferred
+    models = {"f3-rl": SimModel(latency_ms_median=5)}
+    with sim(models) as s:
+        prepared = prepare(load_campaign(make_campaign(tmp_path, "f3", s.base_url,
+                                                       {"f3-rl": {"requests_per_minute": rpm}}, prompts=8, runs=6)))
+        store = RunStore(tmp_path / "data")
+        bg = Background(prepared, store, up.url, options=FAST, timeout_s=120)
+        state = CampaignState(redis.Redis.from_url(up.url), "f3")
+        wait_for(lambda: state.delayed_count() >= 10, 30, "deferred runs")
+        up.workers.kill(0)  # deferred runs are in Redis, not countdown messages in this worker
+        t_kill = time.monotonic()
+        summary = bg.join(120)
+        after_s = time.monotonic() - t_kill
+        st = stats(s.base_url)
+    assert not summary.interrupted
+    assert_every_run_stored(store, prepared, max_duplicates=up.workers.concurrency)
+    assert_calls_equal_attempts(store, "f3", st, models, lost=up.workers.concurrency)
+    assert state.delayed_count() == 0
+    # ~40 runs at 8/s after the kill: ~5 s of rate-limited work, plus one claim TTL at most
+    assert after_s < 20, after_s
+    assert "run_deferred" in up.workers.logs()
+
+
+def test_retry_failed_adds_a_newer_execution(up: Cluster, tmp_path: Path) -> None:
+    """``retry_outcomes`` (``--retry-failed``): runs whose latest execution failed go again and
+    are done once a newer execution is stored; both executions stay in the store."""
+    from orchestrator.celery_executor import run_campaign_celery
+    from simulator.config import SimConfig
+    from simulator.server import start_background
+    from storage.records import Outcome
+    from deploy.local_cluster import free_port
+
+    port = free_port()
+    path = make_campaign(tmp_path, "f4", f"http://127.0.0.1:{port}/v1", {"f4-a": {}}, prompts=3, runs=2,
+                         retry={"max_attempts": 1})
+    prepared = prepare(load_campaign(path))
+    store = RunStore(tmp_path / "data")
+    first = run_campaign_celery(prepared, store, up.url, options=FAST, timeout_s=60)  # nothing listens
+    assert first.by_model == {"f4-a": {"connect_error": 6}}
+    with start_background(SimConfig(models={"f4-a": SimModel(latency_ms_median=5)}), port=port) as s:
+        plain = run_campaign_celery(prepared, store, up.url, options=FAST, timeout_s=60)
+        assert plain.executed == 0 and stats(s.base_url).get("f4-a", {}).get("requests", 0) == 0
+        again = run_campaign_celery(prepared, store, up.url, options=FAST, timeout_s=60,
+                                    retry_outcomes=frozenset({Outcome.CONNECT_ERROR}))
+        st = stats(s.base_url)
+    assert again.by_model == {"f4-a": {"ok": 6}} and st["f4-a"]["requests"] == 6
+    execs = store.read_executions(campaigns=["f4"], columns=["outcome"]).column("outcome").to_pylist()
+    assert sorted(execs) == ["connect_error"] * 6 + ["ok"] * 6
+    assert store.count_by_outcome("f4") == {"ok": 6}

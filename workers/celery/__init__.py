@@ -1,0 +1,20 @@
+"""The Celery/Redis adapter of the run engine: app, tasks, worker runtime, campaign state, the
+Redis gate and limiter (with its Lua), the availability beat task, the broker view and the one
+Redis retry loop. Nothing outside this package in ``workers`` imports Celery or Redis."""
+
+#: The Celery queue workers consume by default (``-Q``); importing it loads no Celery.
+DEFAULT_QUEUE = "irbench"
+
+__all__ = [
+    "DEFAULT_QUEUE",
+    "app",
+    "availability_tasks",
+    "broker_view",
+    "campaign_state",
+    "gate",
+    "presence",
+    "redis_limiter",
+    "redis_retry",
+    "runtime",
+    "tasks",
+]

@@ -1,0 +1,117 @@
+"""The Celery task: execute one run, store its execution, mark it done — idempotent by run_id.
+
+Arguments are JSON only: ``RunTask.model_dump(mode="json")`` and the store root (never a
+secret: the API key is read by the worker from its own environment). Order of effects:
+
+claim (skip if done / live elsewhere) → ``execute_run`` on the process's loop → the process's
+spool (``storage.spool``: group commit, fsynced before we go on; published as few large Parquet
+files) → done marker and counters → return (ack). Nothing is acknowledged before it is durable.
+A crash between the write and the done marker makes the redelivery execute the run again: both
+executions are stored, readers use the latest (``storage.runs.EXECUTION_RULE``).
+
+A permit that is not available within a second or two *defers* the run: it is parked in the
+campaign's delayed set in Redis (``CampaignState.defer``) and the message is acknowledged, so no
+deferred run waits inside a worker that can die; the orchestrator re-publishes it when due. When
+the limiter reserved a rate slot for the run, the delay is exactly the time to that slot;
+otherwise it is jittered so deferred runs do not return together. A task that raises is counted
+as a failure of the run (with its text) and parked the same way; the orchestrator stores a
+``worker_error`` record once a run has failed ``max_task_failures`` times (a poison run).
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from typing import Any
+
+import structlog
+from celery import Celery
+
+from storage.records import ERROR_TEXT_MAX_CHARS
+from workers.celery.campaign_state import BUSY, DONE, CampaignState
+from workers.celery.gate import RedisGate
+from workers.celery.redis_retry import TRANSIENT, with_retry
+from workers.celery.runtime import Deferred, DeferringLimiter, RuntimeHolder, WorkerRuntime
+from workers.execute import RunContext, execute_run
+from workers.logs import Redactor
+from workers.runtask import RunTask
+
+RUN_TASK_NAME = "irbench.run"
+DEFERRED, FAILED = "deferred", "failed"
+log = structlog.get_logger("irbench.task")
+
+
+def _countdown(rt: WorkerRuntime, exc: Exception) -> float:
+    s = rt.settings
+    if isinstance(exc, Deferred) and exc.reserved:
+        return min(exc.wait_s, s.max_defer_s)  # slots are reserved at most max_defer_s ahead
+    wait_s = exc.wait_s if isinstance(exc, Deferred) else s.min_defer_s * 4
+    return min(max(wait_s, s.min_defer_s) + random.uniform(0, s.min_defer_s), s.max_defer_s)
+
+
+def execute_one(rt: WorkerRuntime, state: CampaignState, task: RunTask, data_dir: str | None, owner: str) -> str:
+    """Run ``task`` once for this delivery; returns what happened (for logs/tests): an outcome,
+    ``done``/``busy`` (nothing to do) or ``deferred`` (parked in the delayed set)."""
+    s = rt.settings
+    claim = with_retry(lambda: state.claim(task.run_id, task.model, owner, s.claim_ttl_s), "claiming a run",
+                       budget_s=s.redis_retry_s)
+    if claim in (DONE, BUSY):
+        return claim
+    spool = rt.spool(data_dir)
+    gate = RedisGate(state, disable_after_consecutive=task.retry.disable_after_consecutive, async_client=rt.aredis)
+    ctx = RunContext(provider_for=rt.provider_for, limiter=DeferringLimiter(rt.limiter, gate, rt), gate=gate)
+    rt.hold_claim(state, task.run_id, owner)
+    try:
+        gate.refresh(task.model)  # here, in the task thread: execute_run's first check is then answered off the loop
+        record = rt.run(execute_run(task, ctx))
+    except (Deferred, *TRANSIENT) as exc:
+        countdown = _countdown(rt, exc)
+        rt.drop_claim(task.run_id)
+        try:
+            with_retry(lambda: state.defer(task.run_id, owner, countdown), "deferring a run", budget_s=s.redis_retry_s)
+        except TRANSIENT:
+            pass  # the claim expires; the orchestrator's reconciler re-sends the run
+        reason = exc.reason if isinstance(exc, Deferred) else "redis unavailable"
+        log.info("run_deferred", countdown_s=round(countdown, 3), reason=reason,
+                 reserved=isinstance(exc, Deferred) and exc.reserved)
+        return DEFERRED
+    finally:
+        rt.drop_claim(task.run_id)
+    spool.append([record])  # durable (group commit) before the done marker and the ack
+    failed = record.failed
+    with_retry(lambda: state.mark_done(task.run_id, task.model, record.outcome.value, failed, len(record.attempts)),
+               "marking a run done", budget_s=s.redis_retry_s)
+    return record.outcome.value
+
+
+def _failure_text(exc: BaseException) -> str:
+    """What the stored worker_error says: exception type and text, secrets scrubbed, bounded."""
+    return Redactor().scrub(f"{type(exc).__name__}: {exc}")[:ERROR_TEXT_MAX_CHARS]
+
+
+def register_tasks(app: Celery, holder: RuntimeHolder) -> Any:
+    """Register ``irbench.run`` on ``app``; returns the task object."""
+
+    @app.task(name=RUN_TASK_NAME, bind=True, acks_late=True, ignore_result=True)
+    def run(self: Any, task_json: dict[str, Any], data_dir: str | None = None) -> str:
+        task = RunTask.model_validate(task_json)
+        owner = f"{self.request.hostname}:{uuid.uuid4().hex[:12]}"
+        rt = holder.get()
+        state = CampaignState(rt.redis, task.campaign, prefix=f"{rt.settings.key_prefix}:camp")
+        with structlog.contextvars.bound_contextvars(campaign=task.campaign, run_id=task.run_id, model=task.model):
+            try:
+                result = execute_one(rt, state, task, data_dir, owner)
+            except Exception as exc:  # noqa: BLE001 - counted; the orchestrator ends poison runs
+                text = _failure_text(exc)
+                try:
+                    failures = with_retry(lambda: state.defer(task.run_id, owner, rt.settings.failure_backoff_s, text),
+                                          "recording a task failure", budget_s=rt.settings.redis_retry_s)
+                except TRANSIENT:
+                    failures = None  # the claim expires; the reconciler counts the loss
+                log.warning("run_task_failed", failures=failures, error=text)
+                return FAILED
+            if result != DEFERRED:
+                log.info("run_stored", result=result)
+            return result
+
+    return run
