@@ -14,5 +14,5 @@ Where things live (each room's ``__init__`` says more):
 * ``report/``   — the Markdown/HTML report built from the analysis outputs.
 """
 
-__all__ = ["errors", "inputs", "metrics", "options", "outputs", "pipeline", "progress", "report",
+__all__ = ["errors", "inputs", "memory", "metrics", "options", "outputs", "pipeline", "progress", "report",
            "stats", "tables"]
