@@ -46,9 +46,10 @@ class StageProgress:
                 self._finish(other)
             label = f"{self._title} {key}" if stage.panel is not None else self._title
             self._tasks[key] = self._progress.add_task(label, total=stage.total or 1, what=what)
-        # refresh now: a stage may end before the next timed refresh (then it never showed)
-        self._progress.update(self._tasks[key], completed=max(0, stage.index - 1), what=what,
-                              refresh=True)
+        self._progress.update(self._tasks[key], completed=max(0, stage.index - 1), what=what)
+        # draw now rather than at the next 10 Hz tick: stages are few, and a short stage would
+        # otherwise never be shown at all
+        self._progress.refresh()
 
     def _finish(self, task: TaskID) -> None:
         t = self._progress.tasks[self._progress.task_ids.index(task)]

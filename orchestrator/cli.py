@@ -271,7 +271,7 @@ def status(
             ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())) or "-",
         )
     console.print(table)
-    _print_retryable(prepared, RunStore(data), campaign, data)
+    _print_retryable(prepared, RunStore(data), campaign, data, skip_corrupt)
     if live is not None:
         from orchestrator.rates import model_rates, rates_table
 
@@ -285,10 +285,10 @@ def status(
             console.print(f"closed model {model}: {reason}")
 
 
-def _print_retryable(prepared, store, campaign: Path, data: Path) -> None:  # noqa: ANN001
+def _print_retryable(prepared, store, campaign: Path, data: Path, skip_corrupt: bool) -> None:  # noqa: ANN001
     from orchestrator.retry_failed import retry_command, retryable
 
-    again = retryable(prepared, store)
+    again = retryable(prepared, store, skip_corrupt=skip_corrupt)
     if again.total:
         console.print(f"{again.total} runs retryable (latest execution {again.describe()}): "
                       f"{retry_command(campaign, data)}", soft_wrap=True)

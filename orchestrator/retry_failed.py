@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from storage.records import Outcome
 from storage.runs import RunStore
+from storage.unreadable import read_checked
 from workers.errors import ConfigError
 from workers.runtask import RunTask
 
@@ -59,10 +60,12 @@ def parse_outcomes(text: str | None) -> frozenset[Outcome]:
     return frozenset(chosen)
 
 
-def latest_outcomes(prepared: PreparedCampaign, store: RunStore) -> dict[str, str]:
-    """run_id → outcome of its latest execution, for the planned runs that have one."""
+def latest_outcomes(prepared: PreparedCampaign, store: RunStore, *, skip_corrupt: bool = False) -> dict[str, str]:
+    """run_id → outcome of its latest execution, for the planned runs that have one
+    (``skip_corrupt``: unreadable files are left out, as ``irbench status --skip-corrupt`` does)."""
     planned = {t.run_id for t in prepared.tasks}
-    table = store.read_table(campaigns=[prepared.spec.name], columns=["run_id", "outcome"])
+    table, _ = read_checked(store.dataset, skip=skip_corrupt, filters={"campaign": [prepared.spec.name]},
+                            columns=["run_id", "outcome"])
     return {r: o for r, o in zip(table.column("run_id").to_pylist(), table.column("outcome").to_pylist())
             if r in planned}
 
@@ -89,9 +92,12 @@ class Retryable:
         return ", ".join(f"{k} {v}" for k, v in sorted(self.by_outcome.items()))
 
 
-def retryable(prepared: PreparedCampaign, store: RunStore, outcomes: frozenset[Outcome] = TRANSIENT) -> Retryable:
+def retryable(
+    prepared: PreparedCampaign, store: RunStore, outcomes: frozenset[Outcome] = TRANSIENT, *,
+    skip_corrupt: bool = False,
+) -> Retryable:
     """Counts of the planned runs whose latest execution ended in ``outcomes``."""
-    latest = latest_outcomes(prepared, store)
+    latest = latest_outcomes(prepared, store, skip_corrupt=skip_corrupt)
     return Retryable(dict(Counter(latest[t.run_id] for t in retryable_tasks(prepared.tasks, latest, outcomes))))
 
 

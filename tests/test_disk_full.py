@@ -103,14 +103,16 @@ def test_injected_enospc_stops_the_executor_and_resume_completes(tmp_path: Path)
     instr = load_instruction(None)
     with scripted_server() as sim:
         tasks = [
-            RunTask(run_id=f"r{i:03d}", run_index=i, campaign="c", panel="c", model="ok",
+            # 20 ms per call: 40 calls on 2 slots take >= 0.4 s, far past the first failing flush,
+            # however fast the loop (a zero-latency endpoint let a loaded run finish all 40 first)
+            RunTask(run_id=f"r{i:03d}", run_index=i, campaign="c", panel="c", model="sleep-0.02",
                     endpoint=EndpointRef(name="s", base_url=sim.base_url), prompt_sha256="c" * 64, prompt_name="p",
                     user_message=instr.render("p", "x"), instruction_version=instr.version,
                     instruction_sha256=instr.sha256, limits=ModelLimits(max_concurrency=2))
             for i in range(40)
         ]
         full = _FullStore(tmp_path / "data", fail_times=1)
-        opts = LocalOptions(flush_interval_s=0.05)
+        opts = LocalOptions(flush_interval_s=0.05, flush_max_records=1)
         with pytest.raises(StorageError, match="no space left on the device") as info:
             asyncio.run(run_local(tasks, full, secrets={}, options=opts))
         assert "run the same command again" in str(info.value)

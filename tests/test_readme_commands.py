@@ -129,11 +129,13 @@ def _wait_port(port: int, proc: subprocess.Popen, timeout_s: float = 60.0) -> No
 def _runnable_blocks(md: Path) -> list[list[str]]:
     """Lines of each ```bash block (comments stripped), skipping the `make` block and any block
     with placeholders (HOST, /shared) that only make sense on the reader's machines."""
-    blocks, current, in_block = [], [], False
+    blocks, current, in_block, is_shell = [], [], False, False
     for line in md.read_text(encoding="utf-8").splitlines():
         if line.strip().startswith("```"):
-            if in_block:
+            if in_block and is_shell:
                 blocks.append(current)
+            # campaign snippets (```toml) are checked by test_readme_servers, not run here
+            is_shell = not in_block and line.strip()[3:].strip() in ("bash", "sh", "shell")
             current, in_block = [], not in_block
             continue
         if in_block and line.strip():

@@ -156,6 +156,18 @@ def test_streamed_body_is_bounded(fresh, wire: str) -> None:
         call(wire, fresh.base_url, "steady", stream=True, max_response_bytes=300)
 
 
+def _read_request(conn: socket.socket) -> None:
+    """Read one HTTP request (headers, then Content-Length bytes of body) from ``conn``."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += conn.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        body += conn.recv(65536)
+
+
 @contextlib.contextmanager
 def cut_stream_server() -> Iterator[str]:
     """A loopback server that answers 200 with one SSE chunk and closes: a cut stream."""
@@ -165,7 +177,7 @@ def cut_stream_server() -> Iterator[str]:
     def serve() -> None:
         conn, _ = sock.accept()
         with conn:
-            conn.recv(65536)
+            _read_request(conn)  # all of it: closing with unread bytes would send a RST instead
             conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n" + chunk)
 
     thread = threading.Thread(target=serve, daemon=True)
