@@ -101,14 +101,19 @@ def test_sigkilled_writer_loses_no_acknowledged_record(tmp_path: Path) -> None:
         proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], cwd=REPO, stdout=fh,
                                 start_new_session=True)
         try:
-            deadline = time.monotonic() + 60
-            while out.stat().st_size < 300 * 11:  # some hundreds acknowledged
-                assert proc.poll() is None and time.monotonic() < deadline
+            # Wait for 300 acknowledgement *lines*: a byte count would undercount them, since run
+            # ids differ in length ("run-000001\n" is 11 bytes, "run-1000000\n" 12).
+            deadline = time.monotonic() + 20
+            while out.read_bytes().count(b"\n") < 300:
+                assert proc.poll() is None, "the writer died before being killed"
+                assert time.monotonic() < deadline, "the writer acknowledged < 300 records in 20 s"
                 time.sleep(0.05)
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
-    acked = {line for line in out.read_text().split() if line}
+    # Only newline-terminated lines are acknowledgements (a line cut by the kill is not one).
+    text = out.read_text()
+    acked = set(text[: text.rfind("\n") + 1].split())
     assert len(acked) >= 300
     recovered = recover_orphans(store.dataset)
     assert recovered > 0  # the victim's open segment held acknowledged records
