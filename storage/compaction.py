@@ -30,7 +30,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage.dataset import FILENAME_COLUMN, ParquetDataset, dedupe_copies, fsync_dir
+from storage.dataset import FILENAME_COLUMN, ParquetDataset, fsync_dir
+from storage.dedupe import dedupe_copies
 from storage.errors import StorageError
 
 MANIFEST_DIR = "_compaction"

@@ -24,7 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from storage.compaction import CompactionConfig, CompactionReport, compact
-from storage.dataset import DatasetSpec, ParquetDataset, pick_latest
+from storage.dataset import DatasetSpec, ParquetDataset
+from storage.dedupe import pick_latest
 from storage.records import RunRecord
 from storage.spool import recover_orphans
 from storage.schema import RUN_SCHEMA, records_to_table, table_to_records

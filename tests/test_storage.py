@@ -512,7 +512,7 @@ def test_dedupe_without_key_sort():
     the rule and the result are the default ones."""
     import pyarrow as pa
 
-    from storage.dataset import dedupe_table
+    from storage.dedupe import dedupe_table
 
     t = pa.table({"k": ["b", "a", "c"], "o": [1, 2, 3], "v": [10, 20, 30]})
     same = dedupe_table(t, "k", "o", sort_by_key=False)
