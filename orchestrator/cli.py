@@ -236,7 +236,7 @@ def status(
     if as_json:
         from orchestrator.status_report import print_status_json
 
-        print_status_json(campaign, data)
+        print_status_json(campaign, data, max_planned_runs=max_planned_runs, skip_corrupt=skip_corrupt)
         return
 
     from orchestrator.campaign import campaign_status, prepare

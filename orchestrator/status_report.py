@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from orchestrator.campaign import PreparedCampaign
 from storage.runs import RunStore, latest_executions
+from storage.unreadable import read_checked
 
 
 class StatusCounts(BaseModel):
@@ -30,15 +31,19 @@ class CampaignStatusReport(BaseModel):
     campaign: str
     total: StatusCounts
     models: dict[str, StatusCounts]
+    skipped_files: list[str] = Field(default_factory=list)  # unreadable files left out (--skip-corrupt)
 
 
-def status_report(prepared: PreparedCampaign, store: RunStore) -> CampaignStatusReport:
-    """Counts from one read of the campaign's executions (columns needed only)."""
+def status_report(prepared: PreparedCampaign, store: RunStore, *, skip_corrupt: bool = False) -> CampaignStatusReport:
+    """Counts from one read of the campaign's executions (columns needed only).
+
+    An unreadable Parquet file is a ``StorageError`` naming it, unless ``skip_corrupt``: then
+    the other files are counted and the skipped ones listed in ``skipped_files``."""
     name = prepared.spec.name
     planned_ids = {t.run_id for t in prepared.tasks}
     models = {m: StatusCounts(planned=n) for m, n in sorted(Counter(t.model for t in prepared.tasks).items())}
-    execs = store.read_executions(
-        campaigns=[name],
+    execs, skipped = read_checked(
+        store.dataset, skip=skip_corrupt, filters={"campaign": [name]}, dedupe="executions",
         columns=["run_id", "model", "outcome", "attempts", "execution_id", "finished_at", "measured_at"],
     )
     if execs.num_rows:
@@ -64,7 +69,9 @@ def status_report(prepared: PreparedCampaign, store: RunStore) -> CampaignStatus
         for k, v in c.outcomes.items():
             total.outcomes[k] = total.outcomes.get(k, 0) + v
     total.outcomes = dict(sorted(total.outcomes.items()))
-    return CampaignStatusReport(campaign=name, total=total, models=models)
+    return CampaignStatusReport(
+        campaign=name, total=total, models=models, skipped_files=[str(p) for p in skipped]
+    )
 
 
 def _ids(ids: set[str]):  # noqa: ANN202 - a pyarrow array
@@ -73,19 +80,23 @@ def _ids(ids: set[str]):  # noqa: ANN202 - a pyarrow array
     return pa.array(sorted(ids), pa.string())
 
 
-def print_status_json(campaign_toml, data_dir) -> None:  # noqa: ANN001 - paths from the CLI
+def print_status_json(campaign_toml, data_dir, *, max_planned_runs: int, skip_corrupt: bool = False) -> None:  # noqa: ANN001
     """The ``--json`` branch of ``irbench status``: the report on stdout; a user error is one
-    line on stderr and exit code 2."""
+    line on stderr and exit code 2; each skipped unreadable file is named on stderr too."""
     import sys
     from pathlib import Path
 
     from orchestrator.campaign import prepare
     from orchestrator.spec import load_campaign
+    from orchestrator.user_errors import fail
     from workers.errors import IrbenchError
 
     try:
-        report = status_report(prepare(load_campaign(Path(campaign_toml))), RunStore(Path(data_dir)))
+        prepared = prepare(load_campaign(Path(campaign_toml)), max_planned_runs=max_planned_runs,
+                           source=Path(campaign_toml).name)
+        report = status_report(prepared, RunStore(Path(data_dir)), skip_corrupt=skip_corrupt)
     except IrbenchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        fail(exc)
+    for path in report.skipped_files:
+        print(f"warning: skipped unreadable file {path}", file=sys.stderr)
     sys.stdout.write(report.model_dump_json() + "\n")

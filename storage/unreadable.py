@@ -39,11 +39,14 @@ def read_checked(
     filters: Mapping[str, Any] | None = None,
     columns: Sequence[str] | None = None,
     flag: str = "--skip-corrupt",
+    dedupe: bool | str = True,
 ) -> tuple[pa.Table, list[Path]]:
     """``(rows, skipped files)``; see the module docstring. ``flag`` names the option in the
-    error message."""
+    error message; ``dedupe`` as in ``ParquetDataset.read`` (``"executions"``: every execution once)."""
     try:
-        return dataset.read(date_from=date_from, date_to=date_to, filters=filters, columns=columns), []
+        return dataset.read(
+            date_from=date_from, date_to=date_to, filters=filters, columns=columns, dedupe=dedupe
+        ), []
     except StorageError:
         files = dataset.data_files(date_from, date_to)
         bad = unreadable_files(files)
@@ -54,7 +57,7 @@ def read_checked(
                 f"{len(bad)} unreadable Parquet file(s) under {dataset.path}: {', '.join(map(str, bad))}; move "
                 f"them out of the data directory, or pass {flag} to go on without them"
             ) from None
-    table = dataset.read_files([f for f in files if f not in bad])
+    table = dataset.read_files([f for f in files if f not in bad], dedupe=dedupe)
     expr = dataset.filter_expression(date_from, date_to, filters)
     if expr is not None:
         table = table.filter(expr)

@@ -7,6 +7,7 @@ subprocess, so nothing is caught on the test's behalf.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -247,3 +248,14 @@ def test_status_names_a_corrupt_file_and_skips_it_on_request(tmp_path: Path) -> 
     assert skipping.returncode == 0, skipping.stderr
     assert b"2/2 runs stored" in skipping.stdout
     assert f"warning: skipped unreadable file {bad.relative_to(tmp_path)}".encode() in skipping.stderr
+
+    # the --json branch behaves the same: one error line without the flag, counts with it
+    plain_json = _run_subprocess(tmp_path, Case("status", verb="status", args=("--json",)))
+    assert plain_json.returncode == 2 and plain_json.stdout == b""
+    assert str(bad.relative_to(tmp_path)) in _one_error_line(plain_json)
+    skipping_json = _run_subprocess(tmp_path, Case("status", verb="status", args=("--json", "--skip-corrupt")))
+    assert skipping_json.returncode == 0, skipping_json.stderr
+    report = json.loads(skipping_json.stdout)
+    assert report["total"]["stored"] == 2 and report["total"]["planned"] == 2
+    assert report["skipped_files"] == [str(bad.relative_to(tmp_path))]
+    assert f"warning: skipped unreadable file {bad.relative_to(tmp_path)}".encode() in skipping_json.stderr
