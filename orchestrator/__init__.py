@@ -33,6 +33,7 @@ __all__ = [
     "report_cli",
     "retry_failed",
     "spec",
+    "spec_checks",
     "status_report",
     "store_cursor",
     "summary_tables",

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestrator.spec import ENV_NAME_RE, SLUG_RE, looks_like_key
+from orchestrator.spec_checks import ENV_NAME_RE, SLUG_RE, looks_like_key
 from workers.errors import ConfigError
 
 CAMPAIGNS_DIR = "campaigns"
