@@ -3,9 +3,9 @@
 Arguments are JSON only: ``RunTask.model_dump(mode="json")`` and the store root (never a
 secret: the API key is read by the worker from its own environment). Order of effects:
 
-claim (skip if done / live elsewhere) → ``execute_run`` on the process's loop → the process's
-spool (``storage.spool``: group commit, fsynced before we go on; published as few large Parquet
-files) → done marker and counters → return (ack). Nothing is acknowledged before it is durable.
+claim (skip if done / live elsewhere; the same script reads the model's gate) → ``execute_run``
+on the process's loop → the process's spool (``storage.spool``: group commit, fsynced before we
+go on; published as few large Parquet files) → done marker and counters → return (ack). Nothing is acknowledged before it is durable.
 A crash between the write and the done marker makes the redelivery execute the run again: both
 executions are stored, readers use the latest (``storage.runs.EXECUTION_RULE``).
 
@@ -53,16 +53,16 @@ def execute_one(rt: WorkerRuntime, state: CampaignState, task: RunTask, data_dir
     """Run ``task`` once for this delivery; returns what happened (for logs/tests): an outcome,
     ``done``/``busy`` (nothing to do) or ``deferred`` (parked in the delayed set)."""
     s = rt.settings
-    claim = with_retry(lambda: state.claim(task.run_id, task.model, owner, s.claim_ttl_s), "claiming a run",
-                       budget_s=s.redis_retry_s)
-    if claim in (DONE, BUSY):
+    claim, view = with_retry(lambda: state.claim_with_gate(task.run_id, task.model, owner, s.claim_ttl_s),
+                             "claiming a run", budget_s=s.redis_retry_s)
+    if claim in (DONE, BUSY) or view is None:
         return claim
     spool = rt.spool(data_dir)
     gate = RedisGate(state, disable_after_consecutive=task.retry.disable_after_consecutive, async_client=rt.aredis)
     ctx = RunContext(provider_for=rt.provider_for, limiter=DeferringLimiter(rt.limiter, gate, rt), gate=gate)
     rt.hold_claim(state, task.run_id, owner)
     try:
-        gate.refresh(task.model)  # here, in the task thread: execute_run's first check is then answered off the loop
+        gate.prime(task.model, view)  # read with the claim: execute_run's first check is answered off the loop
         record = rt.run(execute_run(task, ctx))
     except (Deferred, *TRANSIENT) as exc:
         countdown = _countdown(rt, exc)
