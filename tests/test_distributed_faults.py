@@ -90,28 +90,30 @@ def test_worker_stopped_past_its_claim_keeps_both_executions(up: Cluster, tmp_pa
     assert len(recs) == 24 and {r.run_id for r in recs} == set(execs)
 
 
-def test_poison_run_ends_as_worker_error_and_others_carry_on(up: Cluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("per_message", [1, 4])  # 4: the poison run shares its message with others
+def test_poison_run_ends_as_worker_error_and_others_carry_on(up: Cluster, tmp_path: Path, per_message: int) -> None:
+    name = "f2" if per_message == 1 else f"f2k{per_message}"
     models = {"f2-a": SimModel(latency_ms_median=5), "f2-b": SimModel(latency_ms_median=5)}
     with sim(models) as s:
-        path = make_campaign(tmp_path, "f2", s.base_url, {m: {} for m in models}, prompts=3, runs=2)
+        path = make_campaign(tmp_path, name, s.base_url, {m: {} for m in models}, prompts=3, runs=2)
         prepared = prepare(load_campaign(path))
         # one run whose task raises every time: a lone surrogate cannot be encoded as UTF-8 JSON
         victim = prepared.tasks[0]
         bad = victim.model_copy(update={"user_message": victim.user_message + "\ud800"})
         prepared = replace(prepared, tasks=[bad, *prepared.tasks[1:]])
         store = RunStore(tmp_path / "data")
-        opts = replace(FAST, max_task_failures=3)
+        opts = replace(FAST, max_task_failures=3, runs_per_message=per_message)
         summary = Background(prepared, store, up.url, options=opts, timeout_s=90).join(100)
         st = stats(s.base_url)
     assert not summary.interrupted
     assert_every_run_stored(store, prepared)
-    recs = {r.run_id: r for r in store.read_records(campaigns=["f2"])}
+    recs = {r.run_id: r for r in store.read_records(campaigns=[name])}
     poison = recs[victim.run_id]
     assert poison.outcome.value == "worker_error" and poison.attempts == []
     assert "3 task failures" in poison.cancel_reason and "UnicodeEncodeError" in poison.cancel_reason
     assert Counter(r.outcome.value for rid, r in recs.items() if rid != victim.run_id) == {"ok": 11}
-    assert_calls_equal_attempts(store, "f2", st, models)  # the poison run never reached the endpoint
-    state = CampaignState(redis.Redis.from_url(up.url), "f2")
+    assert_calls_equal_attempts(store, name, st, models)  # the poison run never reached the endpoint
+    state = CampaignState(redis.Redis.from_url(up.url), name)
     assert state.failures(victim.run_id)[0] == 3 and state.delayed_count() == 0
     # the status script view
     out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "status", str(path), "--data", str(store.root),

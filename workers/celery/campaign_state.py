@@ -29,7 +29,7 @@ orchestrator rebuilds everything else from the plan (e.g. after a Redis restart)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,9 +43,10 @@ CLAIMED, DONE, BUSY = "ok", "done", "busy"
 
 _NOW = "local t = redis.call('TIME') local now = tonumber(t[1]) + tonumber(t[2]) / 1e6"
 
-# ARGV: run_id, model, owner, ttl_ms, with_gate. Done -> 'done' (re-announced); a live claim -> 'busy'.
+# ARGV: run_id, model, owner, ttl_ms, with_gate, then the run_ids still to come in the same message
+# (their queued time is refreshed: the reconciler sees them in live hands). Done -> 'done' (re-announced); a live claim -> 'busy'.
 # Claimed -> 'ok', or with_gate = '1': {'ok', cancel, gate, streak} of the run's model ('+value' or '-').
-_CLAIM = """
+_CLAIM = f"""
 local p = KEYS[1]
 if redis.call('EXISTS', p .. ':done:' .. ARGV[1]) == 1 then
   redis.call('ZREM', p .. ':queued', ARGV[1])
@@ -60,10 +61,14 @@ end
 redis.call('ZREM', p .. ':queued', ARGV[1])
 redis.call('ZREM', p .. ':delayed', ARGV[1])
 redis.call('HSET', p .. ':running', ARGV[1], ARGV[2])
+if #ARGV > 5 then  -- the runs still to come in this run's message: in live hands, not lost
+  {_NOW}
+  for i = 6, #ARGV do redis.call('ZADD', p .. ':queued', 'XX', now, ARGV[i]) end
+end
 if ARGV[5] ~= '1' then return 'ok' end
 local function opt(v) if v then return '+' .. v end return '-' end
-return {'ok', opt(redis.call('GET', p .. ':cancel')), opt(redis.call('HGET', p .. ':gate', ARGV[2])),
-        opt(redis.call('HGET', p .. ':streak', ARGV[2]))}
+return {{'ok', opt(redis.call('GET', p .. ':cancel')), opt(redis.call('HGET', p .. ':gate', ARGV[2])),
+        opt(redis.call('HGET', p .. ':streak', ARGV[2]))}}
 """
 
 # ARGV: run_id, owner, ttl_ms. Renews the claim; 0 if it is lost (expired or taken over).
@@ -223,9 +228,11 @@ class CampaignState:
         """``CLAIMED`` (execute it), ``DONE`` (already stored) or ``BUSY`` (live elsewhere)."""
         return _s(self._claim(keys=[self.base], args=[run_id, model, owner, max(int(ttl_s * 1000), 1), "0"]))
 
-    def claim_with_gate(self, run_id: str, model: str, owner: str, ttl_s: float) -> tuple[str, GateView | None]:
-        """:meth:`claim`, plus (when ``CLAIMED``) the model's gate as read in the same script."""
-        reply = self._claim(keys=[self.base], args=[run_id, model, owner, max(int(ttl_s * 1000), 1), "1"])
+    def claim_with_gate(self, run_id: str, model: str, owner: str, ttl_s: float, pending: Sequence[str] = ()
+                        ) -> tuple[str, GateView | None]:
+        """:meth:`claim`, plus (when ``CLAIMED``) the model's gate as read in the same script.
+        ``pending``: runs of the same message still to come; their queued time is refreshed."""
+        reply = self._claim(keys=[self.base], args=[run_id, model, owner, max(int(ttl_s * 1000), 1), "1", *pending])
         if not isinstance(reply, list):
             return _s(reply), None
         cancel, gate, streak = (None if _s(v) == "-" else _s(v)[1:] for v in reply[1:4])
