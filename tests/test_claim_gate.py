@@ -72,3 +72,25 @@ def test_a_streak_seen_at_the_claim_or_made_by_the_run_is_reset(client) -> None:
     for _ in range(3):
         gate.observe("m", Outcome.AUTH_ERROR)
     assert client.hget(st.key("gate"), "m").decode().startswith("disabled after 3")
+
+
+def test_claim_refreshes_the_queued_time_of_the_rest_of_its_message(client) -> None:
+    st = CampaignState(client, "cg4", prefix="t")
+    client.zadd(st.key("queued"), {"r1": 1.0, "r2": 1.0, "r3": 1.0})
+    st.claim_with_gate("r1", "m", "w1", 30, pending=["r2", "r3", "gone"])
+    queued = st.queued()
+    assert set(queued) == {"r2", "r3"}  # r1 claimed; a run not queued is not added
+    assert min(queued.values()) > st.now_s() - 5
+
+
+def test_broker_view_lists_every_run_of_a_several_runs_message(client) -> None:
+    import json
+
+    from workers.celery.broker_view import RUN_IDS_HEADER, unacked_ids, waiting_ids
+
+    one = {"body": "", "headers": {"id": "solo"}}
+    many = {"body": "", "headers": {"id": "a+2", RUN_IDS_HEADER: ["a", "b", "c"]}}
+    client.lpush("q-bv", json.dumps(one), json.dumps(many), "not json")
+    assert waiting_ids(client, "q-bv") == {"solo", "a", "b", "c"}
+    client.hset("unacked", mapping={"t1": json.dumps([many, "", "q-bv"]), "t2": json.dumps([one, "", "q-bv"])})
+    assert unacked_ids(client) == {"solo", "a", "b", "c"}
