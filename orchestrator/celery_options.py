@@ -40,7 +40,8 @@ class CeleryOptions:
     after the other by the worker thread that receives it, each claimed, stored and marked done
     on its own; the message is acknowledged after the last. kombu's per-message cost (delivery
     bookkeeping, late ack: most of a worker's CPU at zero latency) is paid once per message.
-    Re-sent runs and runs with a countdown travel alone.
+    Re-sent runs and runs with a countdown travel alone. The broker's visibility timeout must
+    cover a whole message (``workers.celery.app``); a redelivery inside it is harmless anyway.
     """
 
     max_outstanding: int = 2000

@@ -12,8 +12,9 @@ Delivery is at-least-once (``task_acks_late`` + ``task_reject_on_worker_lost``),
 idempotent by run_id (``workers.celery.tasks``). **Visibility timeout rule**: an unacked message is
 re-delivered after ``visibility_timeout_s``, so it must exceed the longest fetch-to-ack time:
 ``visibility_timeout_s > max_attempts * max(total_timeout_s) + (max_attempts - 1) * backoff_cap_s
-+ max deferral countdown (IRBENCH_MAX_DEFER_S) + margin`` — with the defaults (4 attempts × 600 s
-+ 3 × 60 s + 30 s) the default 3600 s holds. A redelivery inside that window is harmless anyway
++ max deferral countdown (IRBENCH_MAX_DEFER_S) + margin``, times the orchestrator's
+``runs_per_message`` (a message's runs execute one after the other) — with the defaults (4
+attempts × 600 s + 3 × 60 s + 30 s, one run per message) the default 3600 s holds. A redelivery inside that window is harmless anyway
 (claims and done markers), and a lost message is re-dispatched by the orchestrator's reconciler.
 """
 
