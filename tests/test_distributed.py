@@ -290,25 +290,27 @@ def test_worker_killed_mid_campaign(live: Cluster, tmp_path: Path, per_message: 
 # ----- 3. Redis restarted mid-campaign (AOF) ----------------------------------------------------
 
 
-def test_redis_restart_mid_campaign(live: Cluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("per_message", [1, 4])
+def test_redis_restart_mid_campaign(live: Cluster, tmp_path: Path, per_message: int) -> None:
+    name = "t3" if per_message == 1 else f"t3k{per_message}"
     models = {f"t3-{k}": SimModel(latency_ms_median=60, latency_sigma=0.1) for k in "ab"}
     with sim(models) as s:
-        prepared = prepare(load_campaign(make_campaign(tmp_path, "t3", s.base_url, {m: {} for m in models},
+        prepared = prepare(load_campaign(make_campaign(tmp_path, name, s.base_url, {m: {} for m in models},
                                                        prompts=10, runs=5)))
         store = RunStore(tmp_path / "data")
-        bg = Background(prepared, store, live.url, options=FAST, timeout_s=100)
-        wait_for(lambda: stored_count(store, "t3") >= 15, 30, "15 stored runs")
+        bg = Background(prepared, store, live.url, options=replace(FAST, runs_per_message=per_message), timeout_s=100)
+        wait_for(lambda: stored_count(store, name) >= 15, 30, "15 stored runs")
         live.redis.restart(kill=True)  # SIGKILL: AOF (fsync always) must carry the campaign
-        restarted_at, t_restart = stored_count(store, "t3"), time.monotonic()
+        restarted_at, t_restart = stored_count(store, name), time.monotonic()
         summary = bg.join(110)
         recovery_s = time.monotonic() - t_restart
-        settle(store, live.url, "t3")
+        settle(store, live.url, name)
         st = stats(s.base_url)
     assert restarted_at < len(prepared.tasks)
     assert not summary.interrupted
     execs = assert_every_run_stored(store, prepared, max_duplicates=len(prepared.tasks) // 100)  # <= 1 %
-    assert_calls_equal_attempts(store, "t3", st, models)  # no worker died: every call is stored
-    outcomes = Counter(r.outcome.value for rs in records_by_model(store, "t3").values() for r in rs)
+    assert_calls_equal_attempts(store, name, st, models)  # no worker died: every call is stored
+    outcomes = Counter(r.outcome.value for rs in records_by_model(store, name).values() for r in rs)
     assert outcomes == {"ok": 100}
     print(f"Redis SIGKILL+restart: finished {recovery_s:.1f} s later, "
           f"{sum(n > 1 for n in execs.values())} of {len(execs)} runs executed twice")
