@@ -9,7 +9,10 @@ connection pools), which is not timed. The distributed path's cost per run is re
 ``ms/run`` minus the local executor's ``ms/run`` (wall time per run, i.e. inverse throughput).
 
     python bench/distributed_throughput.py [--runs 600] [--workers 1,2,4] [--threads 8]
-                                           [--local-concurrency 16]
+                                           [--local-concurrency 16] [--runs-per-message 1,8]
+
+``--runs-per-message``: each worker set runs the timed campaign once per value (the
+orchestrator's ``runs_per_message``: runs carried by one broker message).
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ def campaign(tmp: Path, name: str, base_url: str, runs: int, cap: int) -> Prepar
     return prepare(load_campaign(write_campaign(tmp, name, base_url, fields, prompts=PROMPTS, runs=per_cell)))
 
 
-def time_celery(c: BenchCluster, prepared: PreparedCampaign, store: RunStore) -> float:
-    opts = CeleryOptions(poll_interval_s=0.05, analyze_on_complete=False)  # analysis on the workers would overlap the next timing
+def time_celery(c: BenchCluster, prepared: PreparedCampaign, store: RunStore, runs_per_message: int = 1) -> float:
+    opts = CeleryOptions(poll_interval_s=0.05, analyze_on_complete=False, runs_per_message=runs_per_message)  # analysis on the workers would overlap the next timing
     t0 = time.perf_counter()
     summary = run_campaign_celery(prepared, store, c.url, options=opts, timeout_s=600)
     elapsed = time.perf_counter() - t0
@@ -57,8 +60,10 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2,4", help="worker process counts to measure")
     parser.add_argument("--threads", type=int, default=8, help="threads per worker (-c)")
     parser.add_argument("--local-concurrency", type=int, default=16, help="coroutines of the local executor")
+    parser.add_argument("--runs-per-message", default="1", help="comma-separated: runs per broker message to measure")
     args = parser.parse_args()
     levels = [int(x) for x in args.workers.split(",")]
+    per_message = [int(x) for x in args.runs_per_message.split(",")]
     cap = max(args.local_concurrency, args.threads * max(levels)) * 2  # never the bottleneck
     from workers.logs import configure_logging
 
@@ -89,20 +94,21 @@ def main() -> None:
                 c.restart_workers(level)
                 warm = campaign(tmp_path, f"tp-w{level}-warm", base, 20 * level * args.threads // 4, cap)
                 time_celery(c, warm, RunStore(tmp_path / f"data-w{level}-warm"))
-                prepared = campaign(tmp_path, f"tp-w{level}", base, args.runs, cap)
-                elapsed = time_celery(c, prepared, RunStore(tmp_path / f"data-w{level}"))
-                rows.append((f"celery {level}x{args.threads}", len(prepared.tasks), elapsed))
-                print(f"celery, {level} worker(s) x {args.threads} threads: {len(prepared.tasks) / elapsed:.1f} runs/s",
-                      flush=True)
+                for k in per_message:
+                    prepared = campaign(tmp_path, f"tp-w{level}-k{k}", base, args.runs, cap)
+                    elapsed = time_celery(c, prepared, RunStore(tmp_path / f"data-w{level}-k{k}"), k)
+                    rows.append((f"celery {level}x{args.threads} k{k}", len(prepared.tasks), elapsed))
+                    print(f"celery, {level} worker(s) x {args.threads} threads, {k} run(s)/message: "
+                          f"{len(prepared.tasks) / elapsed:.1f} runs/s", flush=True)
 
     local_ms = 1000 * rows[0][2] / rows[0][1]
     one, five, fifteen = os.getloadavg()
     print(f"\nload average before {load_before}, after {one:.2f} {five:.2f} {fifteen:.2f}")
-    print(f"{'executor':>14} {'runs':>5} {'seconds':>8} {'runs/s':>7} {'x_local':>7} {'ms/run':>7} {'overhead_ms/run':>15}")
+    print(f"{'executor':>18} {'runs':>5} {'seconds':>8} {'runs/s':>7} {'x_local':>7} {'ms/run':>7} {'overhead_ms/run':>15}")
     for label, n, elapsed in rows:
         ms = 1000 * elapsed / n
         over = "-" if label.startswith("local") else f"{ms - local_ms:+.2f}"
-        print(f"{label:>14} {n:>5} {elapsed:>8.2f} {n / elapsed:>7.1f} {local_ms / ms:>7.2f} {ms:>7.2f} {over:>15}")
+        print(f"{label:>18} {n:>5} {elapsed:>8.2f} {n / elapsed:>7.1f} {local_ms / ms:>7.2f} {ms:>7.2f} {over:>15}")
 
 
 if __name__ == "__main__":

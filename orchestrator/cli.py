@@ -17,6 +17,7 @@ from orchestrator.distributed_cli import (
     LeaseTtlOpt,
     MaxFailuresOpt,
     ReconcileOpt,
+    RunsPerMessageOpt,
     SpoolAgeOpt,
     SpoolRowsOpt,
     celery_options,
@@ -112,6 +113,7 @@ def run(
     max_task_failures: MaxFailuresOpt = None,
     max_planned_runs: MaxRunsOpt = DEFAULT_MAX_PLANNED_RUNS,
     broker_wait_s: BrokerWaitOpt = 10.0,
+    runs_per_message: RunsPerMessageOpt = None,
 ) -> None:
     """Run (or resume) a campaign: only runs without a stored record are executed.
 
@@ -150,7 +152,7 @@ def run(
             from orchestrator.celery_executor import run_campaign_celery
 
             url = _broker_url(broker, spec.executor.broker)
-            options = celery_options(analyze, claim_ttl_s, reconcile_interval_s, max_task_failures)
+            options = celery_options(analyze, claim_ttl_s, reconcile_interval_s, max_task_failures, runs_per_message)
             watch = _start_worker_watch(url, data, options.queue, broker_wait_s)
             done_before = len(store.completed_run_ids(spec.name) & {t.run_id for t in prepared.tasks})
             try:
@@ -310,7 +312,7 @@ def resume(
     run(
         campaign=campaign, data=data, executor=executor, broker=broker, analyze=True, progress=progress,
         log_file=None, verbose=False, claim_ttl_s=None, reconcile_interval_s=None, max_task_failures=None,
-        max_planned_runs=max_planned_runs, broker_wait_s=10.0,
+        max_planned_runs=max_planned_runs, broker_wait_s=10.0, runs_per_message=None,
     )
 
 

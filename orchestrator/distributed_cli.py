@@ -21,6 +21,9 @@ ReconcileOpt = Annotated[Optional[float], typer.Option(
 MaxFailuresOpt = Annotated[Optional[int], typer.Option(
     "--max-task-failures", help="Task failures / worker deaths after which a run is stored as worker_error "
     "(env IRBENCH_MAX_TASK_FAILURES, default 3).")]
+RunsPerMessageOpt = Annotated[Optional[int], typer.Option(
+    "--runs-per-message", help="Runs carried by one broker message, executed one after the other by one worker "
+    "slot (env IRBENCH_RUNS_PER_MESSAGE, default 1). 4-8 divides the broker's per-run cost for fast endpoints.")]
 LeaseTtlOpt = Annotated[Optional[float], typer.Option(
     "--lease-ttl-s", help="Limiter lease lifetime without a heartbeat (env IRBENCH_LEASE_TTL_S, default 30).")]
 SpoolRowsOpt = Annotated[Optional[int], typer.Option(
@@ -31,10 +34,11 @@ SpoolAgeOpt = Annotated[Optional[float], typer.Option(
 
 
 def celery_options(analyze: bool, claim_ttl_s: float | None, reconcile_interval_s: float | None,
-                   max_task_failures: int | None) -> CeleryOptions:
+                   max_task_failures: int | None, runs_per_message: int | None = None) -> CeleryOptions:
     """Defaults, then the environment, then the flags given."""
     return CeleryOptions(analyze_on_complete=analyze).with_env().with_values(
-        claim_ttl_s=claim_ttl_s, reconcile_interval_s=reconcile_interval_s, max_task_failures=max_task_failures)
+        claim_ttl_s=claim_ttl_s, reconcile_interval_s=reconcile_interval_s, max_task_failures=max_task_failures,
+        runs_per_message=runs_per_message)
 
 
 def worker_settings(broker_url: str, **flags: float | int | None):  # noqa: ANN201 - WorkerSettings

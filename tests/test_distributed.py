@@ -19,7 +19,7 @@ import time
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -260,15 +260,17 @@ def test_crossed_campaign_three_workers(live: Cluster, tmp_path: Path) -> None:
 # ----- 2. kill -9 a worker mid-campaign ----------------------------------------------------------
 
 
-def test_worker_killed_mid_campaign(live: Cluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("per_message", [1, 4])  # 4: several runs per broker message (irbench.runs)
+def test_worker_killed_mid_campaign(live: Cluster, tmp_path: Path, per_message: int) -> None:
+    name = "t2" if per_message == 1 else f"t2k{per_message}"
     models = {f"t2-{k}": SimModel(latency_ms_median=150, latency_sigma=0.1) for k in "abc"}
     with sim(models) as s:
-        prepared = prepare(load_campaign(make_campaign(tmp_path, "t2", s.base_url, {m: {} for m in models}, runs=6)))
+        prepared = prepare(load_campaign(make_campaign(tmp_path, name, s.base_url, {m: {} for m in models}, runs=6)))
         store = RunStore(tmp_path / "data")
-        bg = Background(prepared, store, live.url, options=FAST, timeout_s=90)
-        wait_for(lambda: stored_count(store, "t2") >= 15, 30, "15 stored runs")
+        bg = Background(prepared, store, live.url, options=replace(FAST, runs_per_message=per_message), timeout_s=90)
+        wait_for(lambda: stored_count(store, name) >= 15, 30, "15 stored runs")
         live.workers.kill(0)  # SIGKILL the whole process group, mid-call
-        killed_at, t_kill = stored_count(store, "t2"), time.monotonic()
+        killed_at, t_kill = stored_count(store, name), time.monotonic()
         summary = bg.join(100)
         recovery_s = time.monotonic() - t_kill
         st = stats(s.base_url)
@@ -276,8 +278,8 @@ def test_worker_killed_mid_campaign(live: Cluster, tmp_path: Path) -> None:
     assert not summary.interrupted
     # the killed worker's acknowledged runs survive in its spool; its in-flight runs go again
     assert_every_run_stored(store, prepared, max_duplicates=live.workers.concurrency)
-    assert_calls_equal_attempts(store, "t2", st, models, lost=live.workers.concurrency)
-    outcomes = Counter(r.outcome.value for rs in records_by_model(store, "t2").values() for r in rs)
+    assert_calls_equal_attempts(store, name, st, models, lost=live.workers.concurrency)
+    outcomes = Counter(r.outcome.value for rs in records_by_model(store, name).values() for r in rs)
     assert outcomes == {"ok": 72}
     # bounded by the claim TTL (3 s) + reconcile interval, not a fixed horizon: the remaining
     # ~57 runs take ~2 s of work on the two live workers
@@ -288,25 +290,27 @@ def test_worker_killed_mid_campaign(live: Cluster, tmp_path: Path) -> None:
 # ----- 3. Redis restarted mid-campaign (AOF) ----------------------------------------------------
 
 
-def test_redis_restart_mid_campaign(live: Cluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("per_message", [1, 4])
+def test_redis_restart_mid_campaign(live: Cluster, tmp_path: Path, per_message: int) -> None:
+    name = "t3" if per_message == 1 else f"t3k{per_message}"
     models = {f"t3-{k}": SimModel(latency_ms_median=60, latency_sigma=0.1) for k in "ab"}
     with sim(models) as s:
-        prepared = prepare(load_campaign(make_campaign(tmp_path, "t3", s.base_url, {m: {} for m in models},
+        prepared = prepare(load_campaign(make_campaign(tmp_path, name, s.base_url, {m: {} for m in models},
                                                        prompts=10, runs=5)))
         store = RunStore(tmp_path / "data")
-        bg = Background(prepared, store, live.url, options=FAST, timeout_s=100)
-        wait_for(lambda: stored_count(store, "t3") >= 15, 30, "15 stored runs")
+        bg = Background(prepared, store, live.url, options=replace(FAST, runs_per_message=per_message), timeout_s=100)
+        wait_for(lambda: stored_count(store, name) >= 15, 30, "15 stored runs")
         live.redis.restart(kill=True)  # SIGKILL: AOF (fsync always) must carry the campaign
-        restarted_at, t_restart = stored_count(store, "t3"), time.monotonic()
+        restarted_at, t_restart = stored_count(store, name), time.monotonic()
         summary = bg.join(110)
         recovery_s = time.monotonic() - t_restart
-        settle(store, live.url, "t3")
+        settle(store, live.url, name)
         st = stats(s.base_url)
     assert restarted_at < len(prepared.tasks)
     assert not summary.interrupted
     execs = assert_every_run_stored(store, prepared, max_duplicates=len(prepared.tasks) // 100)  # <= 1 %
-    assert_calls_equal_attempts(store, "t3", st, models)  # no worker died: every call is stored
-    outcomes = Counter(r.outcome.value for rs in records_by_model(store, "t3").values() for r in rs)
+    assert_calls_equal_attempts(store, name, st, models)  # no worker died: every call is stored
+    outcomes = Counter(r.outcome.value for rs in records_by_model(store, name).values() for r in rs)
     assert outcomes == {"ok": 100}
     print(f"Redis SIGKILL+restart: finished {recovery_s:.1f} s later, "
           f"{sum(n > 1 for n in execs.values())} of {len(execs)} runs executed twice")

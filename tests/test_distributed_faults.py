@@ -57,15 +57,18 @@ def up(faults: Cluster) -> Iterator[Cluster]:
     yield faults
 
 
-def test_worker_stopped_past_its_claim_keeps_both_executions(up: Cluster, tmp_path: Path) -> None:
-    models = {"f1-a": SimModel(latency_ms_median=400, latency_sigma=0.05)}
+@pytest.mark.parametrize("per_message", [1, 4])
+def test_worker_stopped_past_its_claim_keeps_both_executions(up: Cluster, tmp_path: Path, per_message: int) -> None:
+    name = "f1" if per_message == 1 else f"f1k{per_message}"
+    model = "f1-a" if per_message == 1 else f"f1-a-k{per_message}"  # fresh limiter state
+    models = {model: SimModel(latency_ms_median=400, latency_sigma=0.05)}
     with sim(models) as s:
-        prepared = prepare(load_campaign(make_campaign(tmp_path, "f1", s.base_url, {"f1-a": {"max_concurrency": 12}},
+        prepared = prepare(load_campaign(make_campaign(tmp_path, name, s.base_url, {model: {"max_concurrency": 12}},
                                                        prompts=4, runs=6)))
         store = RunStore(tmp_path / "data")
-        bg = Background(prepared, store, up.url, options=FAST, timeout_s=120)
+        bg = Background(prepared, store, up.url, options=replace(FAST, runs_per_message=per_message), timeout_s=120)
         # the first wave: each of the 12 threads has sent its call (0.4 s each)
-        wait_for(lambda: stats(s.base_url).get("f1-a", {}).get("requests", 0) >= 12, 30, "calls in flight")
+        wait_for(lambda: stats(s.base_url).get(model, {}).get("requests", 0) >= 12, 30, "calls in flight")
         up.workers.kill(0, signal.SIGSTOP)  # frozen mid-call, past its 3 s claim TTL
         try:
             time.sleep(8)  # the reconciler re-sends its runs to the live workers
@@ -75,7 +78,7 @@ def test_worker_stopped_past_its_claim_keeps_both_executions(up: Cluster, tmp_pa
         # the woken worker's executions arrive after the campaign may have finished: its calls
         # take 0.4 s, its spool publishes 0.5 s after the last append
         time.sleep(3)
-        wait_for(lambda: attempts_by_model(store, "f1")["f1-a"] >= stats(s.base_url)["f1-a"]["requests"], 30,
+        wait_for(lambda: attempts_by_model(store, name)[model] >= stats(s.base_url)[model]["requests"], 30,
                  "the stopped worker's executions stored")
         st = stats(s.base_url)
     assert not summary.interrupted
@@ -84,34 +87,36 @@ def test_worker_stopped_past_its_claim_keeps_both_executions(up: Cluster, tmp_pa
     assert twice, ("the stopped worker's runs should have been executed again elsewhere", st,
                    up.workers.tail(0)[-4000:])
     assert len(twice) <= 4  # at most the stopped worker's 4 threads
-    assert_calls_equal_attempts(store, "f1", st, models)  # its attempts are not lost: every call stored
+    assert_calls_equal_attempts(store, name, st, models)  # its attempts are not lost: every call stored
     # analysis sees one record per run: the latest execution
-    recs = store.read_records(campaigns=["f1"])
+    recs = store.read_records(campaigns=[name])
     assert len(recs) == 24 and {r.run_id for r in recs} == set(execs)
 
 
-def test_poison_run_ends_as_worker_error_and_others_carry_on(up: Cluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("per_message", [1, 4])  # 4: the poison run shares its message with others
+def test_poison_run_ends_as_worker_error_and_others_carry_on(up: Cluster, tmp_path: Path, per_message: int) -> None:
+    name = "f2" if per_message == 1 else f"f2k{per_message}"
     models = {"f2-a": SimModel(latency_ms_median=5), "f2-b": SimModel(latency_ms_median=5)}
     with sim(models) as s:
-        path = make_campaign(tmp_path, "f2", s.base_url, {m: {} for m in models}, prompts=3, runs=2)
+        path = make_campaign(tmp_path, name, s.base_url, {m: {} for m in models}, prompts=3, runs=2)
         prepared = prepare(load_campaign(path))
         # one run whose task raises every time: a lone surrogate cannot be encoded as UTF-8 JSON
         victim = prepared.tasks[0]
         bad = victim.model_copy(update={"user_message": victim.user_message + "\ud800"})
         prepared = replace(prepared, tasks=[bad, *prepared.tasks[1:]])
         store = RunStore(tmp_path / "data")
-        opts = replace(FAST, max_task_failures=3)
+        opts = replace(FAST, max_task_failures=3, runs_per_message=per_message)
         summary = Background(prepared, store, up.url, options=opts, timeout_s=90).join(100)
         st = stats(s.base_url)
     assert not summary.interrupted
     assert_every_run_stored(store, prepared)
-    recs = {r.run_id: r for r in store.read_records(campaigns=["f2"])}
+    recs = {r.run_id: r for r in store.read_records(campaigns=[name])}
     poison = recs[victim.run_id]
     assert poison.outcome.value == "worker_error" and poison.attempts == []
     assert "3 task failures" in poison.cancel_reason and "UnicodeEncodeError" in poison.cancel_reason
     assert Counter(r.outcome.value for rid, r in recs.items() if rid != victim.run_id) == {"ok": 11}
-    assert_calls_equal_attempts(store, "f2", st, models)  # the poison run never reached the endpoint
-    state = CampaignState(redis.Redis.from_url(up.url), "f2")
+    assert_calls_equal_attempts(store, name, st, models)  # the poison run never reached the endpoint
+    state = CampaignState(redis.Redis.from_url(up.url), name)
     assert state.failures(victim.run_id)[0] == 3 and state.delayed_count() == 0
     # the status script view
     out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "status", str(path), "--data", str(store.root),
@@ -123,15 +128,18 @@ def test_poison_run_ends_as_worker_error_and_others_carry_on(up: Cluster, tmp_pa
     assert report["models"][victim.model]["outcomes"].get("worker_error") == 1
 
 
-def test_deferred_runs_survive_their_worker(up: Cluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("per_message", [1, 4])
+def test_deferred_runs_survive_their_worker(up: Cluster, tmp_path: Path, per_message: int) -> None:
+    name = "f3" if per_message == 1 else f"f3k{per_message}"
+    model = "f3-rl" if per_message == 1 else f"f3-rl-k{per_message}"  # fresh limiter state
     rpm = 8  # per 1 s window on the workers: 48 runs need ~6 s, most of them deferred
-    models = {"f3-rl": SimModel(latency_ms_median=5)}
+    models = {model: SimModel(latency_ms_median=5)}
     with sim(models) as s:
-        prepared = prepare(load_campaign(make_campaign(tmp_path, "f3", s.base_url,
-                                                       {"f3-rl": {"requests_per_minute": rpm}}, prompts=8, runs=6)))
+        prepared = prepare(load_campaign(make_campaign(tmp_path, name, s.base_url,
+                                                       {model: {"requests_per_minute": rpm}}, prompts=8, runs=6)))
         store = RunStore(tmp_path / "data")
-        bg = Background(prepared, store, up.url, options=FAST, timeout_s=120)
-        state = CampaignState(redis.Redis.from_url(up.url), "f3")
+        bg = Background(prepared, store, up.url, options=replace(FAST, runs_per_message=per_message), timeout_s=120)
+        state = CampaignState(redis.Redis.from_url(up.url), name)
         wait_for(lambda: state.delayed_count() >= 10, 30, "deferred runs")
         up.workers.kill(0)  # deferred runs are in Redis, not countdown messages in this worker
         t_kill = time.monotonic()
@@ -140,7 +148,7 @@ def test_deferred_runs_survive_their_worker(up: Cluster, tmp_path: Path) -> None
         st = stats(s.base_url)
     assert not summary.interrupted
     assert_every_run_stored(store, prepared, max_duplicates=up.workers.concurrency)
-    assert_calls_equal_attempts(store, "f3", st, models, lost=up.workers.concurrency)
+    assert_calls_equal_attempts(store, name, st, models, lost=up.workers.concurrency)
     assert state.delayed_count() == 0
     # ~40 runs at 8/s after the kill: ~5 s of rate-limited work, plus one claim TTL at most
     assert after_s < 20, after_s

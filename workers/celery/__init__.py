@@ -17,4 +17,5 @@ __all__ = [
     "redis_retry",
     "runtime",
     "tasks",
+    "transport",
 ]

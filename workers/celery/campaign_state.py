@@ -29,7 +29,8 @@ orchestrator rebuilds everything else from the plan (e.g. after a Redis restart)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -42,8 +43,10 @@ CLAIMED, DONE, BUSY = "ok", "done", "busy"
 
 _NOW = "local t = redis.call('TIME') local now = tonumber(t[1]) + tonumber(t[2]) / 1e6"
 
-# ARGV: run_id, model, owner, ttl_ms. Done -> 'done' (re-announced); a live claim -> 'busy'.
-_CLAIM = """
+# ARGV: run_id, model, owner, ttl_ms, with_gate, then the run_ids still to come in the same message
+# (their queued time is refreshed: the reconciler sees them in live hands). Done -> 'done' (re-announced); a live claim -> 'busy'.
+# Claimed -> 'ok', or with_gate = '1': {'ok', cancel, gate, streak} of the run's model ('+value' or '-').
+_CLAIM = f"""
 local p = KEYS[1]
 if redis.call('EXISTS', p .. ':done:' .. ARGV[1]) == 1 then
   redis.call('ZREM', p .. ':queued', ARGV[1])
@@ -58,7 +61,14 @@ end
 redis.call('ZREM', p .. ':queued', ARGV[1])
 redis.call('ZREM', p .. ':delayed', ARGV[1])
 redis.call('HSET', p .. ':running', ARGV[1], ARGV[2])
-return 'ok'
+if #ARGV > 5 then  -- the runs still to come in this run's message: in live hands, not lost
+  {_NOW}
+  for i = 6, #ARGV do redis.call('ZADD', p .. ':queued', 'XX', now, ARGV[i]) end
+end
+if ARGV[5] ~= '1' then return 'ok' end
+local function opt(v) if v then return '+' .. v end return '-' end
+return {{'ok', opt(redis.call('GET', p .. ':cancel')), opt(redis.call('HGET', p .. ':gate', ARGV[2])),
+        opt(redis.call('HGET', p .. ':streak', ARGV[2]))}}
 """
 
 # ARGV: run_id, owner, ttl_ms. Renews the claim; 0 if it is lost (expired or taken over).
@@ -160,6 +170,20 @@ return out
 """
 
 
+@dataclass(frozen=True)
+class GateView:
+    """A model's gate as the claim script read it: the campaign's cancel reason, the model's
+    closed reason (each None when open) and whether a disabling streak is being counted."""
+
+    cancel_reason: str | None
+    closed_reason: str | None
+    streak: bool
+
+    @property
+    def reason(self) -> str | None:
+        return self.cancel_reason if self.cancel_reason is not None else self.closed_reason
+
+
 def _s(x: Any) -> str:
     return x.decode() if isinstance(x, bytes) else str(x)
 
@@ -202,7 +226,17 @@ class CampaignState:
     # ----- one run (worker side) ----------------------------------------------------------------
     def claim(self, run_id: str, model: str, owner: str, ttl_s: float) -> str:
         """``CLAIMED`` (execute it), ``DONE`` (already stored) or ``BUSY`` (live elsewhere)."""
-        return _s(self._claim(keys=[self.base], args=[run_id, model, owner, max(int(ttl_s * 1000), 1)]))
+        return _s(self._claim(keys=[self.base], args=[run_id, model, owner, max(int(ttl_s * 1000), 1), "0"]))
+
+    def claim_with_gate(self, run_id: str, model: str, owner: str, ttl_s: float, pending: Sequence[str] = ()
+                        ) -> tuple[str, GateView | None]:
+        """:meth:`claim`, plus (when ``CLAIMED``) the model's gate as read in the same script.
+        ``pending``: runs of the same message still to come; their queued time is refreshed."""
+        reply = self._claim(keys=[self.base], args=[run_id, model, owner, max(int(ttl_s * 1000), 1), "1", *pending])
+        if not isinstance(reply, list):
+            return _s(reply), None
+        cancel, gate, streak = (None if _s(v) == "-" else _s(v)[1:] for v in reply[1:4])
+        return _s(reply[0]), GateView(cancel, gate, streak is not None and int(streak) > 0)
 
     def renew_claim(self, run_id: str, owner: str, ttl_s: float) -> bool:
         return int(self._renew(keys=[self.base], args=[run_id, owner, max(int(ttl_s * 1000), 1)])) == 1

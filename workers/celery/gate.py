@@ -16,6 +16,12 @@ granted) uses the async client, and ``closed_reason`` answers from the last chec
 ``fresh_s`` ago — the task thread primes it just before handing the run to the loop — and only
 goes to Redis (blocking) when that answer is older. An "open" answer at most ``fresh_s`` old
 is safe because every grant is followed by the async re-check before the call is made.
+
+The claim script reads the gate and the streak with the claim (``prime``), so a run's first
+check costs no round trip of its own, and a success resets a streak (HDEL) only when one existed
+at the claim or this run made one: a streak another worker starts while this run is in flight is
+not reset by this run's success. Runs in flight on several workers have no order anyway, so
+"consecutive" was already counted in the order Redis sees the outcomes, give or take those.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import redis.asyncio as aioredis
 import structlog
 
 from storage.records import Outcome
-from workers.celery.campaign_state import CampaignState
+from workers.celery.campaign_state import CampaignState, GateView
 from workers.celery.redis_retry import TRANSIENT, with_retry
 from workers.retry import DISABLING
 
@@ -66,6 +72,7 @@ class RedisGate:
         self._fresh_s = fresh_s
         self._clock = clock
         self._known: dict[str, tuple[float, str | None]] = {}  # model -> (checked at, answer)
+        self._streak: dict[str, bool] = {}  # model -> a streak may exist (unknown: True)
 
     def _remember(self, model: str, reason: str | None, checked_at: float) -> str | None:
         self._known[model] = (checked_at, reason)
@@ -81,6 +88,13 @@ class RedisGate:
         pipe.get(self._state.key("cancel"))
         pipe.hget(self._state.key("gate"), model)
         return self._remember(model, _reason(*pipe.execute()), now)
+
+    def prime(self, model: str, view: GateView) -> str | None:
+        """Remember what the claim script read (``CampaignState.claim_with_gate``): the answer
+        :meth:`refresh` would give, with no round trip of its own; and whether a disabling streak
+        exists. Without one a success has nothing to reset, so :meth:`observe` skips its HDEL."""
+        self._streak[model] = view.streak
+        return self._remember(model, view.reason, self._clock())
 
     def refresh(self, model: str) -> str | None:
         """Check Redis now (sync; call it off the event loop) and remember the answer."""
@@ -119,6 +133,7 @@ class RedisGate:
         if outcome is Outcome.RETIRED:
             self._client.hsetnx(gate, model, "retired" + (f": {detail}" if detail else ""))
         elif outcome in DISABLING:
+            self._streak[model] = True
             n = int(self._client.hincrby(streak, model, 1))
             if n >= self._limit:
                 self._client.hsetnx(
@@ -126,8 +141,9 @@ class RedisGate:
                     model,
                     f"disabled after {n} consecutive {outcome.value} outcomes" + (f" (last: {detail})" if detail else ""),
                 )
-        else:
+        elif self._streak.get(model, True):  # no streak when primed, none of ours since: nothing to reset
             self._client.hdel(streak, model)
+            self._streak[model] = False
 
     def observe(self, model: str, outcome: Outcome, detail: str | None = None) -> None:
         try:

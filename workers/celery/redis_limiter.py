@@ -116,8 +116,9 @@ def _decision(res: list[Any], model: str, holder: str, cost_tokens: int) -> Limi
     return LimitDecision(None, int(_text(wait_us)) / _US, _text(reason), now_s, reserved_at_s)
 
 
-def _release_args(permit: Permit, actual_tokens: int | None, channel: str) -> list[Any]:
-    return [permit.holder, permit.cost_tokens, "" if actual_tokens is None else actual_tokens, channel]
+def _release_args(permit: Permit, actual_tokens: int | None, channel: str, wake_window_s: float) -> list[Any]:
+    return [permit.holder, permit.cost_tokens, "" if actual_tokens is None else actual_tokens, channel,
+            int(wake_window_s * _US)]
 
 
 def _translate(e: Exception, where: str, what: str) -> LimiterError:
@@ -232,7 +233,8 @@ class RedisLimiter:
 
     async def release(self, permit: Permit, actual_tokens: int | None = None) -> bool:
         """Free the lease, settle tokens, wake waiters. False if the lease had already expired."""
-        args = _release_args(permit, actual_tokens, self._channel(permit.model))
+        # a waiter re-checks at least every max_block_s, re-stamping its denial: 2x that is recent
+        args = _release_args(permit, actual_tokens, self._channel(permit.model), max(2 * self._max_block_s, 1.0))
         removed, _ = await self._run(
             f"releasing {permit.holder!r} on {permit.model!r}", self._scripts["release"](keys=self._keys(permit.model), args=args)
         )

@@ -3,9 +3,9 @@
 Arguments are JSON only: ``RunTask.model_dump(mode="json")`` and the store root (never a
 secret: the API key is read by the worker from its own environment). Order of effects:
 
-claim (skip if done / live elsewhere) → ``execute_run`` on the process's loop → the process's
-spool (``storage.spool``: group commit, fsynced before we go on; published as few large Parquet
-files) → done marker and counters → return (ack). Nothing is acknowledged before it is durable.
+claim (skip if done / live elsewhere; the same script reads the model's gate) → ``execute_run``
+on the process's loop → the process's spool (``storage.spool``: group commit, fsynced before we
+go on; published as few large Parquet files) → done marker and counters → return (ack). Nothing is acknowledged before it is durable.
 A crash between the write and the done marker makes the redelivery execute the run again: both
 executions are stored, readers use the latest (``storage.runs.EXECUTION_RULE``).
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import structlog
@@ -37,6 +38,7 @@ from workers.logs import Redactor
 from workers.runtask import RunTask
 
 RUN_TASK_NAME = "irbench.run"
+RUNS_TASK_NAME = "irbench.runs"  # several runs per message
 DEFERRED, FAILED = "deferred", "failed"
 log = structlog.get_logger("irbench.task")
 
@@ -49,20 +51,22 @@ def _countdown(rt: WorkerRuntime, exc: Exception) -> float:
     return min(max(wait_s, s.min_defer_s) + random.uniform(0, s.min_defer_s), s.max_defer_s)
 
 
-def execute_one(rt: WorkerRuntime, state: CampaignState, task: RunTask, data_dir: str | None, owner: str) -> str:
+def execute_one(rt: WorkerRuntime, state: CampaignState, task: RunTask, data_dir: str | None, owner: str,
+                pending: Sequence[str] = ()) -> str:
     """Run ``task`` once for this delivery; returns what happened (for logs/tests): an outcome,
-    ``done``/``busy`` (nothing to do) or ``deferred`` (parked in the delayed set)."""
+    ``done``/``busy`` (nothing to do) or ``deferred`` (parked in the delayed set). ``pending``:
+    the runs after this one in the same message (the claim marks them as in live hands)."""
     s = rt.settings
-    claim = with_retry(lambda: state.claim(task.run_id, task.model, owner, s.claim_ttl_s), "claiming a run",
-                       budget_s=s.redis_retry_s)
-    if claim in (DONE, BUSY):
+    claim, view = with_retry(lambda: state.claim_with_gate(task.run_id, task.model, owner, s.claim_ttl_s, pending),
+                             "claiming a run", budget_s=s.redis_retry_s)
+    if claim in (DONE, BUSY) or view is None:
         return claim
     spool = rt.spool(data_dir)
     gate = RedisGate(state, disable_after_consecutive=task.retry.disable_after_consecutive, async_client=rt.aredis)
     ctx = RunContext(provider_for=rt.provider_for, limiter=DeferringLimiter(rt.limiter, gate, rt), gate=gate)
     rt.hold_claim(state, task.run_id, owner)
     try:
-        gate.refresh(task.model)  # here, in the task thread: execute_run's first check is then answered off the loop
+        gate.prime(task.model, view)  # read with the claim: execute_run's first check is answered off the loop
         record = rt.run(execute_run(task, ctx))
     except (Deferred, *TRANSIENT) as exc:
         countdown = _countdown(rt, exc)
@@ -89,29 +93,47 @@ def _failure_text(exc: BaseException) -> str:
     return Redactor().scrub(f"{type(exc).__name__}: {exc}")[:ERROR_TEXT_MAX_CHARS]
 
 
+def run_delivered(holder: RuntimeHolder, hostname: str, task_json: dict[str, Any], data_dir: str | None,
+                  pending: Sequence[str] = ()) -> str:
+    """One run of a delivered message: execute it, or count its task's exception as a failure of
+    the run (the orchestrator ends poison runs). Never raises for the run's own sake."""
+    task = RunTask.model_validate(task_json)
+    owner = f"{hostname}:{uuid.uuid4().hex[:12]}"
+    rt = holder.get()
+    state = CampaignState(rt.redis, task.campaign, prefix=f"{rt.settings.key_prefix}:camp")
+    with structlog.contextvars.bound_contextvars(campaign=task.campaign, run_id=task.run_id, model=task.model):
+        try:
+            result = execute_one(rt, state, task, data_dir, owner, pending)
+        except Exception as exc:  # noqa: BLE001 - counted; the orchestrator ends poison runs
+            text = _failure_text(exc)
+            try:
+                failures = with_retry(lambda: state.defer(task.run_id, owner, rt.settings.failure_backoff_s, text),
+                                      "recording a task failure", budget_s=rt.settings.redis_retry_s)
+            except TRANSIENT:
+                failures = None  # the claim expires; the reconciler counts the loss
+            log.warning("run_task_failed", failures=failures, error=text)
+            return FAILED
+        if result != DEFERRED:
+            log.info("run_stored", result=result)
+        return result
+
+
 def register_tasks(app: Celery, holder: RuntimeHolder) -> Any:
-    """Register ``irbench.run`` on ``app``; returns the task object."""
+    """Register ``irbench.run`` (one run per message) and ``irbench.runs`` (several: the
+    orchestrator's ``runs_per_message``) on ``app``; returns the ``irbench.run`` task object."""
 
     @app.task(name=RUN_TASK_NAME, bind=True, acks_late=True, ignore_result=True)
     def run(self: Any, task_json: dict[str, Any], data_dir: str | None = None) -> str:
-        task = RunTask.model_validate(task_json)
-        owner = f"{self.request.hostname}:{uuid.uuid4().hex[:12]}"
-        rt = holder.get()
-        state = CampaignState(rt.redis, task.campaign, prefix=f"{rt.settings.key_prefix}:camp")
-        with structlog.contextvars.bound_contextvars(campaign=task.campaign, run_id=task.run_id, model=task.model):
-            try:
-                result = execute_one(rt, state, task, data_dir, owner)
-            except Exception as exc:  # noqa: BLE001 - counted; the orchestrator ends poison runs
-                text = _failure_text(exc)
-                try:
-                    failures = with_retry(lambda: state.defer(task.run_id, owner, rt.settings.failure_backoff_s, text),
-                                          "recording a task failure", budget_s=rt.settings.redis_retry_s)
-                except TRANSIENT:
-                    failures = None  # the claim expires; the reconciler counts the loss
-                log.warning("run_task_failed", failures=failures, error=text)
-                return FAILED
-            if result != DEFERRED:
-                log.info("run_stored", result=result)
-            return result
+        return run_delivered(holder, self.request.hostname, task_json, data_dir)
+
+    @app.task(name=RUNS_TASK_NAME, bind=True, acks_late=True, ignore_result=True)
+    def runs(self: Any, task_jsons: list[dict[str, Any]], data_dir: str | None = None) -> list[str]:
+        """The runs one after the other in this thread (one run in flight per worker slot, as
+        with ``irbench.run``); each is claimed, stored and marked done on its own, and the message
+        is acknowledged after the last. A worker that dies part-way leaves the finished runs done,
+        the running one's claim to expire and the rest queued: the reconciler re-sends both."""
+        ids = [str(t.get("run_id")) for t in task_jsons]
+        return [run_delivered(holder, self.request.hostname, t, data_dir, ids[i + 1 :])
+                for i, t in enumerate(task_jsons)]
 
     return run

@@ -1,6 +1,7 @@
 -- One admission decision for one model, atomic, on Redis's clock.
 -- KEYS[1] lease ZSET (member = holder, score = expiry in us)
--- KEYS[2] state HASH (tat_r, tat_t, ivt, cool, disabled, epoch: bumped by every cooldown)
+-- KEYS[2] state HASH (tat_r, tat_t, ivt, cool, disabled, epoch: bumped by every cooldown,
+--         cwait: the last concurrency denial, in us)
 -- KEYS[3] grant log ZSET (member = holder:time, score = grant time in us): actual grants in the
 --         last window, so no window of window_us ever holds more than `limit` grants even when
 --         reservations are claimed late
@@ -62,6 +63,7 @@ if redis.call('ZSCORE', KEYS[1], holder) then
   return {2, '0', 'adopted', us(now), '', slot_s}
 end
 if cap > 0 and redis.call('ZCARD', KEYS[1]) >= cap then
+  redis.call('HSET', KEYS[2], 'cwait', us(now))  -- someone waits for a release: release.lua publishes
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   return {0, us(tonumber(first[2]) - now), 'concurrency', us(now), '', slot_s}
 end
