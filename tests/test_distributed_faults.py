@@ -173,3 +173,57 @@ def test_retry_failed_adds_a_newer_execution(up: Cluster, tmp_path: Path) -> Non
     execs = store.read_executions(campaigns=["f4"], columns=["outcome"]).column("outcome").to_pylist()
     assert sorted(execs) == ["connect_error"] * 6 + ["ok"] * 6
     assert store.count_by_outcome("f4") == {"ok": 6}
+
+
+def _owner_worker(owner: str) -> int:
+    """Worker index of a claim owner ``w<i>-<generation>@<host>:<uuid>`` (CeleryWorkers names)."""
+    return int(owner.split("@", 1)[0][1:].split("-", 1)[0])
+
+
+def test_a_run_that_kills_its_worker_ends_as_worker_error(up: Cluster, tmp_path: Path) -> None:
+    """Requirement 5, the worker-death path: every time the poison run is executing, its worker
+    process is SIGKILLed (the harness watches the endpoint receive the poison call, reads the
+    run's claim owner from Redis and kills that worker). The deaths are counted through the
+    claim-expiry path (no result, claim gone): after ``max_task_failures`` = 3 the orchestrator
+    stores ``worker_error`` and never sends the run again; the other runs are all stored."""
+    deaths = 3
+    poison_model = "f5-poison"  # every call hangs: the worker is always mid-call when killed
+    models = {"f5-a": SimModel(latency_ms_median=20), "f5-b": SimModel(latency_ms_median=20),
+              poison_model: SimModel(hang_prob=1.0, hang_s=30.0)}
+    with sim(models) as s:
+        path = make_campaign(tmp_path, "f5", s.base_url, {m: {} for m in models}, prompts=4, runs=3)
+        prepared = prepare(load_campaign(path))
+        poison = next(t for t in prepared.tasks if t.model == poison_model)
+        prepared = replace(prepared, tasks=[t for t in prepared.tasks if t.model != poison_model or t is poison])
+        store = RunStore(tmp_path / "data")
+        state = CampaignState(redis.Redis.from_url(up.url), "f5")
+        opts = replace(FAST, max_task_failures=deaths)
+        bg = Background(prepared, store, up.url, options=opts, timeout_s=120)
+        killed: list[int] = []
+        for n in range(1, deaths + 1):
+            wait_for(lambda n=n: stats(s.base_url).get(poison_model, {}).get("requests", 0) >= n, 60,
+                     f"poison call {n}")
+            owner = state.client.get(state.key(f"claim:{poison.run_id}"))
+            assert owner is not None, "the poison run is being called, so a live worker holds its claim"
+            victim = _owner_worker(owner.decode())
+            up.workers.kill(victim)
+            killed.append(victim)
+            up.workers.ensure_running()  # the worker comes back; the run is re-sent after its claim expires
+        summary = bg.join(100)
+        time.sleep(FAST.claim_ttl_s + FAST.reconcile_interval_s)  # a re-send would have reached the endpoint
+        st = stats(s.base_url)
+    assert not summary.interrupted
+    assert st[poison_model]["requests"] == deaths, st  # one call per death, never re-sent after the last
+    recs = {r.run_id: r for r in store.read_records(campaigns=["f5"])}
+    assert set(recs) == {t.run_id for t in prepared.tasks}
+    bad = recs[poison.run_id]
+    assert bad.outcome.value == "worker_error" and bad.attempts == []
+    assert f"{deaths} task failures" in bad.cancel_reason and "worker lost" in bad.cancel_reason
+    others = [r for rid, r in recs.items() if rid != poison.run_id]
+    assert Counter(r.outcome.value for r in others) == {"ok": 24}, Counter(r.outcome.value for r in others)
+    assert state.failures(poison.run_id)[0] == deaths
+    assert state.delayed_count() == 0 and poison.run_id not in state.running()
+    # the other models: every call stored, except those in flight on a killed worker
+    others_models = {m: v for m, v in models.items() if m != poison_model}
+    assert_calls_equal_attempts(store, "f5", st, others_models, lost=deaths * (up.workers.concurrency - 1))
+    assert len(killed) == deaths
