@@ -4,7 +4,9 @@ redis-server, real worker processes, the simulator over loopback."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -34,6 +36,7 @@ from tests.test_distributed import (
     attempts_by_model,
     executions_per_run,
     make_campaign,
+    settle,
     sim,
     stats,
     wait_for,
@@ -227,3 +230,60 @@ def test_a_run_that_kills_its_worker_ends_as_worker_error(up: Cluster, tmp_path:
     others_models = {m: v for m, v in models.items() if m != poison_model}
     assert_calls_equal_attempts(store, "f5", st, others_models, lost=deaths * (up.workers.concurrency - 1))
     assert len(killed) == deaths
+
+
+def _irbench_run(path: Path, data: Path, url: str) -> subprocess.Popen[bytes]:
+    """``irbench run`` (the CLI) on the workers, as its own process group."""
+    argv = [sys.executable, "-m", "orchestrator.cli", "run", str(path), "--data", str(data), "--executor", "celery",
+            "--broker", url, "--claim-ttl-s", "3", "--reconcile-interval-s", "1", "--no-analyze", "--no-progress"]
+    return subprocess.Popen(argv, cwd=REPO, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_deferred_runs_wait_while_the_orchestrator_is_down(up: Cluster, tmp_path: Path) -> None:
+    """The design: rate-limited runs wait in the campaign's delayed set in Redis, and only the
+    orchestrator moves due runs back to the broker (``CampaignState.pop_due``). So while the
+    orchestrator is down (SIGKILL) deferred runs stay parked — no call, nothing lost, the
+    workers idle — and ``irbench run`` again resumes them: it sees them deferred (Redis knows
+    them, so they are not sent twice), releases them as they fall due, and the campaign ends
+    with every run stored once and every call stored as an attempt."""
+    rpm = 8  # per 1 s window on the workers: 48 runs need ~6 s, most of them deferred
+    models = {"f6-rl": SimModel(latency_ms_median=5)}
+    with sim(models) as s:
+        path = make_campaign(tmp_path, "f6", s.base_url, {"f6-rl": {"requests_per_minute": rpm}}, prompts=8, runs=6)
+        prepared = prepare(load_campaign(path))
+        store = RunStore(tmp_path / "data")
+        state = CampaignState(redis.Redis.from_url(up.url), "f6")
+        first = _irbench_run(path, store.root, up.url)
+        try:
+            wait_for(lambda: state.delayed_count() >= 10 or first.poll() is not None, 60, "deferred runs")
+            assert first.poll() is None, first.communicate()[1].decode()[-2000:]
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(first.pid, signal.SIGKILL)
+            first.wait(10)
+        # what was already published drains (calls, or deferrals into the delayed set) ...
+        seen = [(-1, 0.0)]
+
+        def drained() -> bool:
+            n, now = stats(s.base_url)["f6-rl"]["requests"], time.monotonic()
+            if n != seen[-1][0] or state.running():
+                seen.append((n, now))
+            return now - seen[-1][1] >= 1.5  # no new call and nothing executing for 1.5 s
+
+        wait_for(drained, 30, "published runs drained")
+        calls = stats(s.base_url)["f6-rl"]["requests"]
+        parked = state.delayed_count()
+        time.sleep(3 * FAST.claim_ttl_s)  # ... then nothing moves: every deferred run waits
+        assert stats(s.base_url)["f6-rl"]["requests"] == calls
+        assert state.delayed_count() == parked > 0 and state.next_due_in_s() < 0  # due, and still parked
+        assert calls < len(prepared.tasks)
+        second = _irbench_run(path, store.root, up.url)  # the same command again resumes
+        out, err = second.communicate(timeout=90)
+        assert second.returncode == 0, err.decode()[-2000:]
+        settle(store, up.url, "f6")
+        st = stats(s.base_url)
+    assert "executed now" in out.decode()
+    assert_every_run_stored(store, prepared)  # each run once: the resumed orchestrator re-sent nothing twice
+    assert st["f6-rl"]["requests"] == len(prepared.tasks)  # one call per run, none lost or repeated
+    assert_calls_equal_attempts(store, "f6", st, models)
+    assert state.delayed_count() == 0 and state.outstanding() == 0
