@@ -1,5 +1,6 @@
-"""More faults against real workers: a worker stopped past its claim, a poison run, deferred
-(rate-limited) runs whose worker dies. Same harness as tests/test_distributed.py: real
+"""More faults against real workers: a worker stopped past its claim, a poison run (its task
+raises; or it kills its worker every time), deferred (rate-limited) runs whose worker dies, and
+deferred runs while the orchestrator is down. Same harness as tests/test_distributed.py: real
 redis-server, real worker processes, the simulator over loopback."""
 
 from __future__ import annotations
