@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import tempfile
 import time
@@ -78,6 +79,12 @@ def sim_toml(models: tuple[BenchModel, ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def renice(pid: int, niceness: int) -> None:
+    """Set the niceness of every thread of ``pid`` (Linux niceness is per thread)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.setpriority(os.PRIO_PROCESS, int(tid), niceness)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, default=3, help="celery worker processes")
@@ -87,6 +94,9 @@ def main() -> None:
     parser.add_argument("--worker-env", action="append", default=[], metavar="KEY=VALUE",
                         help="extra worker environment (e.g. IRBENCH_MAX_WAIT_S=3)")
     parser.add_argument("--cpu-hogs", type=int, default=0, help="busy-loop processes running alongside")
+    parser.add_argument("--sim-nice", type=int, default=None,
+                        help="niceness of the simulator (e.g. -10, needs root): a provider has its own CPUs, "
+                             "so its arrival clock should not starve with ours")
     args = parser.parse_args()
     models = tuple(replace(m, runs=max(2, round(m.runs * args.scale))) for m in MODELS)
     env = {"IRBENCH_LIMIT_PERIOD_S": str(args.period_s), "IRBENCH_LOG_LEVEL": "INFO"}  # INFO: deferrals are counted from the logs
@@ -96,6 +106,8 @@ def main() -> None:
         tmp_path = Path(tmp)
         (tmp_path / "sim.toml").write_text(sim_toml(models))
         with BenchCluster(tmp_path / "sim.toml", workers=args.workers, concurrency=args.threads, worker_env=env) as c:
+            if args.sim_nice is not None:
+                renice(c.sim.process.pid, args.sim_nice)
             prompts = 20
             fields = {m.name: {"requests_per_minute": m.limit, "max_concurrency": m.max_concurrency} for m in models}
             toml = write_campaign(tmp_path, "bench-rl", c.sim.base_url, fields, prompts=prompts,
@@ -152,7 +164,7 @@ def main() -> None:
           f"deferrals (re-published runs) {logs.count('run_deferred')}, "
           f"of which with a reserved slot {reserved}; "
           f"permits given back as late {logs.count('permit_regranted')}")
-    print(f"{args.cpu_hogs} busy loops alongside; {load.summary()}")
+    print(f"{args.cpu_hogs} busy loops alongside, simulator niceness {args.sim_nice or 0}; {load.summary()}")
     # the simulator's arrival times are CLOCK_MONOTONIC, the same clock as t0 here (Linux)
     every = [a for st in stats.values() for a in st["arrivals_s"]]
     if every:
