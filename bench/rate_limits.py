@@ -8,6 +8,7 @@ requests per 10 s. Printed per model:
 
 * ``window/limit``: the most requests the simulator saw in any sliding window of one period
   (half-open, on the simulator's clock) divided by the limit — must be <= 1.00;
+* ``over``: how many windows opening at a request hold limit + 1 requests — must be 0;
 * ``span/bound``: the model's first-to-last request span over ``(runs - 1) / rate``, the
   shortest span GCRA without burst allows — 1.00 means the model ran at its full rate;
 
@@ -15,7 +16,12 @@ and for the campaign: end-to-end makespan (dispatch to every outcome stored) div
 lower bound ``max over models of runs / rate`` — the aim is <= 1.10.
 
     python bench/rate_limits.py [--workers 3] [--threads 8] [--period-s 10] [--scale 1.0]
-                                [--worker-env IRBENCH_MAX_WAIT_S=1.5 ...]
+                                [--worker-env IRBENCH_MAX_WAIT_S=1.5 ...] [--cpu-hogs 12]
+
+``--cpu-hogs N`` runs the campaign against N busy-loop processes at the workers' priority
+(CPU starvation, load average >= 10 on 2 cores); the load average is printed either way, and
+so is how often a late permit was given back and re-acquired (``permit_regranted`` in the
+worker logs: its grant-to-send delay exceeded the jitter allowance).
 
 The workers use their defaults otherwise, including the limiter's jitter allowance
 (``IRBENCH_LIMIT_JITTER_ALLOWANCE_S``, 0.25 s: the limiter enforces windows of period + 0.25 s)
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import tempfile
 import time
@@ -34,6 +41,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from _cluster import BenchCluster, interrupt_as_keyboard, sliding_window_max, write_campaign
+from _load import LoadSampler, cpu_hogs
 
 from orchestrator.campaign import prepare
 from orchestrator.celery_executor import CeleryOptions, run_campaign_celery
@@ -71,6 +79,12 @@ def sim_toml(models: tuple[BenchModel, ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def renice(pid: int, niceness: int) -> None:
+    """Set the niceness of every thread of ``pid`` (Linux niceness is per thread)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        os.setpriority(os.PRIO_PROCESS, int(tid), niceness)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, default=3, help="celery worker processes")
@@ -79,6 +93,10 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every model's run count")
     parser.add_argument("--worker-env", action="append", default=[], metavar="KEY=VALUE",
                         help="extra worker environment (e.g. IRBENCH_MAX_WAIT_S=3)")
+    parser.add_argument("--cpu-hogs", type=int, default=0, help="busy-loop processes running alongside")
+    parser.add_argument("--sim-nice", type=int, default=None,
+                        help="niceness of the simulator (e.g. -10, needs root): a provider has its own CPUs, "
+                             "so its arrival clock should not starve with ours")
     args = parser.parse_args()
     models = tuple(replace(m, runs=max(2, round(m.runs * args.scale))) for m in MODELS)
     env = {"IRBENCH_LIMIT_PERIOD_S": str(args.period_s), "IRBENCH_LOG_LEVEL": "INFO"}  # INFO: deferrals are counted from the logs
@@ -88,6 +106,8 @@ def main() -> None:
         tmp_path = Path(tmp)
         (tmp_path / "sim.toml").write_text(sim_toml(models))
         with BenchCluster(tmp_path / "sim.toml", workers=args.workers, concurrency=args.threads, worker_env=env) as c:
+            if args.sim_nice is not None:
+                renice(c.sim.process.pid, args.sim_nice)
             prompts = 20
             fields = {m.name: {"requests_per_minute": m.limit, "max_concurrency": m.max_concurrency} for m in models}
             toml = write_campaign(tmp_path, "bench-rl", c.sim.base_url, fields, prompts=prompts,
@@ -104,19 +124,20 @@ def main() -> None:
             store = RunStore(tmp_path / "data")
             print(f"limits are per {args.period_s:g} s (IRBENCH_LIMIT_PERIOD_S={args.period_s:g}), not per minute; "
                   f"{len(tasks)} runs on {args.workers} workers x {args.threads} threads", flush=True)
-            t0 = time.monotonic()
-            # analysis is not part of the campaign: run_campaign_celery would enqueue it after the
-            # last outcome (about 2 s here), which the makespan must not include
-            summary = run_campaign_celery(prepared, store, c.url,
-                                          options=CeleryOptions(poll_interval_s=0.1, analyze_on_complete=False))
-            makespan_s = time.monotonic() - t0
+            with cpu_hogs(args.cpu_hogs), LoadSampler() as load:
+                t0 = time.monotonic()
+                # analysis is not part of the campaign: run_campaign_celery would enqueue it after the
+                # last outcome (about 2 s here), which the makespan must not include
+                summary = run_campaign_celery(prepared, store, c.url,
+                                              options=CeleryOptions(poll_interval_s=0.1, analyze_on_complete=False))
+                makespan_s = time.monotonic() - t0
             if summary.interrupted:  # Ctrl-C / SIGTERM: the cluster is stopped on the way out
                 raise SystemExit(f"interrupted after {makespan_s:.1f} s; {summary.executed}/{len(tasks)} stored")
             stats = c.sim_stats()
             logs = c.workers.logs() if c.workers else ""
 
     print(f"{'model':>6} {'limit':>5} {'conc':>4} {'lat_ms':>6} {'runs':>4} {'reqs':>4} {'max_win':>7} "
-          f"{'win/limit':>9} {'min_span_s':>10} {'span_s':>6} {'span/bound':>10}")
+          f"{'win/limit':>9} {'over':>4} {'min_span_s':>10} {'span_s':>6} {'span/bound':>10}")
     bounds = []
     for m in models:
         st = stats.get(m.name, {"requests": 0, "arrivals_s": []})
@@ -125,11 +146,14 @@ def main() -> None:
         bounds.append(m.runs / rate_per_s)
         worst = sliding_window_max(arr, args.period_s)
         # shortest time the simulator saw limit+1 requests in: < period means a window held too many
-        tight = min((arr[i + m.limit] - arr[i] for i in range(len(arr) - m.limit)), default=float("nan"))
+        spans = [arr[i + m.limit] - arr[i] for i in range(len(arr) - m.limit)]
+        tight = min(spans, default=float("nan"))
+        over = sum(sp < args.period_s for sp in spans)  # windows opening at a request that hold limit + 1
         span = arr[-1] - arr[0] if len(arr) > 1 else 0.0
         ideal = (len(arr) - 1) / rate_per_s if len(arr) > 1 else float("nan")
         print(f"{m.name:>6} {m.limit:>5} {m.max_concurrency:>4} {m.latency_ms_median:>6.0f} {m.runs:>4} "
-              f"{st['requests']:>4} {worst:>7} {worst / m.limit:>9.2f} {tight:>10.3f} {span:>6.1f} {span / ideal:>10.2f}")
+              f"{st['requests']:>4} {worst:>7} {worst / m.limit:>9.2f} {over:>4} {tight:>10.3f} {span:>6.1f} "
+              f"{span / ideal:>10.2f}")
     bound = max(bounds)
     reserved = len(re.findall(r'"reserved":\s*true', logs))  # worker logs are JSON lines
     outcomes: Counter[str] = Counter()
@@ -138,7 +162,9 @@ def main() -> None:
     print(f"makespan {makespan_s:.1f} s, lower bound {bound:.1f} s (max over models of runs / rate), "
           f"ratio {makespan_s / bound:.2f}; outcomes {dict(outcomes)}; "
           f"deferrals (re-published runs) {logs.count('run_deferred')}, "
-          f"of which with a reserved slot {reserved}")
+          f"of which with a reserved slot {reserved}; "
+          f"permits given back as late {logs.count('permit_regranted')}")
+    print(f"{args.cpu_hogs} busy loops alongside, simulator niceness {args.sim_nice or 0}; {load.summary()}")
     # the simulator's arrival times are CLOCK_MONOTONIC, the same clock as t0 here (Linux)
     every = [a for st in stats.values() for a in st["arrivals_s"]]
     if every:

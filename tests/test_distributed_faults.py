@@ -1,10 +1,13 @@
-"""More faults against real workers: a worker stopped past its claim, a poison run, deferred
-(rate-limited) runs whose worker dies. Same harness as tests/test_distributed.py: real
+"""More faults against real workers: a worker stopped past its claim, a poison run (its task
+raises; or it kills its worker every time), deferred (rate-limited) runs whose worker dies, and
+deferred runs while the orchestrator is down. Same harness as tests/test_distributed.py: real
 redis-server, real worker processes, the simulator over loopback."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -34,6 +37,7 @@ from tests.test_distributed import (
     attempts_by_model,
     executions_per_run,
     make_campaign,
+    settle,
     sim,
     stats,
     wait_for,
@@ -181,3 +185,114 @@ def test_retry_failed_adds_a_newer_execution(up: Cluster, tmp_path: Path) -> Non
     execs = store.read_executions(campaigns=["f4"], columns=["outcome"]).column("outcome").to_pylist()
     assert sorted(execs) == ["connect_error"] * 6 + ["ok"] * 6
     assert store.count_by_outcome("f4") == {"ok": 6}
+
+
+def _owner_worker(owner: str) -> int:
+    """Worker index of a claim owner ``w<i>-<generation>@<host>:<uuid>`` (CeleryWorkers names)."""
+    return int(owner.split("@", 1)[0][1:].split("-", 1)[0])
+
+
+def test_a_run_that_kills_its_worker_ends_as_worker_error(up: Cluster, tmp_path: Path) -> None:
+    """Requirement 5, the worker-death path: every time the poison run is executing, its worker
+    process is SIGKILLed (the harness watches the endpoint receive the poison call, reads the
+    run's claim owner from Redis and kills that worker). The deaths are counted through the
+    claim-expiry path (no result, claim gone): after ``max_task_failures`` = 3 the orchestrator
+    stores ``worker_error`` and never sends the run again; the other runs are all stored."""
+    deaths = 3
+    poison_model = "f5-poison"  # every call hangs: the worker is always mid-call when killed
+    models = {"f5-a": SimModel(latency_ms_median=20), "f5-b": SimModel(latency_ms_median=20),
+              poison_model: SimModel(hang_prob=1.0, hang_s=30.0)}
+    with sim(models) as s:
+        path = make_campaign(tmp_path, "f5", s.base_url, {m: {} for m in models}, prompts=4, runs=3)
+        prepared = prepare(load_campaign(path))
+        poison = next(t for t in prepared.tasks if t.model == poison_model)
+        prepared = replace(prepared, tasks=[t for t in prepared.tasks if t.model != poison_model or t is poison])
+        store = RunStore(tmp_path / "data")
+        state = CampaignState(redis.Redis.from_url(up.url), "f5")
+        opts = replace(FAST, max_task_failures=deaths)
+        bg = Background(prepared, store, up.url, options=opts, timeout_s=120)
+        killed: list[int] = []
+        for n in range(1, deaths + 1):
+            wait_for(lambda n=n: stats(s.base_url).get(poison_model, {}).get("requests", 0) >= n, 60,
+                     f"poison call {n}")
+            owner = state.client.get(state.key(f"claim:{poison.run_id}"))
+            assert owner is not None, "the poison run is being called, so a live worker holds its claim"
+            victim = _owner_worker(owner.decode())
+            up.workers.kill(victim)
+            killed.append(victim)
+            up.workers.ensure_running()  # the worker comes back; the run is re-sent after its claim expires
+        summary = bg.join(100)
+        time.sleep(FAST.claim_ttl_s + FAST.reconcile_interval_s)  # a re-send would have reached the endpoint
+        st = stats(s.base_url)
+    assert not summary.interrupted
+    assert st[poison_model]["requests"] == deaths, st  # one call per death, never re-sent after the last
+    recs = {r.run_id: r for r in store.read_records(campaigns=["f5"])}
+    assert set(recs) == {t.run_id for t in prepared.tasks}
+    bad = recs[poison.run_id]
+    assert bad.outcome.value == "worker_error" and bad.attempts == []
+    assert f"{deaths} task failures" in bad.cancel_reason and "worker lost" in bad.cancel_reason
+    others = [r for rid, r in recs.items() if rid != poison.run_id]
+    assert Counter(r.outcome.value for r in others) == {"ok": 24}, Counter(r.outcome.value for r in others)
+    assert state.failures(poison.run_id)[0] == deaths
+    assert state.delayed_count() == 0 and poison.run_id not in state.running()
+    # the other models: every call stored, except those in flight on a killed worker
+    others_models = {m: v for m, v in models.items() if m != poison_model}
+    assert_calls_equal_attempts(store, "f5", st, others_models, lost=deaths * (up.workers.concurrency - 1))
+    assert len(killed) == deaths
+
+
+def _irbench_run(path: Path, data: Path, url: str) -> subprocess.Popen[bytes]:
+    """``irbench run`` (the CLI) on the workers, as its own process group."""
+    argv = [sys.executable, "-m", "orchestrator.cli", "run", str(path), "--data", str(data), "--executor", "celery",
+            "--broker", url, "--claim-ttl-s", "3", "--reconcile-interval-s", "1", "--no-analyze", "--no-progress"]
+    return subprocess.Popen(argv, cwd=REPO, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_deferred_runs_wait_while_the_orchestrator_is_down(up: Cluster, tmp_path: Path) -> None:
+    """The design: rate-limited runs wait in the campaign's delayed set in Redis, and only the
+    orchestrator moves due runs back to the broker (``CampaignState.pop_due``). So while the
+    orchestrator is down (SIGKILL) deferred runs stay parked — no call, nothing lost, the
+    workers idle — and ``irbench run`` again resumes them: it sees them deferred (Redis knows
+    them, so they are not sent twice), releases them as they fall due, and the campaign ends
+    with every run stored once and every call stored as an attempt."""
+    rpm = 8  # per 1 s window on the workers: 48 runs need ~6 s, most of them deferred
+    models = {"f6-rl": SimModel(latency_ms_median=5)}
+    with sim(models) as s:
+        path = make_campaign(tmp_path, "f6", s.base_url, {"f6-rl": {"requests_per_minute": rpm}}, prompts=8, runs=6)
+        prepared = prepare(load_campaign(path))
+        store = RunStore(tmp_path / "data")
+        state = CampaignState(redis.Redis.from_url(up.url), "f6")
+        first = _irbench_run(path, store.root, up.url)
+        try:
+            wait_for(lambda: state.delayed_count() >= 10 or first.poll() is not None, 60, "deferred runs")
+            assert first.poll() is None, first.communicate()[1].decode()[-2000:]
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(first.pid, signal.SIGKILL)
+            first.wait(10)
+        # what was already published drains (calls, or deferrals into the delayed set) ...
+        seen = [(-1, 0.0)]
+
+        def drained() -> bool:
+            n, now = stats(s.base_url)["f6-rl"]["requests"], time.monotonic()
+            if n != seen[-1][0] or state.running():
+                seen.append((n, now))
+            return now - seen[-1][1] >= 1.5  # no new call and nothing executing for 1.5 s
+
+        wait_for(drained, 30, "published runs drained")
+        calls = stats(s.base_url)["f6-rl"]["requests"]
+        parked = state.delayed_count()
+        time.sleep(3 * FAST.claim_ttl_s)  # ... then nothing moves: every deferred run waits
+        assert stats(s.base_url)["f6-rl"]["requests"] == calls
+        assert state.delayed_count() == parked > 0 and state.next_due_in_s() < 0  # due, and still parked
+        assert calls < len(prepared.tasks)
+        second = _irbench_run(path, store.root, up.url)  # the same command again resumes
+        out, err = second.communicate(timeout=90)
+        assert second.returncode == 0, err.decode()[-2000:]
+        settle(store, up.url, "f6")
+        st = stats(s.base_url)
+    assert "executed now" in out.decode()
+    assert_every_run_stored(store, prepared)  # each run once: the resumed orchestrator re-sent nothing twice
+    assert st["f6-rl"]["requests"] == len(prepared.tasks)  # one call per run, none lost or repeated
+    assert_calls_equal_attempts(store, "f6", st, models)
+    assert state.delayed_count() == 0 and state.outstanding() == 0
