@@ -33,7 +33,16 @@ from analysis.progress import Reporter, Stage, silent
 from analysis.tables.models import ModelTable
 from storage.clock import utc_now
 from storage.runs import RunStore
-from orchestrator.analysis_tasks import MAP_TASK, REDUCE_TASK, done_path, error_path, jobs_dir, parts_done, scratch_dir
+from orchestrator.analysis_tasks import (
+    MAP_TASK,
+    REDUCE_TASK,
+    done_path,
+    error_path,
+    jobs_dir,
+    parts_done,
+    scratch_dir,
+    split_path,
+)
 from workers.celery.app import DEFAULT_QUEUE, make_celery_app
 from workers.errors import IrbenchError
 
@@ -85,6 +94,35 @@ def plan_parts(data_dir: Path, options: AnalysisOptions, max_files_per_part: int
     return parts
 
 
+def write_split_keys(parts: list[list[str]], path: Path) -> None:
+    """Write the keys of the cells whose runs sit in two or more ``parts`` (their map tasks leave
+    those runs to the reduce). Reads the key columns of each file only; unreadable files are
+    left out here (their map task reports them)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from analysis.tables.part_summaries import KEY_COLUMNS, split_keys
+    from storage.atomic import write_parquet_atomic
+
+    tables = []
+    for files in parts:
+        got = []
+        for f in files:
+            try:
+                names = pq.read_schema(f).names
+                t = pq.read_table(f, columns=[c for c in KEY_COLUMNS if c in names])
+            except (OSError, pa.ArrowException):
+                continue
+            if "budget_max_tokens" not in t.column_names:
+                t = t.append_column("budget_max_tokens", pa.nulls(t.num_rows, pa.int64()))
+            got.append(t.select(list(KEY_COLUMNS)).cast(pa.schema(
+                [("panel", pa.string()), ("campaign", pa.string()), ("model", pa.string()),
+                 ("prompt_sha256", pa.string()), ("budget_max_tokens", pa.int64())])))
+        if got:
+            tables.append(pa.concat_tables(got))
+    write_parquet_atomic(split_keys(tables), path)
+
+
 def enqueue_analysis(
     data_dir: Path,
     out_dir: Path,
@@ -107,6 +145,7 @@ def enqueue_analysis(
                "options": options.model_dump(mode="json"), "parts": len(parts), "queue": queue}
     jobs_dir(out_dir).mkdir(parents=True, exist_ok=True)
     scratch_dir(message).mkdir(parents=True, exist_ok=True)
+    write_split_keys(parts, split_path(message))
     (scratch_dir(message) / "job.json").write_text(json.dumps({**message, "files": parts}, indent=1), encoding="utf-8")
     app = app or make_celery_app(broker_url)
     with app.producer_or_acquire() as producer:
