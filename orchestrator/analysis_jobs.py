@@ -33,6 +33,8 @@ from analysis.progress import Reporter, Stage, silent
 from analysis.tables.models import ModelTable
 from storage.clock import utc_now
 from storage.runs import RunStore
+from orchestrator.analysis_plan import plan_analysis
+from storage.atomic import write_parquet_atomic
 from orchestrator.analysis_tasks import (
     MAP_TASK,
     REDUCE_TASK,
@@ -81,46 +83,11 @@ class AnalysisJob:
         return scratch_dir(self.message)
 
 
-def plan_parts(data_dir: Path, options: AnalysisOptions, max_files_per_part: int = 64) -> list[list[str]]:
-    """File lists of the map tasks: each date partition in the options' window, split into groups
-    of at most ``max_files_per_part`` files (sorted by name). Partitions with no file are skipped."""
-    if max_files_per_part < 1:
-        raise ValueError(f"max_files_per_part must be >= 1, got {max_files_per_part}")
-    dataset = RunStore(Path(data_dir), fsync=False).dataset
-    parts: list[list[str]] = []
-    for day in dataset.partitions(options.date_from, options.date_to):
-        files = [str(f) for f in dataset.partition_files(day)]
-        parts += [files[i : i + max_files_per_part] for i in range(0, len(files), max_files_per_part)]
-    return parts
-
-
-def write_split_keys(parts: list[list[str]], path: Path) -> None:
-    """Write the keys of the cells whose runs sit in two or more ``parts`` (their map tasks leave
-    those runs to the reduce). Reads the key columns of each file only; unreadable files are
-    left out here (their map task reports them)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from analysis.tables.part_summaries import KEY_COLUMNS, split_keys
-    from storage.atomic import write_parquet_atomic
-
-    tables = []
-    for files in parts:
-        got = []
-        for f in files:
-            try:
-                names = pq.read_schema(f).names
-                t = pq.read_table(f, columns=[c for c in KEY_COLUMNS if c in names])
-            except (OSError, pa.ArrowException):
-                continue
-            if "budget_max_tokens" not in t.column_names:
-                t = t.append_column("budget_max_tokens", pa.nulls(t.num_rows, pa.int64()))
-            got.append(t.select(list(KEY_COLUMNS)).cast(pa.schema(
-                [("panel", pa.string()), ("campaign", pa.string()), ("model", pa.string()),
-                 ("prompt_sha256", pa.string()), ("budget_max_tokens", pa.int64())])))
-        if got:
-            tables.append(pa.concat_tables(got))
-    write_parquet_atomic(split_keys(tables), path)
+def plan_parts(data_dir: Path, options: AnalysisOptions, max_files_per_part: int = 64,
+               min_parts: int = 8) -> list[list[str]]:
+    """File lists of the map tasks (``orchestrator.analysis_plan.plan_analysis``): per date
+    partition, files sharing a cell kept together, packed into about ``min_parts`` parts."""
+    return plan_analysis(data_dir, options, max_files_per_part, min_parts).parts
 
 
 def enqueue_analysis(
@@ -139,13 +106,14 @@ def enqueue_analysis(
     data_dir, out_dir = Path(data_dir).resolve(), Path(out_dir).resolve()
     if not data_dir.is_dir():
         raise AnalysisJobError(f"data directory {data_dir} does not exist; pass the dataset root the workers share")
-    parts = plan_parts(data_dir, options, max_files_per_part)
+    plan = plan_analysis(data_dir, options, max_files_per_part)
+    parts = plan.parts
     job_id = job_id or utc_now().strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:8]
     message = {"job_id": job_id, "data_dir": str(data_dir), "out_dir": str(out_dir),
                "options": options.model_dump(mode="json"), "parts": len(parts), "queue": queue}
     jobs_dir(out_dir).mkdir(parents=True, exist_ok=True)
     scratch_dir(message).mkdir(parents=True, exist_ok=True)
-    write_split_keys(parts, split_path(message))
+    write_parquet_atomic(plan.split, split_path(message))
     (scratch_dir(message) / "job.json").write_text(json.dumps({**message, "files": parts}, indent=1), encoding="utf-8")
     app = app or make_celery_app(broker_url)
     with app.producer_or_acquire() as producer:

@@ -1,0 +1,108 @@
+"""The parts of a distributed analysis (``irbench analyze --executor celery``): which run files
+each map task reads, and which cells have runs in more than one part.
+
+A map task computes everything per cell for the cells whose runs all sit in its part; a cell
+whose runs are spread over parts ("split") has its runs sent to the reduce, which computes it
+there. So the plan keeps cells whole where it can without giving up locality: within one date
+partition (what a machine holds when the store is spread by date), files that share a cell are
+put in the same part (connected components over shared cell keys), and the components are
+packed, in file-name order, into groups of about ``ceil(files / min_parts)`` files (at most
+``max_files_per_part`` unless one component is larger). Only the key columns of each file are
+read; an unreadable file is planned alone (its map task reports it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from analysis.options import AnalysisOptions
+from analysis.tables.part_summaries import KEY_COLUMNS, split_keys
+from storage.runs import RunStore
+
+__all__ = ["AnalysisPlan", "plan_analysis"]
+
+_KEY_SCHEMA = pa.schema([("panel", pa.string()), ("campaign", pa.string()), ("model", pa.string()),
+                         ("prompt_sha256", pa.string()), ("budget_max_tokens", pa.int64())])
+
+
+@dataclass(frozen=True)
+class AnalysisPlan:
+    """``parts``: file lists of the map tasks; ``split``: keys of cells spanning parts."""
+
+    parts: list[list[str]]
+    split: pa.Table
+
+
+def _keys(path: str) -> pa.Table | None:
+    try:
+        names = pq.read_schema(path).names
+        t = pq.read_table(path, columns=[c for c in KEY_COLUMNS if c in names])
+    except (OSError, pa.ArrowException):
+        return None
+    if "budget_max_tokens" not in t.column_names:
+        t = t.append_column("budget_max_tokens", pa.nulls(t.num_rows, pa.int64()))
+    return t.select(list(KEY_COLUMNS)).cast(_KEY_SCHEMA)
+
+
+def _components(keys: list[pa.Table | None]) -> list[list[int]]:
+    """Groups of file indices connected by a shared cell key, each sorted, in first-file order."""
+    parent = list(range(len(keys)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    first: dict[tuple, int] = {}
+    for i, t in enumerate(keys):
+        if t is None:
+            continue
+        cols = [t.column(c).to_pylist() for c in KEY_COLUMNS]
+        for key in set(zip(*cols)):
+            j = first.setdefault(key, i)
+            a, b = find(i), find(j)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    groups: dict[int, list[int]] = {}
+    for i in range(len(keys)):
+        groups.setdefault(find(i), []).append(i)
+    return [groups[r] for r in sorted(groups)]
+
+
+def plan_analysis(data_dir: Path, options: AnalysisOptions, max_files_per_part: int = 64,
+                  min_parts: int = 8) -> AnalysisPlan:
+    """The plan (module docstring) over the date partitions in the options' window."""
+    if max_files_per_part < 1 or min_parts < 1:
+        raise ValueError(f"max_files_per_part and min_parts must be >= 1, got {max_files_per_part}, {min_parts}")
+    dataset = RunStore(Path(data_dir), fsync=False).dataset
+    by_day = [[str(f) for f in dataset.partition_files(day)]
+              for day in dataset.partitions(options.date_from, options.date_to)]
+    by_day = [files for files in by_day if files]
+    total = sum(map(len, by_day))
+    size = max(1, min(max_files_per_part, math.ceil(total / min_parts))) if total else 1
+    parts: list[list[str]] = []
+    part_keys: list[pa.Table] = []
+    for files in by_day:
+        keys = [_keys(f) for f in files]
+        current: list[int] = []
+        for comp in _components(keys):
+            if current and len(current) + len(comp) > size:
+                parts.append([files[i] for i in sorted(current)])
+                part_keys.append(_concat([keys[i] for i in current]))
+                current = []
+            current += comp
+        if current:
+            parts.append([files[i] for i in sorted(current)])
+            part_keys.append(_concat([keys[i] for i in current]))
+    return AnalysisPlan(parts, split_keys(part_keys))
+
+
+def _concat(tables: list[pa.Table | None]) -> pa.Table:
+    got = [t for t in tables if t is not None]
+    return pa.concat_tables(got) if got else _KEY_SCHEMA.empty_table()
