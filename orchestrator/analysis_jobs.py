@@ -119,8 +119,9 @@ def enqueue_analysis(
     with app.producer_or_acquire() as producer:
         if not parts:
             app.send_task(REDUCE_TASK, args=(message,), queue=queue, producer=producer)
-        for i, files in enumerate(parts):
-            app.send_task(MAP_TASK, args=(message, i, files), queue=queue, producer=producer)
+        for i, (files, shard) in enumerate(zip(parts, plan.shards)):
+            app.send_task(MAP_TASK, args=(message, i, files, None if shard is None else list(shard)),
+                          queue=queue, producer=producer)
     log.info("analysis_enqueued", job=job_id, parts=len(parts), files=sum(map(len, parts)), out_dir=str(out_dir))
     return AnalysisJob(job_id, data_dir, out_dir, len(parts), sum(map(len, parts)), message)
 

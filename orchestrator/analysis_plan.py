@@ -7,7 +7,9 @@ there. So the plan keeps cells whole where it can without giving up locality: wi
 partition (what a machine holds when the store is spread by date), files that share a cell are
 put in the same part (connected components over shared cell keys), and the components are
 packed, in file-name order, into groups of about ``ceil(files / min_parts)`` files (at most
-``max_files_per_part`` unless one component is larger). Only the key columns of each file are
+``max_files_per_part``). A component larger than that (a campaign whose concurrent runs spread
+every cell over many files) becomes ``k`` parts that each read all its files and keep the cells
+of one hash shard (``part_summaries.shard_of``): cells stay whole, the files are read k times. Only the key columns of each file are
 read; an unreadable file is planned alone (its map task reports it).
 """
 
@@ -21,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analysis.options import AnalysisOptions
-from analysis.tables.part_summaries import KEY_COLUMNS, split_keys
+from analysis.tables.part_summaries import KEY_COLUMNS, shard_of, split_keys
 from storage.runs import RunStore
 
 __all__ = ["AnalysisPlan", "plan_analysis"]
@@ -32,9 +34,12 @@ _KEY_SCHEMA = pa.schema([("panel", pa.string()), ("campaign", pa.string()), ("mo
 
 @dataclass(frozen=True)
 class AnalysisPlan:
-    """``parts``: file lists of the map tasks; ``split``: keys of cells spanning parts."""
+    """``parts``: file lists of the map tasks; ``shards``: per part, ``(j, k)`` when it keeps
+    only the cells of shard ``j`` of ``k`` of its files (``part_summaries.shard_of``), else
+    None; ``split``: keys of cells spanning parts."""
 
     parts: list[list[str]]
+    shards: list[tuple[int, int] | None]
     split: pa.Table
 
 
@@ -87,20 +92,32 @@ def plan_analysis(data_dir: Path, options: AnalysisOptions, max_files_per_part: 
     total = sum(map(len, by_day))
     size = max(1, min(max_files_per_part, math.ceil(total / min_parts))) if total else 1
     parts: list[list[str]] = []
+    shards: list[tuple[int, int] | None] = []
     part_keys: list[pa.Table] = []
+
+    def add(files: list[str], keys: pa.Table, shard: tuple[int, int] | None) -> None:
+        parts.append(files)
+        shards.append(shard)
+        part_keys.append(keys)
+
     for files in by_day:
         keys = [_keys(f) for f in files]
         current: list[int] = []
         for comp in _components(keys):
+            if len(comp) > size:  # one large component: its cells split by hash, files read by each
+                k = math.ceil(len(comp) / size)
+                ck = _concat([keys[i] for i in comp])
+                shard = shard_of(ck, k)
+                for j in range(k):
+                    add([files[i] for i in comp], ck.filter(pa.array(shard == j)), (j, k))
+                continue
             if current and len(current) + len(comp) > size:
-                parts.append([files[i] for i in sorted(current)])
-                part_keys.append(_concat([keys[i] for i in current]))
+                add([files[i] for i in sorted(current)], _concat([keys[i] for i in current]), None)
                 current = []
             current += comp
         if current:
-            parts.append([files[i] for i in sorted(current)])
-            part_keys.append(_concat([keys[i] for i in current]))
-    return AnalysisPlan(parts, split_keys(part_keys))
+            add([files[i] for i in sorted(current)], _concat([keys[i] for i in current]), None)
+    return AnalysisPlan(parts, shards, split_keys(part_keys))
 
 
 def _concat(tables: list[pa.Table | None]) -> pa.Table:

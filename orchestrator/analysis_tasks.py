@@ -104,14 +104,17 @@ def _summary_path(base: Path, name: str) -> Path:
     return base.with_name(f"{base.name}.{name}.parquet")
 
 
-def run_map(job: dict[str, Any], index: int, files: list[str]) -> dict[str, Any]:
-    """Everything per cell and per run of part ``index`` (``files``), written as compact
-    summaries (``analysis.tables.part_summaries.summarise_part``); idempotent."""
+def run_map(job: dict[str, Any], index: int, files: list[str], shard: list[int] | None = None
+            ) -> dict[str, Any]:
+    """Everything per cell and per run of part ``index`` (``files``; with ``shard`` = ``[j, k]``
+    only the cells of hash shard j of k), written as compact summaries
+    (``analysis.tables.part_summaries.summarise_part``); idempotent."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from analysis.inputs import read_run_files
     from analysis.tables.audit import corpus_index
-    from analysis.tables.part_summaries import summarise_part
+    from analysis.tables.part_summaries import shard_of, summarise_part
     from storage.atomic import write_json_atomic, write_parquet_atomic
 
     base, marker = part_paths(job, index)
@@ -119,6 +122,8 @@ def run_map(job: dict[str, Any], index: int, files: list[str]) -> dict[str, Any]
         return {"part": index, "skipped": True}
     options = _options(job)
     runs, bad = read_run_files(Path(job["data_dir"]), [Path(f) for f in files], options)
+    if shard is not None:
+        runs = runs.filter(pa.array(shard_of(runs, int(shard[1])) == int(shard[0])))
     split = pq.read_table(split_path(job))
     part = summarise_part(runs, split, options, corpus_index(options.corpus_dirs))
     marker.parent.mkdir(parents=True, exist_ok=True)
@@ -159,6 +164,7 @@ def run_reduce(job: dict[str, Any]) -> dict[str, Any]:
         parts.append(PartSummary(light=named["light"], cells=named["cells"], split_runs=named["split"],
                                  truth=named["truth"],
                                  tables={t: pq.read_table(_summary_path(base, t)) for t in info["tables"]}))
+    skipped = list(dict.fromkeys(skipped))  # shards of one file group report its files each
     raw, pre = None, None
     if parts:
         light, raw, levels = merge_parts(parts, options, corpus_index(options.corpus_dirs))
@@ -189,10 +195,10 @@ def register_analysis_tasks(app: Any) -> None:
         return True
 
     @app.task(name=MAP_TASK, ignore_result=True, acks_late=True, shared=False)
-    def analysis_map(job: dict, index: int, files: list) -> dict:
+    def analysis_map(job: dict, index: int, files: list, shard: list | None = None) -> dict:
         with structlog.contextvars.bound_contextvars(analysis_job=job["job_id"], part=index):
             try:
-                info = run_map(job, int(index), [str(f) for f in files])
+                info = run_map(job, int(index), [str(f) for f in files], shard)
             except Exception as exc:  # noqa: BLE001 - reported to the waiting orchestrator
                 write_error(job, f"map part {index}", exc)
                 log.warning("analysis_part_failed", error=f"{type(exc).__name__}: {exc}")

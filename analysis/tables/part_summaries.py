@@ -39,7 +39,8 @@ from analysis.tables.partial import partial_cells, _cell_key, _in_keys
 from storage.records import succeeded_mask
 from storage.runs import latest_executions
 
-__all__ = ["CELL_TABLES", "KEY_COLUMNS", "PartSummary", "Precomputed", "merge_parts", "split_keys", "summarise_part"]
+__all__ = ["CELL_TABLES", "KEY_COLUMNS", "PartSummary", "Precomputed", "merge_parts", "shard_of", "split_keys",
+           "summarise_part"]
 
 CELL_TABLES = ("drift", "stabilisation", "normalised")
 KEY_COLUMNS = ("panel", "campaign", "model", "prompt_sha256", "budget_max_tokens")
@@ -77,6 +78,21 @@ class Precomputed:
         if self.runs.num_rows == 0 and cells.num_rows == 0:
             raise NoRunsError(f"no run records in {data_dir} (with the given filters)")
         return self.runs, cells, [*self.skipped, *bad]
+
+
+def shard_of(table: pa.Table, shards: int) -> np.ndarray:
+    """Per row of ``table`` (with the :data:`KEY_COLUMNS`), its cell's shard in ``range(shards)``:
+    a hash of the cell key, so every reader of the same files agrees whatever rows it holds."""
+    import hashlib
+
+    if table.num_rows == 0:
+        return np.zeros(0, np.int64)
+    budget = pc.cast(pc.fill_null(table.column("budget_max_tokens").cast(pa.int64()), -1), pa.string())
+    key = pc.binary_join_element_wise(*(table.column(c) for c in KEY_COLUMNS[:-1]), budget, "\x1f")
+    uniq = pc.unique(key)
+    hashed = np.array([int.from_bytes(hashlib.sha1(u.encode()).digest()[:8], "big") % shards
+                       for u in uniq.to_pylist()], np.int64)
+    return hashed[pc.index_in(key, value_set=uniq).to_numpy(zero_copy_only=False)]
 
 
 def split_keys(key_tables: list[pa.Table]) -> pa.Table:
