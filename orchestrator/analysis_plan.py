@@ -26,7 +26,7 @@ from analysis.options import AnalysisOptions
 from analysis.tables.part_summaries import KEY_COLUMNS, shard_of, split_keys
 from storage.runs import RunStore
 
-__all__ = ["AnalysisPlan", "plan_analysis"]
+__all__ = ["AnalysisPlan", "file_keys", "plan_analysis"]
 
 _KEY_SCHEMA = pa.schema([("panel", pa.string()), ("campaign", pa.string()), ("model", pa.string()),
                          ("prompt_sha256", pa.string()), ("budget_max_tokens", pa.int64())])
@@ -43,7 +43,9 @@ class AnalysisPlan:
     split: pa.Table
 
 
-def _keys(path: str) -> pa.Table | None:
+def file_keys(path: str) -> pa.Table | None:
+    """The cell-key columns of one run file (budget null when the file predates it); None when
+    the file cannot be read."""
     try:
         names = pq.read_schema(path).names
         t = pq.read_table(path, columns=[c for c in KEY_COLUMNS if c in names])
@@ -101,7 +103,7 @@ def plan_analysis(data_dir: Path, options: AnalysisOptions, max_files_per_part: 
         part_keys.append(keys)
 
     for files in by_day:
-        keys = [_keys(f) for f in files]
+        keys = [file_keys(f) for f in files]
         current: list[int] = []
         for comp in _components(keys):
             if len(comp) > size:  # one large component: its cells split by hash, files read by each

@@ -99,13 +99,13 @@ def test_plan_keeps_every_cell_in_one_part(demo_store: Path) -> None:
     import pyarrow as pa
 
     from analysis.tables.part_summaries import shard_of
-    from orchestrator.analysis_plan import _keys
+    from orchestrator.analysis_plan import file_keys
 
     plan = plan_analysis(demo_store, OPTIONS, max_files_per_part=1, min_parts=64)
     assert len(plan.parts) > 2 and all(s is not None for s in plan.shards)
     seen: dict[tuple, int] = {}
     for i, (files, shard) in enumerate(zip(plan.parts, plan.shards)):
-        t = pa.concat_tables([_keys(f) for f in files])
+        t = pa.concat_tables([file_keys(f) for f in files])
         t = t.filter(pa.array(shard_of(t, shard[1]) == shard[0]))
         for key in set(zip(*(t.column(c).to_pylist() for c in t.column_names))):
             assert seen.setdefault(key, i) == i, key
