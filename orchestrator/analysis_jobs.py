@@ -1,14 +1,15 @@
-"""``irbench analyze --executor celery``: the per-cell reduction of each date partition (or file
-group) runs as a map task on the workers, one reduce task merges the cell tables and writes the
-same outputs as the local path (``analysis.pipeline.run_analysis``). Protocol and files:
-``orchestrator.analysis_tasks``.
+"""``irbench analyze --executor celery``: each part of the run store (a file group of one date
+partition, or a hash shard of its cells) is a map task on the workers that computes everything
+per cell and per run there; one reduce task merges the parts' compact summaries and does the
+cross-part work, writing the same outputs as the local path (``analysis.pipeline.run_analysis``)
+without reading a run file. Protocol and files: ``orchestrator.analysis_tasks``; which files
+each part reads: ``orchestrator.analysis_plan``; the summaries and their merge:
+``analysis.tables.part_summaries``.
 
-Why map tasks return cells *and* run-level features: a cell's runs can sit in several partitions
-(a campaign crossing midnight UTC, a resume on a later day), and its Jaccard/ID-stability need
-every pair of its runs, so partial cell aggregates do not merge. Each part's cells are kept for
-cells that live in that part only; the reduce rebuilds cells seen in two or more parts from the
-parts' run-level features (``analysis.tables.partial.combine_partial_cells``), which gives exactly the
-local ``build_cells`` table.
+A cell's runs can sit in several parts (a campaign crossing midnight UTC, a resume on a later
+day), and its Jaccard/ID-stability/drift need every pair of its runs, so per-part cell
+aggregates do not merge. The plan keeps cells whole where it can and lists the rest ("split"
+cells); their runs travel to the reduce, which computes them there — exactly the local tables.
 
 Planning needs the dataset root at the same path as the workers see it (as for campaigns).
 """
