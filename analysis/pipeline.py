@@ -47,6 +47,7 @@ from analysis.tables.measurements import (
     run_cells,
 )
 from analysis.tables.models import ModelTable, model_table
+from analysis.tables.part_summaries import Precomputed
 from analysis.tables.sensitivity import sensitivity_table
 from analysis.tables.timeouts import analyze_timeouts
 from storage.clock import utc_now
@@ -83,6 +84,7 @@ def _rows_of(table: pa.Table, panel: str) -> pa.Table:
 def _audit_panel(panel_runs: pa.Table, imported: pa.Table, options: AnalysisOptions,
                  index: dict, families: dict[str, str], override: dict,
                  raw_cells: pa.Table | None = None, step: Callable[..., None] = lambda *a: None,
+                 run_level_tables: RunLevel | None = None,
                  ) -> tuple[pa.Table, ModelTable, dict[str, pa.Table], dict[str, Any]]:
     """All tables of one panel: (cells, model table, other tables by file stem, summaries).
     ``step(name, count, unit)`` is called as each stage starts."""
@@ -104,7 +106,7 @@ def _audit_panel(panel_runs: pa.Table, imported: pa.Table, options: AnalysisOpti
     pairs = pairs_table(scores, all_models, family_map(all_models, families), options.pair_scope,
                         alpha=1 - options.level)
     step("run level", panel_runs.num_rows, "runs")
-    rl: RunLevel = run_level(panel_runs, options, index)
+    rl: RunLevel = run_level_tables or run_level(panel_runs, options, index)
     step("sensitivity", cells.num_rows, "cells")
     sens, sens_summary = sensitivity_table(
         cells, budget, time, merge_rule=options.merge_rule, min_runs=options.min_runs,
@@ -138,6 +140,7 @@ def run_analysis(
     now: Callable[[], dt.datetime] = utc_now,
     raw_cells: pa.Table | None = None,
     progress: Reporter = silent,
+    precomputed: Precomputed | None = None,
 ) -> AnalysisResult:
     """Read the store, build and merge cells, write every per-panel table with a manifest.
 
@@ -148,17 +151,24 @@ def run_analysis(
     Raises :class:`NoRunsError` when nothing matches (naming the directory and the filters),
     :class:`CorruptDataError` naming unreadable files (unless ``options.skip_corrupt``).
     ``progress`` receives a :class:`analysis.progress.Stage` as each stage starts.
+    ``precomputed``: the runs (without IR texts) and run-level tables per panel, merged from the
+    parts of a distributed analysis (:func:`analysis.tables.part_summaries.merge_parts`); the
+    runs are then not read (imported cells still are).
     """
     options = options or AnalysisOptions()
     with threadpool_limits(limits=options.blas_threads, user_api="blas"):
-        return _run_analysis(Path(data_dir), Path(out_dir), options, now, raw_cells, progress)
+        return _run_analysis(Path(data_dir), Path(out_dir), options, now, raw_cells, progress,
+                             precomputed)
 
 
 def _run_analysis(data_dir: Path, out_dir: Path, options: AnalysisOptions,
                   now: Callable[[], dt.datetime], raw_cells: pa.Table | None,
-                  progress: Reporter) -> AnalysisResult:
+                  progress: Reporter, precomputed: Precomputed | None = None) -> AnalysisResult:
     progress(Stage("read", count=None, unit=str(data_dir)))
-    runs, imported, skipped = read_inputs(data_dir, options)
+    if precomputed is None:
+        runs, imported, skipped = read_inputs(data_dir, options)
+    else:
+        runs, imported, skipped = precomputed.inputs(data_dir, options)
     release_freed_memory()
     runs_read = runs.num_rows
     panels = sorted(set(runs.column("panel").to_pylist())
@@ -188,7 +198,8 @@ def _run_analysis(data_dir: Path, out_dir: Path, options: AnalysisOptions,
             progress(Stage(name, _panel, ANALYZE_STAGES.index(name) + 1, total, count, unit))
 
         cells, models, tables, summary = _audit_panel(
-            panel_runs, panel_imp, options, index, families, override, panel_raw, step)
+            panel_runs, panel_imp, options, index, families, override, panel_raw, step,
+            None if precomputed is None else precomputed.run_levels.get(panel))
         pdir = out_dir / panel_dirname(panel)
         tables = {"cells": cells, "models": models.included, "excluded": models.excluded,
                   **tables}

@@ -2,8 +2,9 @@
 
 Starts a local cluster with ``deploy/local_cluster.py up`` (its own redis-server on a free port,
 N ``celery worker`` processes, ``-c 1`` each), runs the distributed analyze and the local one
-on the same run store (written by :mod:`bench.run_store` unless ``--store`` is given), prints
-both walls, the ratio and the load average, then ``down``.
+on the same run store (written by :mod:`bench.run_store` unless ``--store`` is given), in
+``--rounds`` alternating rounds (local first, then celery first: the load drifts), prints every
+wall with the load average, the means and their ratio, then ``down``.
 
 Usage: python bench/analysis_distributed.py [--store DIR | --size 50x400x5] [--workers 4]
 """
@@ -41,6 +42,7 @@ def main() -> None:
     ap.add_argument("--size", default="50x400x5")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--replicates", type=int, default=10_000)
+    ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         store = args.store
@@ -58,11 +60,18 @@ def main() -> None:
         try:
             broker = json.loads((state / "cluster.json").read_text())["broker_url"]
             print(f"{args.workers} workers on {broker}; {load_average()}", flush=True)
-            dist = _analyze(store, Path(tmp) / "out-celery", args.replicates,
-                            ["--executor", "celery", "--broker", broker])
-            local = _analyze(store, Path(tmp) / "out-local", args.replicates, [])
+            dists, locals_ = [], []
+            for i in range(args.rounds):  # alternate (local, celery), (celery, local): load drifts
+                order = ["local", "celery"] if i % 2 == 0 else ["celery", "local"]
+                for kind in order:
+                    extra = ["--executor", "celery", "--broker", broker] if kind == "celery" else []
+                    wall = _analyze(store, Path(tmp) / f"out-{kind}-{i}", args.replicates, extra)
+                    (dists if kind == "celery" else locals_).append(wall)
+                    print(f"  round {i + 1} {kind}: {wall:.1f} s; {load_average()}", flush=True)
+            dist, local = sum(dists) / len(dists), sum(locals_) / len(locals_)
             print(f"analyze --executor celery ({args.workers} workers) {dist:.1f} s, local "
-                  f"{local:.1f} s: celery/local {dist / local:.2f}; {load_average()}", flush=True)
+                  f"{local:.1f} s (means of {args.rounds}): celery/local {dist / local:.2f}; "
+                  f"{load_average()}", flush=True)
         finally:
             subprocess.run([*cluster, "down", "--state", str(state), "--grace", "10"],
                            capture_output=True, text=True, cwd=ROOT, check=False)

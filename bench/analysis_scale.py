@@ -95,17 +95,17 @@ def loop_retention(scores: np.ndarray, replicates: int, seed: int) -> np.ndarray
 def retention_only(scores: np.ndarray, replicates: int, seed: int) -> tuple[np.ndarray, float]:
     """The loop's statistic, vectorised (counts matrix per chunk, positions by argsort): the
     like-for-like comparison with :func:`loop_retention`. (held share, median wall s of 5)."""
-    from analysis.stats.ranks import _draw_means, _panel, _positions
+    from analysis.stats.ranks import draw_means, panel_matrix, positions
 
     def run() -> np.ndarray:
-        sc, obs = _panel(scores)
+        sc, obs = panel_matrix(scores)
         theta = np.where(obs, sc, 0.0).sum(axis=1) / obs.sum(axis=1)
         order = np.argsort(-theta, kind="stable")
         point = np.empty(order.size, np.int64)
         point[order] = np.arange(1, order.size + 1)
-        star, _ = _draw_means(np.where(obs, sc, 0.0), obs, replicates=replicates, seed=seed,
+        star, _ = draw_means(np.where(obs, sc, 0.0), obs, replicates=replicates, seed=seed,
                               chunk=1000)
-        return np.mean(_positions(star, order) == point[None, :], axis=0)
+        return np.mean(positions(star, order) == point[None, :], axis=0)
 
     walls = []
     for _ in range(5):

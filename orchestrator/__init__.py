@@ -5,6 +5,7 @@ simulate``, ``demo``, ``view``)."""
 __all__ = [
     "adhoc",
     "analysis_jobs",
+    "analysis_plan",
     "analysis_progress",
     "analysis_tasks",
     "artifact_import",

@@ -1,14 +1,15 @@
-"""``irbench analyze --executor celery``: the per-cell reduction of each date partition (or file
-group) runs as a map task on the workers, one reduce task merges the cell tables and writes the
-same outputs as the local path (``analysis.pipeline.run_analysis``). Protocol and files:
-``orchestrator.analysis_tasks``.
+"""``irbench analyze --executor celery``: each part of the run store (a file group of one date
+partition, or a hash shard of its cells) is a map task on the workers that computes everything
+per cell and per run there; one reduce task merges the parts' compact summaries and does the
+cross-part work, writing the same outputs as the local path (``analysis.pipeline.run_analysis``)
+without reading a run file. Protocol and files: ``orchestrator.analysis_tasks``; which files
+each part reads: ``orchestrator.analysis_plan``; the summaries and their merge:
+``analysis.tables.part_summaries``.
 
-Why map tasks return cells *and* run-level features: a cell's runs can sit in several partitions
-(a campaign crossing midnight UTC, a resume on a later day), and its Jaccard/ID-stability need
-every pair of its runs, so partial cell aggregates do not merge. Each part's cells are kept for
-cells that live in that part only; the reduce rebuilds cells seen in two or more parts from the
-parts' run-level features (``analysis.tables.partial.combine_partial_cells``), which gives exactly the
-local ``build_cells`` table.
+A cell's runs can sit in several parts (a campaign crossing midnight UTC, a resume on a later
+day), and its Jaccard/ID-stability/drift need every pair of its runs, so per-part cell
+aggregates do not merge. The plan keeps cells whole where it can and lists the rest ("split"
+cells); their runs travel to the reduce, which computes them there — exactly the local tables.
 
 Planning needs the dataset root at the same path as the workers see it (as for campaigns).
 """
@@ -33,7 +34,18 @@ from analysis.progress import Reporter, Stage, silent
 from analysis.tables.models import ModelTable
 from storage.clock import utc_now
 from storage.runs import RunStore
-from orchestrator.analysis_tasks import MAP_TASK, REDUCE_TASK, done_path, error_path, jobs_dir, parts_done, scratch_dir
+from orchestrator.analysis_plan import plan_analysis
+from storage.atomic import write_parquet_atomic
+from orchestrator.analysis_tasks import (
+    MAP_TASK,
+    REDUCE_TASK,
+    done_path,
+    error_path,
+    jobs_dir,
+    parts_done,
+    scratch_dir,
+    split_path,
+)
 from workers.celery.app import DEFAULT_QUEUE, make_celery_app
 from workers.errors import IrbenchError
 
@@ -72,17 +84,11 @@ class AnalysisJob:
         return scratch_dir(self.message)
 
 
-def plan_parts(data_dir: Path, options: AnalysisOptions, max_files_per_part: int = 64) -> list[list[str]]:
-    """File lists of the map tasks: each date partition in the options' window, split into groups
-    of at most ``max_files_per_part`` files (sorted by name). Partitions with no file are skipped."""
-    if max_files_per_part < 1:
-        raise ValueError(f"max_files_per_part must be >= 1, got {max_files_per_part}")
-    dataset = RunStore(Path(data_dir), fsync=False).dataset
-    parts: list[list[str]] = []
-    for day in dataset.partitions(options.date_from, options.date_to):
-        files = [str(f) for f in dataset.partition_files(day)]
-        parts += [files[i : i + max_files_per_part] for i in range(0, len(files), max_files_per_part)]
-    return parts
+def plan_parts(data_dir: Path, options: AnalysisOptions, max_files_per_part: int = 64,
+               min_parts: int = 8) -> list[list[str]]:
+    """File lists of the map tasks (``orchestrator.analysis_plan.plan_analysis``): per date
+    partition, files sharing a cell kept together, packed into about ``min_parts`` parts."""
+    return plan_analysis(data_dir, options, max_files_per_part, min_parts).parts
 
 
 def enqueue_analysis(
@@ -101,19 +107,22 @@ def enqueue_analysis(
     data_dir, out_dir = Path(data_dir).resolve(), Path(out_dir).resolve()
     if not data_dir.is_dir():
         raise AnalysisJobError(f"data directory {data_dir} does not exist; pass the dataset root the workers share")
-    parts = plan_parts(data_dir, options, max_files_per_part)
+    plan = plan_analysis(data_dir, options, max_files_per_part)
+    parts = plan.parts
     job_id = job_id or utc_now().strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:8]
     message = {"job_id": job_id, "data_dir": str(data_dir), "out_dir": str(out_dir),
                "options": options.model_dump(mode="json"), "parts": len(parts), "queue": queue}
     jobs_dir(out_dir).mkdir(parents=True, exist_ok=True)
     scratch_dir(message).mkdir(parents=True, exist_ok=True)
+    write_parquet_atomic(plan.split, split_path(message))
     (scratch_dir(message) / "job.json").write_text(json.dumps({**message, "files": parts}, indent=1), encoding="utf-8")
     app = app or make_celery_app(broker_url)
     with app.producer_or_acquire() as producer:
         if not parts:
             app.send_task(REDUCE_TASK, args=(message,), queue=queue, producer=producer)
-        for i, files in enumerate(parts):
-            app.send_task(MAP_TASK, args=(message, i, files), queue=queue, producer=producer)
+        for i, (files, shard) in enumerate(zip(parts, plan.shards)):
+            app.send_task(MAP_TASK, args=(message, i, files, None if shard is None else list(shard)),
+                          queue=queue, producer=producer)
     log.info("analysis_enqueued", job=job_id, parts=len(parts), files=sum(map(len, parts)), out_dir=str(out_dir))
     return AnalysisJob(job_id, data_dir, out_dir, len(parts), sum(map(len, parts)), message)
 

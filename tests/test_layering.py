@@ -67,11 +67,6 @@ ENGINE = (
 )
 ENGINE_FORBIDDEN = frozenset({"celery", "kombu", "redis"})
 
-# Issue 11 rebuilds the analysis benchmark, which today times private kernels of
-# ``analysis.stats.ranks``. Same rule: a stale entry fails.
-KNOWN_UNTIL_ISSUE_11: frozenset[tuple[str, str]] = frozenset({("bench.analysis_scale", "analysis.stats.ranks")})
-
-
 @dataclass(frozen=True)
 class Edge:
     importer: str  # dotted module name
@@ -199,20 +194,14 @@ def test_no_package_imports_what_the_layout_forbids() -> None:
 
 
 def test_no_package_reaches_into_another_packages_privates() -> None:
-    seen_known: set[tuple[str, str]] = set()
     bad = []
     for e in OUR_EDGES:
         if e.importer_top == e.imported_top:
             continue
         private_names = [n for n in e.names if n.startswith("_") and not n.startswith("__")]
         if _private(e.imported) or private_names:
-            if (e.importer, e.imported) in KNOWN_UNTIL_ISSUE_11:
-                seen_known.add((e.importer, e.imported))
-                continue
             bad.append(f"{e.where}: {e.importer} imports {e.imported} {private_names or ''}".rstrip())
     assert not bad, "private imports across packages:\n" + "\n".join(bad)
-    stale = KNOWN_UNTIL_ISSUE_11 - seen_known
-    assert not stale, f"allow-listed edges no longer occur; delete them from KNOWN_UNTIL_ISSUE_11: {sorted(stale)}"
 
 
 def _graph() -> dict[str, set[str]]:

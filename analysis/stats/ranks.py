@@ -65,6 +65,9 @@ __all__ = [
     "pairwise_rank_set",
     "partition",
     "LABELS",
+    "panel_matrix",
+    "draw_means",
+    "positions",
 ]
 
 LABELS = ("clearly reproducible", "clearly not", "undetermined")
@@ -387,3 +390,10 @@ def partition(rank_sets: RankSet, n_models: int, *, top_size: int | None = None)
     labels[high <= tau] = LABELS[0]
     labels[low > tau] = LABELS[1]
     return labels
+
+
+# The bootstrap's kernels under public names, for timing them on their own
+# (bench/analysis_scale.py compares them like for like with a plain-Python loop).
+panel_matrix = _panel
+draw_means = _draw_means
+positions = _positions
