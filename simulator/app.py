@@ -211,10 +211,11 @@ class SimApp:
             hit = self.state.truth_cache[(name, sha)] = (truth, inferred_pool(truth, f"prompt-{sha[:12]}", p))
         return hit
 
-    def _record_arrival(self, model: str) -> ModelStats:
+    def _record_arrival(self, model: str, at_s: float) -> ModelStats:
+        """Count a request of ``model`` that reached the handler at monotonic ``at_s``."""
         st = self.state.stats.setdefault(model, ModelStats())
         st.requests += 1
-        st.arrivals_s.append(self._monotonic())
+        st.arrivals_s.append(at_s)
         return st
 
     async def _body(self, request: Request) -> dict:
@@ -336,16 +337,19 @@ class SimApp:
 
     async def _serve(self, request: Request, fmt: str, build: Callable[[dict], Awaitable[Response]]) -> Response:
         st: ModelStats | None = None
+        # the arrival is when the request reached us, before its body is read: a starved
+        # simulator must not make a rate window look fuller than it was on the wire
+        arrived_s = self._monotonic()
         try:
             body = await self._body(request)
             name = body.get("model")
-            st = self._record_arrival(name if isinstance(name, str) else "<missing>")
+            st = self._record_arrival(name if isinstance(name, str) else "<missing>", arrived_s)
             self._check_auth(request)
             resp = await build(body)
         except _Reject as rej:
             resp = _error_response(fmt, rej)
         if st is None:
-            st = self._record_arrival("<invalid>")
+            st = self._record_arrival("<invalid>", arrived_s)
         st.by_status[resp.status_code] += 1
         return resp
 
