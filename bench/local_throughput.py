@@ -19,7 +19,9 @@ client side's own per-run cost. For each concurrency level, measured side by sid
 
 ``ratio`` is irbench (uvloop) / the better of the two bare loops (asyncio), per repeat, then the median. Also
 printed: the client process's CPU per run (``process_time``, less noisy than wall time on a
-shared machine) and the load average before and after.
+shared machine), the simulator process's CPU per run (``sim_ms``: when it is at or above the
+client's, the simulator is the cap and both sides are held to its rate), and the load average
+before and after.
 
     python bench/local_throughput.py [--runs 1000] [--levels 1,4,16,64] [--repeats 3]
 """
@@ -126,14 +128,26 @@ async def bare_loop(url: str, bodies: list[dict[str, Any]], concurrency: int, *,
     return answers
 
 
-def timed(fn: Callable[[], Coroutine[Any, Any, int]], expected: int, loop: Callable[[Any], int]) -> tuple[float, float]:
-    """``(runs/s, client CPU ms per run)`` of one ``loop(fn())`` that must yield ``expected``."""
-    t0, c0 = time.perf_counter(), time.process_time()
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def timed(
+    fn: Callable[[], Coroutine[Any, Any, int]], expected: int, loop: Callable[[Any], int], sim_pid: int
+) -> tuple[float, float, float]:
+    """``(runs/s, client CPU ms per run, simulator CPU ms per run)`` of one ``loop(fn())`` that
+    must yield ``expected``."""
+    t0, c0, s0 = time.perf_counter(), time.process_time(), cpu_s(sim_pid)
     done = loop(fn())
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    wall, cpu, sim = time.perf_counter() - t0, time.process_time() - c0, cpu_s(sim_pid) - s0
     if done != expected:
         raise SystemExit(f"only {done} of {expected} runs completed")
-    return expected / wall, 1000 * cpu / expected
+    return expected / wall, 1000 * cpu / expected, 1000 * sim / expected
 
 
 def main() -> None:
@@ -148,7 +162,7 @@ def main() -> None:
     configure_logging(level="WARNING")
     load_before = os.getloadavg()
     kinds = ("irbench", "asyncio", "bare", "bare-shared")
-    results: dict[tuple[str, int], list[tuple[float, float]]] = {(k, lv): [] for k in kinds for lv in levels}
+    results: dict[tuple[str, int], list[tuple[float, float, float]]] = {(k, lv): [] for k in kinds for lv in levels}
     with tempfile.TemporaryDirectory(prefix="irbench-bench-") as tmp:
         cfg = Path(tmp) / "sim.toml"
         cfg.write_text(SIM_TOML)
@@ -182,7 +196,7 @@ def main() -> None:
                     order = kinds if rep % 2 == 0 else tuple(reversed(kinds))
                     for kind in order:
                         loop = run_event_loop if kind == "irbench" else asyncio.run
-                        results[(kind, level)].append(timed(runners[kind], args.runs, loop))
+                        results[(kind, level)].append(timed(runners[kind], args.runs, loop, sim.process.pid))
                     for kind, store in stores.items():
                         stored = len(store.completed_run_ids())
                         if stored != args.runs:
@@ -196,7 +210,7 @@ def main() -> None:
           f"load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
           f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
     print(f"{'concurrency':>11} {'irbench/s':>10} {'asyncio/s':>10} {'bare/s':>8} {'shared/s':>9} {'ratio':>6} "
-          f"{'cpu_ms irbench':>15} {'asyncio':>8} {'bare':>5} {'shared':>6}")
+          f"{'cpu_ms irbench':>15} {'asyncio':>8} {'bare':>5} {'shared':>6} {'sim_ms irbench':>15} {'bare':>5}")
     previous = 0.0
     monotone = True
     for level in levels:
@@ -209,7 +223,8 @@ def main() -> None:
         previous = ir_rate
         print(f"{level:>11} {ir_rate:>10.1f} {med('asyncio', level, 0):>10.1f} {med('bare', level, 0):>8.1f} "
               f"{med('bare-shared', level, 0):>9.1f} {statistics.median(ratios):>6.2f} {med('irbench', level, 1):>15.2f} "
-              f"{med('asyncio', level, 1):>8.2f} {med('bare', level, 1):>5.2f} {med('bare-shared', level, 1):>6.2f}")
+              f"{med('asyncio', level, 1):>8.2f} {med('bare', level, 1):>5.2f} {med('bare-shared', level, 1):>6.2f} "
+              f"{med('irbench', level, 2):>15.2f} {med('bare', level, 2):>5.2f}")
     print(f"irbench runs/s non-decreasing in concurrency: {'yes' if monotone else 'NO'}")
 
 

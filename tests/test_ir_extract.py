@@ -249,3 +249,40 @@ def test_deep_and_huge_answers_are_refused_quickly() -> None:
     many = json.dumps({"nodes": [{"id": f"n{i}", "kind": "Rule"} for i in range(11)]})
     assert "max_ir_nodes=10" in (extract_ir(many, max_nodes=10).error or "")
     assert extract_ir(many, max_nodes=11).parse_outcome == ParseOutcome.REPAIRED
+
+
+def _nested(depth: int) -> str:
+    """An IR object whose containers nest exactly ``depth`` deep (document, nodes, node, meta, lists)."""
+    inner = "[" * (depth - 4) + "]" * (depth - 4)
+    return '{"nodes": [{"id": "R1", "kind": "Rule", "label": "x", "meta": {"deep": ' + inner + "}}]}"
+
+
+def test_a_well_formed_ir_is_still_bounded_by_max_json_depth() -> None:
+    # the decode-first path for a whole IR object checks the same depth the bracket scan does
+    assert json.loads(_nested(12))  # the fixture is what it says
+    ok = extract_ir(_nested(12), max_depth=12)
+    assert ok.parse_outcome in (ParseOutcome.OK, ParseOutcome.REPAIRED) and ok.node_count == 1
+    deep = extract_ir(_nested(13), max_depth=12)
+    assert deep.parse_outcome == ParseOutcome.INVALID_JSON and "max_json_depth=12" in (deep.error or "")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"nodes": [{"id": "R1", "kind": "Rule", "label": "a"}, {"id": "R1", "kind": "Rule"}]}',
+        'Here it is:\n{"nodes": [{"id": "R1", "kind": "Rule"}]}\nThanks',
+        '```json\n{"nodes": [{"id": "R1", "kind": "Rule"}], "meta": null}\n```',
+        '  {"version": 1, "nodes": [{"id": "A", "kind": "Rule", "range": {"start_line": 1}}]}  ',
+        '{"nodes": "not a list"}',
+        '{"nodes": [{"id": 3}]}',
+        '{"nodes": []} {"nodes": [{"id": "B", "kind": "Rule"}]}',
+        _nested(64),
+        _nested(65),
+    ],
+)
+def test_decode_first_gives_the_answer_of_the_full_search(text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers import ir_extract
+
+    fast = extract_ir(text)
+    monkeypatch.setattr(ir_extract, "_decode_ir_at", lambda *args: None)
+    assert extract_ir(text) == fast
