@@ -98,7 +98,7 @@ def _audit_panel(panel_runs: pa.Table, imported: pa.Table, options: AnalysisOpti
     models = complete_excluded(
         model_table(chosen, min_prompts=options.min_prompts, min_runs=options.min_runs), cells)
     models, rb = with_intervals(models, chosen, options)
-    all_models = sorted(set(chosen.column("model").to_pylist()))
+    all_models = sorted(pc.unique(chosen.column("model")).to_pylist())
     scores, _ = score_matrix(chosen, all_models)
     step("pairs", len(all_models), "models")
     pairs = pairs_table(scores, all_models, family_map(all_models, families), options.pair_scope,

