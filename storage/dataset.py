@@ -336,6 +336,7 @@ class ParquetDataset:
         columns: Sequence[str] | None = None,
         dedupe: bool | str = True,
         sort_by_key: bool = True,
+        dictionary_columns: Sequence[str] = (),
     ) -> pa.Table:
         """Rows in ``[date_from, date_to]`` matching ``filters``, one per key if ``dedupe``.
 
@@ -345,6 +346,8 @@ class ParquetDataset:
         (see :class:`DatasetSpec`). ``dedupe="executions"``: one row per (key, execution),
         i.e. every execution once, sorted by key. ``sort_by_key=False``: when no key repeats,
         the rows come in file order without the sorted copy (the memory peak of a large read).
+        ``dictionary_columns``: string columns returned as ``dictionary<int32, string>`` (read
+        so from Parquet's own dictionary pages: 4 bytes a row instead of the strings).
         """
         columns = list(columns) if columns is not None else list(self.spec.schema.names)
         unknown = [c for c in columns if c not in self.spec.schema.names]
@@ -354,7 +357,8 @@ class ParquetDataset:
         for attempt in range(self.read_retries + 1):
             files = self.data_files(date_from, date_to)
             try:
-                return self._read_files(files, expr, columns, dedupe, sort_by_key)
+                return self._read_files(files, expr, columns, dedupe, sort_by_key,
+                                        tuple(dictionary_columns))
             except FileNotFoundError as exc:  # a compaction deleted an input we had listed
                 # its outputs were published before the delete, so re-listing finds the rows;
                 # back off so a reader is not starved by back-to-back compactions
@@ -391,7 +395,7 @@ class ParquetDataset:
 
     def _read_files(
         self, files: list[Path], expr: ds.Expression | None, columns: list[str], dedupe: bool | str,
-        sort_by_key: bool = True,
+        sort_by_key: bool = True, dictionary_columns: tuple[str, ...] = (),
     ) -> pa.Table:
         schema = self.spec.schema
         if not files:
@@ -402,10 +406,21 @@ class ParquetDataset:
         extra = [*self._dedupe_columns(), self.spec.version_col] if dedupe else [self.spec.version_col]
         wanted = [c for c in columns if c != FILENAME_COLUMN]
         needed = list(dict.fromkeys(wanted + [c for c in extra if c is not None]))
+        fmt = self._format
+        for name in dictionary_columns:
+            f = schema.field(name)
+            if not pa.types.is_string(f.type):
+                raise StorageError(f"dataset {self.spec.name!r}: column {name!r} is not a string")
+            schema = schema.set(schema.get_field_index(name), pa.field(
+                name, pa.dictionary(pa.int32(), f.type), f.nullable, f.metadata))
+        if dictionary_columns:
+            fmt = ds.ParquetFileFormat(
+                read_options=ds.ParquetReadOptions(dictionary_columns=list(dictionary_columns)),
+                default_fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=False))
         dataset = ds.dataset(
             [str(f) for f in files],
             schema=schema,
-            format=self._format,
+            format=fmt,
             partitioning=self._partitioning,
             partition_base_dir=str(self.path),
         )
