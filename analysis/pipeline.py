@@ -37,12 +37,14 @@ from analysis.tables.cells import build_cells
 from analysis.tables.families import families_for, family_map, pairs_table
 from analysis.tables.measurements import (
     AUDIT_CELL_SCHEMA,
+    COMPACT_AUDIT_CELL_SCHEMA,
     chosen_flags,
     complete_excluded,
     load_precedence,
     measurement_cells,
     merge_cells,
     merge_view,
+    plain,
     precedence,
     run_cells,
 )
@@ -62,15 +64,19 @@ def _sum(mask: pa.ChunkedArray | pa.Array) -> int:
 def _panel_cells(panel_runs: pa.Table, imported: pa.Table, min_runs: int,
                  raw_cells: pa.Table | None = None) -> pa.Table:
     """``raw_cells``: this panel's ``build_cells`` table when computed elsewhere (analysis jobs)."""
-    schema = AUDIT_CELL_SCHEMA.with_metadata(
-        {b"irbench.min_runs": str(min_runs).encode()})
-    parts = [measurement_cells(imported, min_runs).cast(schema)]
+    imp = measurement_cells(imported, min_runs)
+    # imported cells come as dictionary columns (read so); raw-run cells join them so
+    base = (COMPACT_AUDIT_CELL_SCHEMA if imp.schema.field("model").type != pa.string()
+            else AUDIT_CELL_SCHEMA)
+    schema = base.with_metadata({b"irbench.min_runs": str(min_runs).encode()})
+    parts = [imp.cast(schema)]
     raw = raw_cells
     if raw is None and panel_runs.num_rows:
         raw = build_cells(panel_runs, min_runs=min_runs)
     if raw is not None and raw.num_rows:
         parts.insert(0, run_cells(raw).cast(schema))
-    return pa.concat_tables(parts)
+    # one dictionary per column across chunks (group-bys cannot unify differing ones)
+    return pa.concat_tables(parts).unify_dictionaries()
 
 
 def _rows_of(table: pa.Table, panel: str) -> pa.Table:
@@ -100,7 +106,7 @@ def _audit_panel(panel_runs: pa.Table, imported: pa.Table, options: AnalysisOpti
     models = complete_excluded(
         model_table(chosen, min_prompts=options.min_prompts, min_runs=options.min_runs), cells)
     models, rb = with_intervals(models, chosen, options)
-    all_models = sorted(set(chosen.column("model").to_pylist()))
+    all_models = sorted(pc.unique(chosen.column("model")).to_pylist())
     scores, _ = score_matrix(chosen, all_models)
     step("pairs", len(all_models), "models")
     pairs = pairs_table(scores, all_models, family_map(all_models, families), options.pair_scope,
@@ -200,6 +206,8 @@ def _run_analysis(data_dir: Path, out_dir: Path, options: AnalysisOptions,
         cells, models, tables, summary = _audit_panel(
             panel_runs, panel_imp, options, index, families, override, panel_raw, step,
             None if precomputed is None else precomputed.run_levels.get(panel))
+        cells = plain(cells)  # written and returned with string columns
+        release_freed_memory()
         pdir = out_dir / panel_dirname(panel)
         tables = {"cells": cells, "models": models.included, "excluded": models.excluded,
                   **tables}

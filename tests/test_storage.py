@@ -523,3 +523,26 @@ def test_dedupe_without_key_sort():
         out = dedupe_table(dup, "k", "o", sort_by_key=sort)
         assert sorted(zip(out.column("k").to_pylist(), out.column("v").to_pylist())) == [
             ("a", 20), ("b", 30)]
+
+
+def test_dictionary_columns_read_equal_strings_and_file_names_come_back(tmp_path: Path) -> None:
+    """``read(dictionary_columns=…)`` gives the same values as the plain read, as dictionary
+    columns; ``read_files(with_filename=True)`` still names each row's file (read internally
+    as an ordinal among the sorted paths)."""
+    ds_ = ParquetDataset(tmp_path, run_spec())
+    recs = [make_record(i) for i in range(6)]
+    ds_.write(records_to_table(recs[:3]), stem="b")
+    ds_.write(records_to_table(recs[3:]), stem="a")
+    cols = ["run_id", "model", "campaign"]
+    plain = ds_.read(columns=cols)
+    packed = ds_.read(columns=cols, dictionary_columns=["model"])
+    assert pa.types.is_dictionary(packed.schema.field("model").type)
+    assert packed["model"].to_pylist() == plain["model"].to_pylist()
+    assert packed["run_id"].to_pylist() == plain["run_id"].to_pylist()
+    files = ds_.data_files()
+    raw = ds_.read_files(files, dedupe=False, with_filename=True, columns=["run_id"])
+    by_file = dict(zip(raw["run_id"].to_pylist(), raw["__filename"].to_pylist()))
+    assert {Path(by_file[r.run_id]).stem for r in recs[:3]} == {"b"}
+    assert {Path(by_file[r.run_id]).stem for r in recs[3:]} == {"a"}
+    with pytest.raises(StorageError):
+        ds_.read(columns=cols, dictionary_columns=["run_index"])

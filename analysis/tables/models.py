@@ -89,8 +89,18 @@ def _min_runs_of(cells: pa.Table, min_runs: int | None) -> int:
 def _encode(col: pa.ChunkedArray) -> tuple[np.ndarray, list]:
     """(int64 codes, distinct values in order of first appearance) of a string column."""
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    enc = pc.dictionary_encode(arr)
-    return enc.indices.to_numpy(zero_copy_only=False).astype(np.int64), enc.dictionary.to_pylist()
+    enc = pc.dictionary_encode(arr)  # a dictionary column comes back as it is
+    codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    values = enc.dictionary
+    if pa.types.is_dictionary(arr.type):
+        # its dictionary may hold values absent here, in another order: renumber the codes
+        # by first appearance, as encoding the plain strings would
+        present, first = np.unique(codes, return_index=True)
+        present = present[np.argsort(first, kind="stable")]
+        remap = np.empty(len(values), dtype=np.int64)
+        remap[present] = np.arange(present.size)
+        return remap[codes], values.take(pa.array(present)).to_pylist()
+    return codes, values.to_pylist()
 
 
 def _distinct_per_model(model: np.ndarray, prompt: np.ndarray, n_models: int,
