@@ -160,7 +160,7 @@ for _, r in ipairs(ARGV) do
     local n = 0
     if redis.call('EXISTS', p .. ':done:' .. r) == 0 then
       n = redis.call('HINCRBY', p .. ':fails', r, 1)
-      redis.call('HSETNX', p .. ':fail_text', r, 'worker lost while executing the run (killed, or stalled past its claim TTL)')
+      redis.call('HSET', p .. ':fail_text', r, 'worker lost while executing the run (killed, or stalled past its claim TTL)')
     end
     table.insert(out, r)
     table.insert(out, n)
