@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import pearsonr, spearmanr
 
 from analysis.errors import AnalysisError
 
@@ -47,6 +46,8 @@ def correlate(x: np.ndarray, y: np.ndarray) -> Correlation:
     nan = float("nan")
     if n < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return Correlation(n, nan, nan, nan, nan)
+    from scipy.stats import pearsonr, spearmanr  # lazy: scipy.stats costs ~45 MiB RSS
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # scipy warns near-constant input; NaN is returned then
         pr = pearsonr(x, y)

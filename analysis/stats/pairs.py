@@ -32,7 +32,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.special import ndtri
-from scipy.stats import rankdata, wilcoxon
 
 from analysis.errors import AnalysisError
 
@@ -67,6 +66,8 @@ def rank_biserial(d: np.ndarray) -> float:
     nz = d[d != 0]
     if nz.size == 0:
         return float("nan")
+    from scipy.stats import rankdata  # lazy: scipy.stats costs ~45 MiB RSS (panel path needs none)
+
     r = rankdata(np.abs(nz))
     w_plus, w_minus = r[nz > 0].sum(), r[nz < 0].sum()
     return float((w_plus - w_minus) / (w_plus + w_minus))
@@ -89,6 +90,8 @@ def paired_comparison(a: np.ndarray, b: np.ndarray, *, alpha: float = 0.05,
     elif n < 2:
         p_z = p_d = float("nan")
     else:
+        from scipy.stats import wilcoxon  # lazy: scipy.stats costs ~45 MiB RSS
+
         with warnings.catch_warnings():
             # scipy warns about small samples / exact-with-ties; the conventions are documented
             warnings.simplefilter("ignore")
