@@ -54,16 +54,35 @@ from storage.annotations import parse_annotations
 from storage.records import run_succeeded
 
 
+def _plain_values(col: pa.ChunkedArray) -> pa.ChunkedArray | pa.Array:
+    """The distinct-value candidates of ``col``: its dictionary's values that occur (dictionary
+    columns, as merged cells are) without decoding 700k strings, else the column itself."""
+    if not pa.types.is_dictionary(col.type):
+        return col
+    used = [c.dictionary.take(pc.unique(c.indices).drop_null()) for c in col.chunks]
+    return pa.chunked_array(used, col.type.value_type)
+
+
+def _index_in(col: pa.ChunkedArray, values: pa.Array) -> pa.ChunkedArray:
+    """``pc.index_in(col, values)``; on a dictionary column, looked up once per dictionary
+    entry and gathered by the indices (same result; no decoded copy of the strings)."""
+    if not pa.types.is_dictionary(col.type):
+        return pc.index_in(col, value_set=values)
+    return pa.chunked_array(
+        [pc.index_in(c.dictionary, value_set=values).take(c.indices) for c in col.chunks],
+        pa.int32())
+
+
 def score_matrix(merged: pa.Table, models: Sequence[str], column: str = "mean_jaccard"
                  ) -> tuple[np.ndarray, list[str]]:
     """(M, P) matrix of ``column`` for ``models`` (rows in that order) over the prompts any of
     them measured (sorted by sha256); NaN where a model lacks the prompt."""
     sel = merged.select(["model", "prompt_sha256", column])
-    mi = pc.index_in(sel.column("model"), value_set=pa.array(list(models), pa.string()))
+    mi = _index_in(sel.column("model"), pa.array(list(models), pa.string()))
     keep = pc.is_valid(mi)
     sel, mi = sel.filter(keep), mi.filter(keep)
-    prompts = sorted(pc.unique(sel.column("prompt_sha256")).to_pylist())
-    pj = pc.index_in(sel.column("prompt_sha256"), value_set=pa.array(prompts, pa.string()))
+    prompts = sorted(pc.unique(_plain_values(sel.column("prompt_sha256"))).to_pylist())
+    pj = _index_in(sel.column("prompt_sha256"), pa.array(prompts, pa.string()))
     s = np.full((len(models), len(prompts)), np.nan)
     # vectorised scatter (a to_pylist loop was the memory peak at 100 models x 10,000 prompts)
     s[mi.to_numpy(zero_copy_only=False), pj.to_numpy(zero_copy_only=False)] = (
@@ -88,6 +107,7 @@ def with_intervals(table: ModelTable, merged: pa.Table, options: AnalysisOptions
     jac, _ = score_matrix(merged, models, "mean_jaccard")
     ids, _ = score_matrix(merged, models, "id_stability")
     reps = max(2, options.replicates)
+    release_freed_memory()  # the matrices' arrow temporaries, before the bootstrap's peak
     jac_groups = [row[np.isfinite(row)] for row in jac]
     id_groups = [row[np.isfinite(row)] for row in ids]
     if [len(g) for g in jac_groups] == [len(g) for g in id_groups]:  # one resampling for both
@@ -104,6 +124,8 @@ def with_intervals(table: ModelTable, merged: pa.Table, options: AnalysisOptions
         cols[f"{name}_ci_high"] = [c.high for c in cis]
     # "percentile" = scipy-identical draws; "percentile_shared" = the large-panel scheme
     cols["ci_method"] = pa.array([c.method for c in all_cis[0]], pa.string())
+    del jac_groups, id_groups
+    release_freed_memory()  # the CI bootstrap's temporaries, before the joint bootstrap's
     rb = joint_cluster_bootstrap(jac, replicates=options.replicates, seed=options.seed,
                                  level=options.level, point_order=np.arange(m))
     cols["rank_held"] = pa.array(rb.held_share, pa.float64(), from_pandas=True)
