@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from analysis.memory import release_freed_memory
 from analysis.tables.measurements import RULES, MergedCells, merge_cells, merge_view
 from analysis.tables.models import model_table
 
@@ -79,6 +80,7 @@ def sensitivity_table(cells: pa.Table, budget: dict[str, int], time: dict[str, i
             if g[1] == mr:
                 tables[g] = model_table(merged.tables[g[0]], min_prompts=g[2], min_runs=mr)
         del merged
+        release_freed_memory()  # this merge's copy, before the next one is made
     tables = {g: tables[g] for g in grid}  # grid order
     base_key = (merge_rule, min_runs, min_prompts)
     base = tables[base_key]
