@@ -87,15 +87,24 @@ def _rows_of(table: pa.Table, panel: str) -> pa.Table:
     return table.filter(mask)
 
 
-def _audit_panel(panel_runs: pa.Table, imported: pa.Table, options: AnalysisOptions,
+# what of the imported cells is used once the cells are built (precedence, manifest)
+_IMPORTED_KEPT = ("campaign", "model", "budget_rank", "time_order", "measurement_date",
+                  "window_end")
+
+
+def _audit_panel(panel_runs: pa.Table, held: list[pa.Table], options: AnalysisOptions,
                  index: dict, families: dict[str, str], override: dict,
                  raw_cells: pa.Table | None = None, step: Callable[..., None] = lambda *a: None,
                  run_level_tables: RunLevel | None = None,
-                 ) -> tuple[pa.Table, ModelTable, dict[str, pa.Table], dict[str, Any]]:
-    """All tables of one panel: (cells, model table, other tables by file stem, summaries).
+                 ) -> tuple[pa.Table, ModelTable, dict[str, pa.Table], dict[str, Any], pa.Table]:
+    """All tables of one panel: (cells, model table, other tables by file stem, summaries,
+    the imported cells' columns the manifest needs). ``held``: a one-element list with the
+    panel's imported cells, popped so the other columns are freed once the cells are built.
     ``step(name, count, unit)`` is called as each stage starts."""
+    imported = held.pop()
     step("cells", panel_runs.num_rows + imported.num_rows, "runs and imported cells")
     cells = _panel_cells(panel_runs, imported, options.min_runs, raw_cells)
+    imported = imported.select(list(_IMPORTED_KEPT))
     step("merge", cells.num_rows, "cells")
     budget, time = precedence(cells, imported, override)
     merged = merge_cells(merge_view(cells), budget, time)
@@ -135,7 +144,7 @@ def _audit_panel(panel_runs: pa.Table, imported: pa.Table, options: AnalysisOpti
                         if rl.correctness.num_rows else 0},
         "families": family_map(all_models, families),
     }
-    return cells, models, tables, summary
+    return cells, models, tables, summary, imported
 
 
 def run_analysis(
@@ -192,9 +201,12 @@ def _run_analysis(data_dir: Path, out_dir: Path, options: AnalysisOptions,
 
     generated_at = now()
     results: dict[str, PanelResult] = {}
+    imported_rows = imported.num_rows
+    # per panel, so no reference to the whole table outlives the building of a panel's cells
+    imported_of = {panel: _rows_of(imported, panel) for panel in panels}
+    del imported
     for panel in panels:
         panel_runs = _rows_of(runs, panel)
-        panel_imp = _rows_of(imported, panel)
         panel_raw = None if raw_cells is None else _rows_of(raw_cells, panel)
         total = len(ANALYZE_STAGES)
 
@@ -203,8 +215,8 @@ def _run_analysis(data_dir: Path, out_dir: Path, options: AnalysisOptions,
             release_freed_memory()
             progress(Stage(name, _panel, ANALYZE_STAGES.index(name) + 1, total, count, unit))
 
-        cells, models, tables, summary = _audit_panel(
-            panel_runs, panel_imp, options, index, families, override, panel_raw, step,
+        cells, models, tables, summary, panel_imp = _audit_panel(
+            panel_runs, [imported_of.pop(panel)], options, index, families, override, panel_raw, step,
             None if precomputed is None else precomputed.run_levels.get(panel))
         cells = plain(cells)  # written and returned with string columns
         release_freed_memory()
@@ -240,5 +252,5 @@ def _run_analysis(data_dir: Path, out_dir: Path, options: AnalysisOptions,
         )
     return AnalysisResult(
         data_dir=data_dir, out_dir=out_dir, options=options, runs_read=runs_read,
-        panels=results, cells_imported=imported.num_rows, skipped_files=tuple(skipped),
+        panels=results, cells_imported=imported_rows, skipped_files=tuple(skipped),
     )
