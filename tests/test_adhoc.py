@@ -140,7 +140,9 @@ def test_ctrl_c_says_run_again_and_the_same_command_resumes(tmp_path: Path) -> N
     import signal
     import time
 
-    cfg = SimConfig(models={"slow": SimModel(latency_ms_median=100)})
+    # slow enough that the 120 runs cannot all finish between the 20th request and the signal,
+    # even on a loaded machine (at 100 ms they sometimes did: exit 0 instead of 130)
+    cfg = SimConfig(models={"slow": SimModel(latency_ms_median=400)})
     with start_background(cfg) as sim:
         args = [*IRBENCH, "run", "--model", "slow", "--base-url", sim.base_url, "--prompts", str(PROMPTS),
                 "--runs", "10", "--data", str(tmp_path / "data"), "--no-progress"]
