@@ -8,6 +8,7 @@ is for files that a rerun replaces.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import uuid
@@ -63,3 +64,21 @@ def write_json_atomic(obj: Any, path: Path, *, fsync: bool = True) -> None:
     default, since manifests and job markers are what readers poll for."""
     text = json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=False) + "\n"
     write_text_atomic(text, path, fsync=fsync)
+
+
+def link_first_wins(tmp: Path, target: Path) -> bool:
+    """Publish ``tmp`` as ``target`` unless ``target`` exists; True if this call published."""
+    try:
+        os.link(tmp, target)
+        return True
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+    # Filesystem without hard links: not atomic against a concurrent writer of the same name,
+    # but both candidates are complete files, and readers deduplicate.
+    if target.exists():
+        return False
+    os.replace(tmp, target)
+    return True

@@ -27,17 +27,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from storage.dedupe import dedupe_copies, dedupe_table, pick_latest
+from storage.atomic import link_first_wins
 from storage.errors import StorageError
+from storage.read_checks import FILENAME_COLUMN, check_required, check_versions, diagnose_unreadable
 from storage.schema import schema_version_of
 
-FILENAME_COLUMN = "__filename"  # pyarrow's per-row source file name (a scanner special field)
 _STEM_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 _HIDDEN_PREFIXES = (".", "_")
 
@@ -261,7 +261,7 @@ class ParquetDataset:
                 os.replace(tmp, target)
                 published = True
             else:
-                published = _link_first_wins(tmp, target)
+                published = link_first_wins(tmp, target)
             if published and self.fsync:
                 fsync_dir(pdir)
         except OSError as exc:
@@ -432,9 +432,9 @@ class ParquetDataset:
         except (OSError, pa.ArrowException) as exc:
             if isinstance(exc, OSError) and exc.errno == errno.ENOENT:
                 raise FileNotFoundError(str(exc)) from exc
-            raise self._diagnose(files, exc) from exc
-        self._check_versions(table, names)
-        self._check_required(table, names)
+            raise diagnose_unreadable(self.spec, self.version, self.path, files, exc) from exc
+        check_versions(self.spec, self.version, table, names)
+        check_required(self.spec, self.version, self.path, table, names)
         if dedupe == "executions":
             table = dedupe_copies(table, self.spec, FILENAME_COLUMN)
         elif dedupe:
@@ -473,64 +473,6 @@ class ParquetDataset:
         out = pick_latest(table, spec, FILENAME_COLUMN)
         return out.select(list(columns)) if columns is not None else out
 
-    def _check_versions(self, table: pa.Table, names: list[str]) -> None:
-        vcol = self.spec.version_col
-        if vcol is None or self.version is None or table.num_rows == 0:
-            return
-        too_new = pc.greater(table[vcol], self.version)
-        if pc.any(too_new).as_py():
-            bad = table.filter(too_new)
-            files = sorted({names[i] for i in bad[FILENAME_COLUMN].to_pylist()})
-            top = pc.max(bad[vcol]).as_py()
-            raise StorageError(
-                f"dataset {self.spec.name!r}: {len(files)} file(s) were written with schema "
-                f"version {top}, this irbench reads versions <= {self.version}: upgrade irbench "
-                f"(first: {files[0]})"
-            )
-
-    def _check_required(self, table: pa.Table, names: list[str]) -> None:
-        """Non-nullable columns that came back null belong to files that lack them."""
-        for name in table.column_names:
-            if name == FILENAME_COLUMN or self.spec.schema.field(name).nullable:
-                continue
-            col = table[name]
-            if col.null_count:
-                files = sorted({names[i] for i in
-                                table.filter(pc.is_null(col))[FILENAME_COLUMN].to_pylist()})
-                raise StorageError(
-                    f"dataset {self.spec.name!r}: required column {name!r} is missing or null in "
-                    f"{len(files)} file(s) (first: {files[0]}); they were not written by this "
-                    f"schema (version {self.version}): move them out of {self.path}"
-                )
-
-    def _diagnose(self, files: list[Path], exc: Exception) -> StorageError:
-        """Find which files are unreadable or of an incompatible schema, and say so."""
-        bad: list[str] = []
-        for f in files:
-            try:
-                fschema = pq.read_schema(f)
-            except (OSError, pa.ArrowException) as e:
-                bad.append(f"{f} (unreadable: {e})")
-                continue
-            for fld in fschema:
-                if fld.name in self.spec.schema.names and not fld.type.equals(
-                    self.spec.schema.field(fld.name).type
-                ):
-                    version = schema_version_of(fschema)
-                    bad.append(
-                        f"{f} (column {fld.name!r} is {fld.type}, expected "
-                        f"{self.spec.schema.field(fld.name).type}; file schema version {version}, "
-                        f"reader version {self.version})"
-                    )
-                    break
-        if not bad:
-            return StorageError(f"dataset {self.spec.name!r} at {self.path} cannot be read: {exc}")
-        listing = "\n".join(f"  - {b}" for b in bad[:20])
-        return StorageError(
-            f"dataset {self.spec.name!r}: {len(bad)} file(s) cannot be read; move them out of "
-            f"{self.path} (or delete them) and re-run the affected runs:\n{listing}"
-        )
-
     def keys(
         self,
         *,
@@ -554,21 +496,3 @@ def _with_file_names(table: pa.Table, names: list[str]) -> pa.Table:
     paths = pa.array(names, pa.string()).take(table.column(i).combine_chunks()
                                              if table.num_rows else pa.array([], pa.int32()))
     return table.set_column(i, FILENAME_COLUMN, paths)
-
-
-def _link_first_wins(tmp: Path, target: Path) -> bool:
-    """Publish ``tmp`` as ``target`` unless ``target`` exists; True if this call published."""
-    try:
-        os.link(tmp, target)
-        return True
-    except FileExistsError:
-        return False
-    except OSError as exc:
-        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
-            raise
-    # Filesystem without hard links: not atomic against a concurrent writer of the same name,
-    # but both candidates are complete files, and readers deduplicate.
-    if target.exists():
-        return False
-    os.replace(tmp, target)
-    return True
