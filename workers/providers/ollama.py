@@ -20,7 +20,6 @@ import httpx
 from workers.providers import _http, streaming
 from workers.providers.base import ChatRequest, Reply
 from workers.runtask import ResponseLimits, TimeoutPolicy
-from workers.secrets import mask_optional, mask_secrets
 
 LIST_MAX_BYTES = ResponseLimits().max_response_bytes  # a model list is no bigger than an answer
 
@@ -148,21 +147,7 @@ def _reply(
 ) -> Reply:
     """The classified reply; ``final`` is the whole body or the last (``done``) stream line. An
     endpoint may echo the key inside a 200 answer: it is masked before anything keeps the text."""
-    answer, think = _http.split_think(content)
-    reasoning = "\n".join(part for part in (thinking, think) if part)
-    done_reason = final.get("done_reason")
-    done_reason = done_reason if isinstance(done_reason, str) else None
-    return Reply(
-        outcome=_http.answer_outcome(done_reason, answer),
-        answer_text=mask_secrets(answer, secrets),
-        reasoning_text=mask_secrets(reasoning, secrets),
-        latency_ms=raw.latency_ms,
-        status_code=raw.status_code,
-        bytes_received=raw.bytes_received,
-        finish_reason=mask_optional(done_reason, secrets),
-        prompt_tokens=_http.int_or_none(final.get("prompt_eval_count")),
-        completion_tokens=_http.int_or_none(final.get("eval_count")),
-        reasoning_tokens=None,
-        first_token_ms=raw.first_token_ms if streamed else None,
-        stream_duration_ms=streaming.stream_duration_ms(raw) if streamed else None,
+    return streaming.answer_reply(
+        raw, content, thinking, final.get("done_reason"), prompt_tokens=final.get("prompt_eval_count"),
+        completion_tokens=final.get("eval_count"), secrets=secrets, streamed=streamed,
     )

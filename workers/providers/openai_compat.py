@@ -29,7 +29,6 @@ import httpx
 from workers.providers import _http, streaming
 from workers.providers.base import ChatRequest, Reply
 from workers.runtask import ResponseLimits, TimeoutPolicy
-from workers.secrets import mask_optional, mask_secrets
 
 LIST_MAX_BYTES = ResponseLimits().max_response_bytes  # a model list is no bigger than an answer
 
@@ -196,22 +195,10 @@ def _reply(
 ) -> Reply:
     """The classified reply from a whole (or reassembled streamed) answer. An endpoint may echo
     the key inside a 200 answer: it is masked before anything keeps the text."""
-    answer, think = _http.split_think(content)
-    reasoning = "\n".join(part for part in (reasoning, think) if part)
-    finish_reason = finish_reason if isinstance(finish_reason, str) else None
     details = usage.get("completion_tokens_details")
     details = details if isinstance(details, dict) else {}
-    return Reply(
-        outcome=_http.answer_outcome(finish_reason, answer),
-        answer_text=mask_secrets(answer, secrets),
-        reasoning_text=mask_secrets(reasoning, secrets),
-        latency_ms=raw.latency_ms,
-        status_code=raw.status_code,
-        bytes_received=raw.bytes_received,
-        finish_reason=mask_optional(finish_reason, secrets),
-        prompt_tokens=_http.int_or_none(usage.get("prompt_tokens")),
-        completion_tokens=_http.int_or_none(usage.get("completion_tokens")),
-        reasoning_tokens=_http.int_or_none(details.get("reasoning_tokens")),
-        first_token_ms=raw.first_token_ms if streamed else None,
-        stream_duration_ms=streaming.stream_duration_ms(raw) if streamed else None,
+    return streaming.answer_reply(
+        raw, content, reasoning, finish_reason, prompt_tokens=usage.get("prompt_tokens"),
+        completion_tokens=usage.get("completion_tokens"), reasoning_tokens=details.get("reasoning_tokens"),
+        secrets=secrets, streamed=streamed,
     )

@@ -23,7 +23,9 @@ import httpx
 
 from workers.errors import ProtocolFailed, ServerFailed
 from workers.providers import _http
+from workers.providers.base import Reply
 from workers.runtask import TimeoutPolicy
+from workers.secrets import mask_optional, mask_secrets
 
 Framing = Literal["sse", "ndjson"]
 
@@ -164,3 +166,31 @@ async def post_stream(
 def stream_duration_ms(raw: _http.RawResponse) -> float | None:
     """First token to the last byte, in ms (``None`` when no token came)."""
     return None if raw.first_token_ms is None else max(raw.latency_ms - raw.first_token_ms, 0.0)
+
+
+def answer_reply(
+    raw: _http.RawResponse, content: str, reasoning: str, finish_reason: Any, *,
+    prompt_tokens: Any, completion_tokens: Any, reasoning_tokens: Any = None,
+    secrets: tuple[str | None, ...], streamed: bool,
+) -> Reply:
+    """The classified reply from a whole (or reassembled streamed) answer, for every wire format:
+    ``<think>`` blocks of ``content`` join ``reasoning``; token counts are kept only when they
+    are integers. An endpoint may echo the key inside a 200 answer: it is masked before
+    anything keeps the text."""
+    answer, think = _http.split_think(content)
+    reasoning = "\n".join(part for part in (reasoning, think) if part)
+    finish = finish_reason if isinstance(finish_reason, str) else None
+    return Reply(
+        outcome=_http.answer_outcome(finish, answer),
+        answer_text=mask_secrets(answer, secrets),
+        reasoning_text=mask_secrets(reasoning, secrets),
+        latency_ms=raw.latency_ms,
+        status_code=raw.status_code,
+        bytes_received=raw.bytes_received,
+        finish_reason=mask_optional(finish, secrets),
+        prompt_tokens=_http.int_or_none(prompt_tokens),
+        completion_tokens=_http.int_or_none(completion_tokens),
+        reasoning_tokens=_http.int_or_none(reasoning_tokens),
+        first_token_ms=raw.first_token_ms if streamed else None,
+        stream_duration_ms=stream_duration_ms(raw) if streamed else None,
+    )
