@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.options import AnalysisOptions
-from analysis.tables.models import ModelTable
+from analysis.tables.models import ModelTable, distinct_values
 from storage.atomic import write_json_atomic, write_parquet_atomic
 from storage.records import succeeded_mask
 
@@ -120,10 +120,9 @@ def build_manifest(*, panel: str, data_dir: Path, options: AnalysisOptions, runs
             "runs_in_panel": runs.num_rows,
             "successful_runs_in_panel": _sum(ok_mask) if runs.num_rows else 0,
             "imported_cells_in_panel": imported.num_rows,
-            "campaigns": sorted(set(runs.column("campaign").to_pylist())
-                                | set(imported.column("campaign").to_pylist())),
-            "models": sorted(set(runs.column("model").to_pylist())
-                             | set(imported.column("model").to_pylist())),
+            "campaigns": sorted(distinct_values(runs.column("campaign"),
+                                                imported.column("campaign"))),
+            "models": sorted(distinct_values(runs.column("model"), imported.column("model"))),
         },
         "output": {
             "cells": cells.num_rows,

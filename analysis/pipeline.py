@@ -48,7 +48,7 @@ from analysis.tables.measurements import (
     precedence,
     run_cells,
 )
-from analysis.tables.models import ModelTable, model_table
+from analysis.tables.models import ModelTable, distinct_values, model_table
 from analysis.tables.part_summaries import Precomputed
 from analysis.tables.sensitivity import sensitivity_table
 from analysis.tables.timeouts import analyze_timeouts
@@ -186,8 +186,7 @@ def _run_analysis(data_dir: Path, out_dir: Path, options: AnalysisOptions,
         runs, imported, skipped = precomputed.inputs(data_dir, options)
     release_freed_memory()
     runs_read = runs.num_rows
-    panels = sorted(set(runs.column("panel").to_pylist())
-                    | set(imported.column("panel").to_pylist()))
+    panels = sorted(distinct_values(runs.column("panel"), imported.column("panel")))
     if options.panel is not None:
         if options.panel not in panels:
             raise NoRunsError(

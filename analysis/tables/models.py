@@ -103,6 +103,25 @@ def _encode(col: pa.ChunkedArray) -> tuple[np.ndarray, list]:
     return codes, values.to_pylist()
 
 
+def distinct_values(*cols: pa.ChunkedArray | pa.Array) -> set:
+    """The set of values (None for nulls) occurring in any of ``cols``, as
+    ``set(col.to_pylist())`` would give, without converting every row to Python (that was 8 s
+    per 700k-row column set on the 100 × 10,000 panel): ``pc.unique`` per chunk, and on a
+    dictionary column only the dictionary entries its indices use."""
+    out: set = set()
+    for col in cols:
+        chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+        for chunk in chunks:
+            if pa.types.is_dictionary(chunk.type):
+                if chunk.null_count:
+                    out.add(None)
+                used = pc.unique(chunk.indices).drop_null()
+                out.update(chunk.dictionary.take(used).to_pylist())
+            else:
+                out.update(pc.unique(chunk).to_pylist())
+    return out
+
+
 def _distinct_per_model(model: np.ndarray, prompt: np.ndarray, n_models: int,
                         n_prompts: int, max_bitmap: int = 50_000_000) -> np.ndarray:
     """Number of distinct prompt codes per model code (bitmap when small, else unique)."""

@@ -36,6 +36,7 @@ from analysis.metrics.stabilisation import Stabilisation, summarise_stabilisatio
 from analysis.options import AnalysisOptions
 from analysis.tables.audit import RunLevel, run_level
 from analysis.tables.partial import partial_cells, _cell_key, _in_keys
+from analysis.tables.models import distinct_values
 from storage.records import succeeded_mask
 from storage.runs import latest_executions
 
@@ -161,7 +162,7 @@ def _panel_tables(runs: pa.Table, options: AnalysisOptions, index: dict[str, Pat
                   ) -> tuple[dict[str, list[pa.Table]], list[pa.Table]]:
     tables: dict[str, list[pa.Table]] = {}
     truths = []
-    for panel in sorted(set(runs.column("panel").to_pylist())):
+    for panel in sorted(distinct_values(runs.column("panel"))):
         pr = runs.filter(pc.equal(runs.column("panel"), panel))
         keyed, truth = _keyed(panel, pr, options, index)
         for name, t in keyed.items():
@@ -249,7 +250,7 @@ def merge_parts(parts: list[PartSummary], options: AnalysisOptions, index: dict[
     truth = pa.concat_tables(truths) if truths else _truth_schema().empty_table()
     empty = run_level(light.slice(0, 0), options, index)
     out: dict[str, RunLevel] = {}
-    for panel in sorted(set(light.column("panel").to_pylist())):
+    for panel in sorted(distinct_values(light.column("panel"))):
         got: dict[str, pa.Table] = {}
         for name in (*CELL_TABLES, "correctness"):
             ts = [t.filter(pc.equal(t.column("__panel"), panel)) for t in tables.get(name, [])]
