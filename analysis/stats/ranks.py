@@ -54,6 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from analysis.errors import AnalysisError
+from analysis.stats.paired import holm as _holm, paired_moments as _paired_moments
 
 __all__ = [
     "RankSet",
@@ -261,18 +262,6 @@ def simultaneous_rank_set(theta_hat: np.ndarray, theta_star: np.ndarray, *,
     return RankSet(low, high, level, "simultaneous_maxt"), established, crit, steps
 
 
-def _holm(pvals: np.ndarray, alpha: float) -> np.ndarray:
-    """Holm step-down rejections for a 1-D array of p-values at family-wise level alpha."""
-    k = pvals.size
-    order = np.argsort(pvals, kind="stable")
-    thresholds = alpha / (k - np.arange(k))
-    below = pvals[order] <= thresholds
-    n_reject = k if below.all() else int(np.argmin(below))  # stop at the first acceptance
-    rejected = np.zeros(k, dtype=bool)
-    rejected[order[:n_reject]] = True
-    return rejected
-
-
 def pairwise_rank_set(scores: np.ndarray, *, level: float = 0.95
                       ) -> tuple[RankSet, np.ndarray, np.ndarray]:
     """Simultaneous rank set from one-sided paired t-tests on common prompts + Holm.
@@ -287,21 +276,15 @@ def pairwise_rank_set(scores: np.ndarray, *, level: float = 0.95
     s, observed = _panel(scores)
     m = s.shape[0]
     j, k = np.nonzero(~np.eye(m, dtype=bool))
-    n = np.empty(j.size)
-    mean = np.empty(j.size)
-    var = np.empty(j.size)
-    # pairs per block: each (block, P) temporary ≤ 4 MB (16 MB blocks made ~80 MB of
-    # temporaries at 100 × 10,000); per-row sums, so the blocking changes no value
-    step = max(1, 500_000 // max(1, s.shape[1]))
-    for a in range(0, j.size, step):  # blocks of pairs, vectorised inside
-        jj, kk = j[a:a + step], k[a:a + step]
-        both = observed[jj] & observed[kk]
-        nb = both.sum(axis=1)
-        d = np.where(both, s[jj] - s[kk], 0.0)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mb = d.sum(axis=1) / nb
-            var[a:a + step] = np.where(both, (d - mb[:, None]) ** 2, 0.0).sum(axis=1) / (nb - 1)
-        n[a:a + step], mean[a:a + step] = nb, mb
+    n_u, mean_u, var_u = _paired_moments(s, observed)
+    # (k, j) is (j, k) with every difference negated: IEEE subtraction, sums and quotients
+    # are exactly antisymmetric, so the lower pairs are the upper ones' negated means
+    upper = np.zeros((m, m), dtype=np.int64)
+    upper[np.triu_indices(m, 1)] = np.arange(n_u.size)
+    upper = upper + upper.T
+    pick = upper[j, k]
+    n, var = n_u[pick], var_u[pick]
+    mean = np.where(j < k, mean_u[pick], -mean_u[pick])
     with np.errstate(invalid="ignore", divide="ignore"):
         tstat = mean / np.sqrt(var / n)
         p = stdtr(n - 1, -tstat)
