@@ -149,8 +149,15 @@ def model_table(cells: pa.Table, min_prompts: int = 3, min_runs: int | None = No
     included cells. ``min_runs`` only words the exclusion reason; by default it is read from
     the cell table's metadata (the threshold that decided ``included``).
     """
-    if min_prompts < 1:
-        raise AnalysisError(f"min_prompts must be >= 1, got {min_prompts}")
+    return model_tables(cells, [min_prompts], min_runs)[0]
+
+
+def model_tables(cells: pa.Table, min_prompts: list[int], min_runs: int | None = None
+                 ) -> list[ModelTable]:
+    """:func:`model_table` of ``cells`` for each threshold in ``min_prompts`` (same order),
+    aggregating the cells once (the sensitivity grid asks for three thresholds per merge)."""
+    if any(mp < 1 for mp in min_prompts):
+        raise AnalysisError(f"min_prompts must be >= 1, got {min(min_prompts)}")
     panels = set(pc.unique(cells.column("panel")).to_pylist()) if cells.num_rows else set()
     if len(panels) > 1:
         raise AnalysisError(
@@ -179,10 +186,22 @@ def model_table(cells: pa.Table, min_prompts: int = 3, min_runs: int | None = No
     nodes_all = _floats(cells.column("mean_nodes"))
     perfect_all = pc.fill_null(cells.column("node_set_perfect"), False).to_numpy(
         zero_copy_only=False)
+    lowest = min(min_prompts, default=1)
+    stats: dict[int, tuple] = {}
+    for code, model in enumerate(model_names):  # loop over models, vectorised over cells
+        if int(n_prompts[code]) >= lowest:
+            rows = order[bounds[code]:bounds[code + 1]]
+            stats[code] = (model, int(n_prompts[code]), int(n_cells[code]),
+                           float(jac_all[rows].mean()), float(stab_all[rows].mean()),
+                           int(perfect_all[rows].sum()), float(nodes_all[rows].mean()))
+    return [_table(model_names, n_prompts, n_cells, runs_ok, stats, mp, mr) for mp in min_prompts]
 
+
+def _table(model_names: list, n_prompts: np.ndarray, n_cells: np.ndarray, runs_ok: np.ndarray,
+           stats: dict[int, tuple], min_prompts: int, mr: int) -> ModelTable:
     inc_rows: list[tuple] = []
     exc_rows: list[tuple] = []
-    for code, model in enumerate(model_names):  # loop over models, vectorised over cells
+    for code, model in enumerate(model_names):  # loop over models
         np_ = int(n_prompts[code])
         if np_ < min_prompts:
             reason = (
@@ -191,12 +210,7 @@ def model_table(cells: pa.Table, min_prompts: int = 3, min_runs: int | None = No
             )
             exc_rows.append((model, np_, int(n_cells[code]), int(runs_ok[code]), reason))
             continue
-        rows = order[bounds[code]:bounds[code + 1]]
-        inc_rows.append(
-            (model, np_, int(n_cells[code]), float(jac_all[rows].mean()),
-             float(stab_all[rows].mean()), int(perfect_all[rows].sum()),
-             float(nodes_all[rows].mean()))
-        )
+        inc_rows.append(stats[code])
     inc_rows.sort(key=lambda r: (-r[3], -r[4], r[0]))
     exc_rows.sort(key=lambda r: (-r[1], r[0]))
 

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from analysis.memory import release_freed_memory
 from analysis.tables.measurements import RULES, MergedCells, merge_cells, merge_view
-from analysis.tables.models import model_table
+from analysis.tables.models import model_tables
 
 SENSITIVITY_SCHEMA = pa.schema([
     ("variant", pa.string()), ("axis", pa.string()), ("merge_rule", pa.string()),
@@ -76,9 +76,10 @@ def sensitivity_table(cells: pa.Table, budget: dict[str, int], time: dict[str, i
             comparison = merged.comparison
         for rule in RULES:
             shares[(rule, mr)] = _share_perfect(merged.tables[rule])
-        for g in grid:
-            if g[1] == mr:
-                tables[g] = model_table(merged.tables[g[0]], min_prompts=g[2], min_runs=mr)
+        for rule in RULES:  # one aggregation per merged table for all its thresholds
+            keys = [g for g in grid if g[:2] == (rule, mr)]
+            tables.update(zip(keys, model_tables(merged.tables[rule], [g[2] for g in keys],
+                                                 min_runs=mr)))
         del merged
         release_freed_memory()  # this merge's copy, before the next one is made
     tables = {g: tables[g] for g in grid}  # grid order
