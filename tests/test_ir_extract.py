@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from storage.ir import IRDocument
 from storage.records import ERROR_TEXT_MAX_CHARS, ParseOutcome
@@ -286,3 +288,20 @@ def test_decode_first_gives_the_answer_of_the_full_search(text: str, monkeypatch
     fast = extract_ir(text)
     monkeypatch.setattr(ir_extract, "_decode_ir_at", lambda *args: None)
     assert extract_ir(text) == fast
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(["```", "`", "``", "json", " ", "\t", "\n", "{", "[", "x", "é", "```json\n"]), max_size=30))
+def test_fence_finder_matches_the_fence_regex(parts: list[str]) -> None:
+    from workers import ir_extract
+
+    text = "".join(parts)
+    expected = [(m.start(), m.end(), m.group(2)) for m in ir_extract._FENCE_RE.finditer(text)]
+    assert list(ir_extract._fences(text)) == expected
+
+
+def test_depth_shortcut_accepts_at_the_limit_and_refuses_past_it() -> None:
+    text = '{"nodes": [{"id": "R1", "kind": "Rule"}]}'  # three brackets, three levels deep
+    assert extract_ir(text, max_depth=3).node_count == 1
+    refused = extract_ir(text, max_depth=2)
+    assert refused.parse_outcome == ParseOutcome.INVALID_JSON and "max_json_depth=2" in (refused.error or "")

@@ -50,11 +50,14 @@ from workers.errors import (
     TotalTimeout,
     UnknownModel,
 )
+from workers.providers.direct import DirectClient
 from workers.providers.retry_after import parse_retry_after, retry_after_from_headers  # noqa: F401 - re-export
 from workers.runtask import TimeoutPolicy
 from workers.secrets import mask_secrets
 
 Clock = Callable[[], float]  # monotonic seconds
+#: What ``send`` talks through: an ``AsyncClient``, or the leaner ``DirectClient`` (local executor).
+HttpClient = httpx.AsyncClient | DirectClient
 
 _RETIRED_ON_RE = re.compile(r"retire[ds]?\s+(?:on|at|since)?\s*:?\s*(\d{4}-\d{2}-\d{2})", re.I)
 # How servers word a request longer than the context window: OpenAI / vLLM / llama-cpp-python
@@ -137,7 +140,7 @@ def clip(text: str, secrets: Iterable[str | None] = ()) -> str:
 
 
 async def send(
-    client: httpx.AsyncClient,
+    client: HttpClient,
     method: str,
     url: str,
     *,
@@ -364,7 +367,7 @@ def protocol_error(raw: RawResponse, *, model: str, what: str, secrets: Iterable
 
 
 async def post_chat(
-    client: httpx.AsyncClient,
+    client: HttpClient,
     url: str,
     body: dict[str, Any],
     *,

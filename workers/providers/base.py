@@ -47,7 +47,8 @@ class Reply:
 
 
 class Provider(Protocol):
-    """One wire format. Implementations take an ``httpx.AsyncClient`` in their constructor."""
+    """One wire format. Implementations take an ``_http.HttpClient`` (an ``httpx.AsyncClient`` or a
+    ``DirectClient``) in their constructor."""
 
     wire_format: str
 

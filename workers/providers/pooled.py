@@ -7,7 +7,8 @@ client of its own instead: a call takes an idle (provider, client) pair of the e
 one, and puts it back when it is done. A client therefore keeps one keep-alive connection, the
 walk is one connection long, and the endpoint never sees more connections than its peak of
 concurrent calls. Idle pairs are reused last-in first-out, so the connections in use stay warm.
-Single event loop only (the local executor).
+The clients are ``DirectClient``s (httpx's transport without ``AsyncClient``'s per-request
+layers; see ``workers.providers.direct``). Single event loop only (the local executor).
 """
 
 from __future__ import annotations
@@ -15,13 +16,11 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable
 
-import httpx
-
 from workers.providers.base import ChatRequest, Provider, Reply
-from workers.providers.registry import make_http_client
+from workers.providers.direct import DirectClient
 from workers.runtask import TimeoutPolicy
 
-ProviderFactory = Callable[[httpx.AsyncClient], Provider]
+ProviderFactory = Callable[[DirectClient], Provider]
 
 
 class PooledProvider:
@@ -38,8 +37,8 @@ class PooledProvider:
         self._make = make
         self._tls = tls
         self._connections = connections_per_client
-        self._idle: list[tuple[Provider, httpx.AsyncClient]] = []
-        self._clients: list[httpx.AsyncClient] = []
+        self._idle: list[tuple[Provider, DirectClient]] = []
+        self._clients: list[DirectClient] = []
         self.wire_format = wire_format
 
     @property
@@ -47,10 +46,10 @@ class PooledProvider:
         """How many clients (so connections, at most) this endpoint has needed so far."""
         return len(self._clients)
 
-    def _take(self) -> tuple[Provider, httpx.AsyncClient]:
+    def _take(self) -> tuple[Provider, DirectClient]:
         if self._idle:
             return self._idle.pop()
-        client = make_http_client(self._connections, tls=self._tls)
+        client = DirectClient(self._connections, tls=self._tls)
         self._clients.append(client)
         return self._make(client), client
 

@@ -8,6 +8,7 @@ import httpx
 
 from workers.errors import ConfigError
 from workers.logs import register_log_secret
+from workers.providers._http import HttpClient
 from workers.providers.base import Provider
 from workers.providers.ollama import OllamaProvider
 from workers.providers.openai_compat import OpenAIProvider
@@ -16,7 +17,7 @@ from workers.runtask import WIRE_FORMATS, EndpointRef
 __all__ = ["WIRE_FORMATS", "make_http_client", "make_provider"]
 
 
-def make_provider(endpoint: EndpointRef, client: httpx.AsyncClient, api_key: str | None) -> Provider:
+def make_provider(endpoint: EndpointRef, client: HttpClient, api_key: str | None) -> Provider:
     """The provider for ``endpoint.wire_format``; ``ConfigError`` names the allowed values.
 
     Where a key meets a provider (both executors come through here) it is also registered with

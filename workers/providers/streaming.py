@@ -134,7 +134,7 @@ class EventReader:
 
 
 async def post_stream(
-    client: httpx.AsyncClient,
+    client: _http.HttpClient,
     url: str,
     body: dict[str, Any],
     reader: EventReader,
