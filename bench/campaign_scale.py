@@ -174,6 +174,13 @@ def sim_calls(base_url: str) -> int:
         return sum(m["requests"] for m in json.load(resp)["models"].values())
 
 
+def self_rss_mib() -> float:
+    """Peak RSS of this process so far (MiB): the orchestrator side (and, for local, the executor)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
 def analyze(data: Path, out: Path, replicates: int) -> tuple[float, float]:
     """``irbench analyze`` of ``data`` in a child process: (wall seconds, peak RSS MiB of that child)."""
     cmd = [sys.executable, "-m", "orchestrator.cli", "analyze", "--data", str(data), "--out", str(out),
@@ -212,7 +219,7 @@ def run_local_phase(args: argparse.Namespace, tmp: Path, models: list[str]) -> F
         if summary.executed != n or summary.interrupted:
             raise SystemExit(f"local: {summary.executed}/{n} executed, interrupted={summary.interrupted}")
         figures = account("local", prepared, store, seconds, returned, sim_calls(sim.base_url))
-    print(f"local done in {seconds:.1f} s; {load()}", flush=True)
+    print(f"local done in {seconds:.1f} s; bench process peak RSS {self_rss_mib():.0f} MiB; {load()}", flush=True)
     return figures
 
 
@@ -235,7 +242,7 @@ def run_celery_phase(args: argparse.Namespace, tmp: Path, models: list[str]) -> 
         if summary.interrupted:
             print(f"{label}: interrupted after {seconds:.0f} s ({summary.executed}/{n} stored)", flush=True)
         figures = account(label, prepared, store, seconds, returned, sum(m["requests"] for m in c.sim_stats().values()))
-    print(f"{label} done in {seconds:.1f} s; {load()}", flush=True)
+    print(f"{label} done in {seconds:.1f} s; bench process peak RSS {self_rss_mib():.0f} MiB; {load()}", flush=True)
     return figures
 
 
@@ -273,18 +280,25 @@ def main() -> None:
                 wall, rss = analyze(data, tmp_path / f"out-{name}", args.replicates)
                 figures = Figures(**{**figures.__dict__, "analysis_s": wall, "analysis_rss_mib": rss})
             rows.append(figures)
+            print_table([figures])  # each phase's row as soon as it is known: a later phase may fail
 
     print(f"\n{args.models} models x {args.prompts} prompts x {args.runs} runs; {load()}")
-    print(f"{'executor':>12} {'runs':>7} {'seconds':>8} {'runs/s':>7} {'files':>6} {'files/100':>9} "
+    print_table(rows)
+
+
+def print_table(rows: list[Figures]) -> None:
+    """The summary table of ``rows``, then the non-ok attempts of each executor by outcome."""
+    print(f"{'executor':>14} {'runs':>7} {'seconds':>8} {'runs/s':>7} {'files':>6} {'files/100':>9} "
           f"{'B/run':>6} {'lag_s':>6} {'lost':>5} {'dup':>5} {'calls':>7} {'attempts':>8} "
           f"{'analyze_s':>9} {'rss_MiB':>7}")
     for f in rows:
-        print(f"{f.label:>12} {f.planned:>7} {f.seconds:>8.1f} {f.planned / f.seconds:>7.1f} {f.files:>6} "
+        print(f"{f.label:>14} {f.planned:>7} {f.seconds:>8.1f} {f.planned / f.seconds:>7.1f} {f.files:>6} "
               f"{100 * f.files / f.planned:>9.2f} {f.bytes_on_disk / f.planned:>6.0f} {f.lag_s:>6.2f} {f.lost:>5} "
               f"{f.duplicated:>5} {f.calls:>7} {f.attempts:>8} {f.analysis_s:>9.1f} {f.analysis_rss_mib:>7.0f}")
     for f in rows:
         if f.failed_attempts:
             print(f"{f.label}: attempts that did not succeed, by outcome: {f.failed_attempts}")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
