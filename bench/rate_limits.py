@@ -19,7 +19,7 @@ lower bound ``max over models of runs / rate`` — the aim is <= 1.10.
                                 [--worker-env IRBENCH_MAX_WAIT_S=1.5 ...] [--cpu-hogs 12]
 
 ``--wire`` (default when root) also counts the same windows on the wire: kernel timestamps of
-each request as it crossed the loopback interface (``bench/_wire.py``), which a starved
+each request as it crossed the loopback interface (``simulator/wire.py``), which a starved
 simulator cannot shift; and how late the simulator's own stamps were against them.
 
 ``--cpu-hogs N`` runs the campaign against N busy-loop processes at the workers' priority
@@ -48,11 +48,11 @@ from pathlib import Path
 
 from _cluster import BenchCluster, interrupt_as_keyboard, sliding_window_max, write_campaign
 from _load import LoadSampler, cpu_hogs
-from _wire import WireCapture
 
 from orchestrator.campaign import prepare
 from orchestrator.celery_executor import CeleryOptions, run_campaign_celery
 from orchestrator.spec import load_campaign
+from simulator.wire import WireCapture
 from storage.runs import RunStore
 
 

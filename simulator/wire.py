@@ -1,4 +1,5 @@
-"""Request arrival times on the wire: kernel timestamps of the HTTP requests sent to one TCP port.
+"""Request arrival times on the wire: kernel timestamps of the HTTP requests sent to one TCP port
+(the simulator's, or any loopback server's), independent of how that server is scheduled.
 
     with WireCapture(port=sim_port) as wire:
         ...                                  # the campaign
