@@ -11,9 +11,10 @@ so the figures are irbench's own costs. Per executor, in one invocation, with a 
   last interval and the file count: what a reader of the store sees, spool or buffers excluded;
 * **files** and **bytes per run** on disk (every visible data file under ``runs/``, before
   compaction), and files per 100 runs. On the workers that figure depends on throughput: each
-  worker's spool publishes a segment after ``IRBENCH_SPOOL_MAX_AGE_S`` (5 s) or 0.5 s without an
-  append, so at ``r`` runs/s per worker a file holds at most ``5 r`` runs (2 files per 100 runs at
-  10 runs/s per worker) and fewer when a starved worker pauses;
+  worker's spool publishes a segment after ``IRBENCH_SPOOL_MAX_AGE_S`` (5 s) or
+  ``IRBENCH_SPOOL_IDLE_S`` (0.5 s) without an append, so at ``r`` runs/s per worker a file holds
+  at most ``5 r`` runs (2 files per 100 runs at 10 runs/s per worker), fewer when a starved
+  worker pauses;
 * **completion lag**: from the end of the last stored execution (``finished_at``) to the
   executor's return;
 * **lost / duplicated**: planned run ids with no stored execution; stored executions beyond one
