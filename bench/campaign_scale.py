@@ -185,19 +185,26 @@ def self_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
+# Runs the command and prints "<wall s> <peak RSS KiB of its child>". Why a launcher: Linux
+# starts a child's ru_maxrss at the RSS of the process it was forked from, so a child of this
+# process (~0.5-1 GiB after a 100k campaign) would report at least that. The launcher is small.
+_MEASURE = """import resource, subprocess, sys, time
+t0 = time.perf_counter()
+rc = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL)
+print(time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, flush=True)
+sys.exit(rc)
+"""
+
+
 def analyze(data: Path, out: Path, replicates: int) -> tuple[float, float]:
     """``irbench analyze`` of ``data`` in a child process: (wall seconds, peak RSS MiB of that child)."""
     cmd = [sys.executable, "-m", "orchestrator.cli", "analyze", "--data", str(data), "--out", str(out),
            "--replicates", str(replicates)]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    stderr = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    proc = subprocess.run([sys.executable, "-c", _MEASURE, *cmd], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"irbench analyze failed ({proc.returncode}): {stderr[-2000:]}")
-    return wall, usage.ru_maxrss / 1024  # Linux: KiB
+        raise SystemExit(f"irbench analyze failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    wall, rss_kib = proc.stdout.split()[-2:]
+    return float(wall), float(rss_kib) / 1024  # Linux: KiB
 
 
 def watched(store: RunStore, args: argparse.Namespace, n: int, execute: Callable[[], ExecutionSummary]
