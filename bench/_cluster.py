@@ -113,7 +113,8 @@ class BenchCluster:
     def __enter__(self) -> BenchCluster:
         try:
             self.redis = self._stack.enter_context(RedisServer())
-            self.sim = self._stack.enter_context(start_subprocess(self.sim_toml))
+            # 60 s: at load average 25 on 2 cores the simulator's imports alone took over 20 s
+            self.sim = self._stack.enter_context(start_subprocess(self.sim_toml, startup_timeout_s=60.0))
             self._stack.callback(self._close_workers)
             if self.worker_count > 0:
                 self._start_workers(self.worker_count)

@@ -10,7 +10,11 @@ so the figures are irbench's own costs. Per executor, in one invocation, with a 
   file of the store (footer only) every ``--sample-s`` and prints stored runs, the rate over the
   last interval and the file count: what a reader of the store sees, spool or buffers excluded;
 * **files** and **bytes per run** on disk (every visible data file under ``runs/``, before
-  compaction), and files per 100 runs;
+  compaction), and files per 100 runs. On the workers that figure depends on throughput: each
+  worker's spool publishes a segment after ``IRBENCH_SPOOL_MAX_AGE_S`` (5 s) or
+  ``IRBENCH_SPOOL_IDLE_S`` (0.5 s) without an append, so at ``r`` runs/s per worker a file holds
+  at most ``5 r`` runs (2 files per 100 runs at 10 runs/s per worker), fewer when a starved
+  worker pauses;
 * **completion lag**: from the end of the last stored execution (``finished_at``) to the
   executor's return;
 * **lost / duplicated**: planned run ids with no stored execution; stored executions beyond one
@@ -174,19 +178,33 @@ def sim_calls(base_url: str) -> int:
         return sum(m["requests"] for m in json.load(resp)["models"].values())
 
 
+def self_rss_mib() -> float:
+    """Peak RSS of this process so far (MiB): the orchestrator side (and, for local, the executor)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+# Runs the command and prints "<wall s> <peak RSS KiB of its child>". Why a launcher: Linux
+# starts a child's ru_maxrss at the RSS of the process it was forked from, so a child of this
+# process (~0.5-1 GiB after a 100k campaign) would report at least that. The launcher is small.
+_MEASURE = """import resource, subprocess, sys, time
+t0 = time.perf_counter()
+rc = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL)
+print(time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, flush=True)
+sys.exit(rc)
+"""
+
+
 def analyze(data: Path, out: Path, replicates: int) -> tuple[float, float]:
     """``irbench analyze`` of ``data`` in a child process: (wall seconds, peak RSS MiB of that child)."""
     cmd = [sys.executable, "-m", "orchestrator.cli", "analyze", "--data", str(data), "--out", str(out),
            "--replicates", str(replicates)]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    stderr = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    proc = subprocess.run([sys.executable, "-c", _MEASURE, *cmd], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"irbench analyze failed ({proc.returncode}): {stderr[-2000:]}")
-    return wall, usage.ru_maxrss / 1024  # Linux: KiB
+        raise SystemExit(f"irbench analyze failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    wall, rss_kib = proc.stdout.split()[-2:]
+    return float(wall), float(rss_kib) / 1024  # Linux: KiB
 
 
 def watched(store: RunStore, args: argparse.Namespace, n: int, execute: Callable[[], ExecutionSummary]
@@ -212,7 +230,7 @@ def run_local_phase(args: argparse.Namespace, tmp: Path, models: list[str]) -> F
         if summary.executed != n or summary.interrupted:
             raise SystemExit(f"local: {summary.executed}/{n} executed, interrupted={summary.interrupted}")
         figures = account("local", prepared, store, seconds, returned, sim_calls(sim.base_url))
-    print(f"local done in {seconds:.1f} s; {load()}", flush=True)
+    print(f"local done in {seconds:.1f} s; bench process peak RSS {self_rss_mib():.0f} MiB; {load()}", flush=True)
     return figures
 
 
@@ -235,7 +253,7 @@ def run_celery_phase(args: argparse.Namespace, tmp: Path, models: list[str]) -> 
         if summary.interrupted:
             print(f"{label}: interrupted after {seconds:.0f} s ({summary.executed}/{n} stored)", flush=True)
         figures = account(label, prepared, store, seconds, returned, sum(m["requests"] for m in c.sim_stats().values()))
-    print(f"{label} done in {seconds:.1f} s; {load()}", flush=True)
+    print(f"{label} done in {seconds:.1f} s; bench process peak RSS {self_rss_mib():.0f} MiB; {load()}", flush=True)
     return figures
 
 
@@ -273,18 +291,25 @@ def main() -> None:
                 wall, rss = analyze(data, tmp_path / f"out-{name}", args.replicates)
                 figures = Figures(**{**figures.__dict__, "analysis_s": wall, "analysis_rss_mib": rss})
             rows.append(figures)
+            print_table([figures])  # each phase's row as soon as it is known: a later phase may fail
 
     print(f"\n{args.models} models x {args.prompts} prompts x {args.runs} runs; {load()}")
-    print(f"{'executor':>12} {'runs':>7} {'seconds':>8} {'runs/s':>7} {'files':>6} {'files/100':>9} "
+    print_table(rows)
+
+
+def print_table(rows: list[Figures]) -> None:
+    """The summary table of ``rows``, then the non-ok attempts of each executor by outcome."""
+    print(f"{'executor':>14} {'runs':>7} {'seconds':>8} {'runs/s':>7} {'files':>6} {'files/100':>9} "
           f"{'B/run':>6} {'lag_s':>6} {'lost':>5} {'dup':>5} {'calls':>7} {'attempts':>8} "
           f"{'analyze_s':>9} {'rss_MiB':>7}")
     for f in rows:
-        print(f"{f.label:>12} {f.planned:>7} {f.seconds:>8.1f} {f.planned / f.seconds:>7.1f} {f.files:>6} "
+        print(f"{f.label:>14} {f.planned:>7} {f.seconds:>8.1f} {f.planned / f.seconds:>7.1f} {f.files:>6} "
               f"{100 * f.files / f.planned:>9.2f} {f.bytes_on_disk / f.planned:>6.0f} {f.lag_s:>6.2f} {f.lost:>5} "
               f"{f.duplicated:>5} {f.calls:>7} {f.attempts:>8} {f.analysis_s:>9.1f} {f.analysis_rss_mib:>7.0f}")
     for f in rows:
         if f.failed_attempts:
             print(f"{f.label}: attempts that did not succeed, by outcome: {f.failed_attempts}")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -18,6 +18,10 @@ lower bound ``max over models of runs / rate`` — the aim is <= 1.10.
     python bench/rate_limits.py [--workers 3] [--threads 8] [--period-s 10] [--scale 1.0]
                                 [--worker-env IRBENCH_MAX_WAIT_S=1.5 ...] [--cpu-hogs 12]
 
+``--wire`` (default when root) also counts the same windows on the wire: kernel timestamps of
+each request as it crossed the loopback interface (``simulator/wire.py``), which a starved
+simulator cannot shift; and how late the simulator's own stamps were against them.
+
 ``--cpu-hogs N`` runs the campaign against N busy-loop processes at the workers' priority
 (CPU starvation, load average >= 10 on 2 cores); the load average is printed either way, and
 so is how often a late permit was given back and re-acquired (``permit_regranted`` in the
@@ -31,11 +35,13 @@ and slot reservations (a denied run defers with the exact countdown to its reser
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import re
 import tempfile
 import time
+import urllib.parse
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -46,6 +52,7 @@ from _load import LoadSampler, cpu_hogs
 from orchestrator.campaign import prepare
 from orchestrator.celery_executor import CeleryOptions, run_campaign_celery
 from orchestrator.spec import load_campaign
+from simulator.wire import WireCapture
 from storage.runs import RunStore
 
 
@@ -79,6 +86,47 @@ def sim_toml(models: tuple[BenchModel, ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def window_table(models: tuple[BenchModel, ...], arrivals_s: dict[str, list[float]], period_s: float,
+                 requests: dict[str, int]) -> None:
+    """Per model: the fullest sliding window, windows over the limit and the span of the run."""
+    print(f"{'model':>6} {'limit':>5} {'conc':>4} {'lat_ms':>6} {'runs':>4} {'reqs':>4} {'max_win':>7} "
+          f"{'win/limit':>9} {'over':>4} {'min_span_s':>10} {'span_s':>6} {'span/bound':>10}")
+    for m in models:
+        arr = sorted(arrivals_s[m.name])
+        rate_per_s = m.limit / period_s
+        worst = sliding_window_max(arr, period_s)
+        # shortest time limit+1 requests arrived in: < period means a window held too many
+        spans = [arr[i + m.limit] - arr[i] for i in range(len(arr) - m.limit)]
+        tight = min(spans, default=float("nan"))
+        over = sum(sp < period_s for sp in spans)  # windows opening at a request that hold limit + 1
+        span = arr[-1] - arr[0] if len(arr) > 1 else 0.0
+        ideal = (len(arr) - 1) / rate_per_s if len(arr) > 1 else float("nan")
+        print(f"{m.name:>6} {m.limit:>5} {m.max_concurrency:>4} {m.latency_ms_median:>6.0f} {m.runs:>4} "
+              f"{requests[m.name]:>4} {worst:>7} {worst / m.limit:>9.2f} {over:>4} {tight:>10.3f} {span:>6.1f} "
+              f"{span / ideal:>10.2f}")
+
+
+def stamp_lag_line(models: tuple[BenchModel, ...], stats: dict, on_wire: dict[str, list[float]],
+                   clock_offset_s: float) -> str:
+    """How late the simulator stamped requests against the wire, per model: the k-th stamp minus
+    the k-th wire time (both sorted; ``clock_offset_s`` = CLOCK_REALTIME - CLOCK_MONOTONIC), median
+    and max in ms. Stamps that are late by different amounts are what can fill a window."""
+    parts = []
+    for m in models:
+        stamps = sorted(a + clock_offset_s for a in stats.get(m.name, {}).get("arrivals_s", []))
+        wire = on_wire.get(m.name, [])
+        if len(stamps) != len(wire) or not stamps:
+            parts.append(f"{m.name} n/a ({len(stamps)} stamps, {len(wire)} on the wire)")
+            continue
+        lags = sorted((s - w) * 1000 for s, w in zip(stamps, wire))
+        parts.append(f"{m.name} {lags[len(lags) // 2]:.1f}/{lags[-1]:.1f}")
+    return "simulator stamp minus wire time, median/max ms: " + ", ".join(parts)
+
+
+def sim_port(base_url: str) -> int:
+    return int(urllib.parse.urlsplit(base_url).port or 80)
+
+
 def renice(pid: int, niceness: int) -> None:
     """Set the niceness of every thread of ``pid`` (Linux niceness is per thread)."""
     for tid in os.listdir(f"/proc/{pid}/task"):
@@ -97,6 +145,8 @@ def main() -> None:
     parser.add_argument("--sim-nice", type=int, default=None,
                         help="niceness of the simulator (e.g. -10, needs root): a provider has its own CPUs, "
                              "so its arrival clock should not starve with ours")
+    parser.add_argument("--wire", action=argparse.BooleanOptionalAction, default=os.geteuid() == 0,
+                        help="also count windows on the wire (AF_PACKET capture on lo, needs root; default: if root)")
     args = parser.parse_args()
     models = tuple(replace(m, runs=max(2, round(m.runs * args.scale))) for m in MODELS)
     env = {"IRBENCH_LIMIT_PERIOD_S": str(args.period_s), "IRBENCH_LOG_LEVEL": "INFO"}  # INFO: deferrals are counted from the logs
@@ -124,7 +174,9 @@ def main() -> None:
             store = RunStore(tmp_path / "data")
             print(f"limits are per {args.period_s:g} s (IRBENCH_LIMIT_PERIOD_S={args.period_s:g}), not per minute; "
                   f"{len(tasks)} runs on {args.workers} workers x {args.threads} threads", flush=True)
-            with cpu_hogs(args.cpu_hogs), LoadSampler() as load:
+            clock_offset_s = time.time() - time.monotonic()
+            wire = WireCapture(sim_port(c.sim.base_url)) if args.wire else None
+            with cpu_hogs(args.cpu_hogs), LoadSampler() as load, wire or contextlib.nullcontext():
                 t0 = time.monotonic()
                 # analysis is not part of the campaign: run_campaign_celery would enqueue it after the
                 # last outcome (about 2 s here), which the makespan must not include
@@ -136,24 +188,17 @@ def main() -> None:
             stats = c.sim_stats()
             logs = c.workers.logs() if c.workers else ""
 
-    print(f"{'model':>6} {'limit':>5} {'conc':>4} {'lat_ms':>6} {'runs':>4} {'reqs':>4} {'max_win':>7} "
-          f"{'win/limit':>9} {'over':>4} {'min_span_s':>10} {'span_s':>6} {'span/bound':>10}")
-    bounds = []
-    for m in models:
-        st = stats.get(m.name, {"requests": 0, "arrivals_s": []})
-        arr = sorted(st["arrivals_s"])
-        rate_per_s = m.limit / args.period_s
-        bounds.append(m.runs / rate_per_s)
-        worst = sliding_window_max(arr, args.period_s)
-        # shortest time the simulator saw limit+1 requests in: < period means a window held too many
-        spans = [arr[i + m.limit] - arr[i] for i in range(len(arr) - m.limit)]
-        tight = min(spans, default=float("nan"))
-        over = sum(sp < args.period_s for sp in spans)  # windows opening at a request that hold limit + 1
-        span = arr[-1] - arr[0] if len(arr) > 1 else 0.0
-        ideal = (len(arr) - 1) / rate_per_s if len(arr) > 1 else float("nan")
-        print(f"{m.name:>6} {m.limit:>5} {m.max_concurrency:>4} {m.latency_ms_median:>6.0f} {m.runs:>4} "
-              f"{st['requests']:>4} {worst:>7} {worst / m.limit:>9.2f} {over:>4} {tight:>10.3f} {span:>6.1f} "
-              f"{span / ideal:>10.2f}")
+    bounds = [m.runs / (m.limit / args.period_s) for m in models]
+    print("simulator's stamps (its event loop's clock, when its handler got the request):")
+    window_table(models, {m.name: stats.get(m.name, {}).get("arrivals_s", []) for m in models}, args.period_s,
+                 {m.name: stats.get(m.name, {}).get("requests", 0) for m in models})
+    if wire is not None:
+        print(f"on the wire (kernel timestamps of each request's first segment on lo; {wire.drops} segments "
+              f"dropped, {wire.unmatched} requests without a model):")
+        on_wire = wire.arrivals_s()
+        window_table(models, {m.name: on_wire.get(m.name, []) for m in models}, args.period_s,
+                     {m.name: len(on_wire.get(m.name, [])) for m in models})
+        print(stamp_lag_line(models, stats, on_wire, clock_offset_s))
     bound = max(bounds)
     reserved = len(re.findall(r'"reserved":\s*true', logs))  # worker logs are JSON lines
     outcomes: Counter[str] = Counter()

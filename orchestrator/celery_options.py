@@ -31,7 +31,8 @@ class CeleryOptions:
     messages per producer round. ``claim_ttl_s``: the workers' claim TTL: a running run whose
     claim expired, or a queued run the broker no longer holds after this long, is re-sent (so
     recovery after a worker SIGKILL or a Redis restart takes ~claim TTL + reconcile interval).
-    ``reconcile_interval_s``: how often the reconciler looks. ``max_task_failures``: task
+    ``reconcile_interval_s``: how often the reconciler looks (and the store cursor reads the
+    files published since its last look, so the check at the end reads only the last ones). ``max_task_failures``: task
     failures or worker deaths after which a run is stored as ``worker_error`` (poison run).
     ``poll_interval_s``: the loop's sleep. ``verify_grace_s``: how long a run marked done may
     take to appear in the store (spool publication, a killed worker's spool) before it is

@@ -101,6 +101,7 @@ class _Clocks:
     poll: float = 0.0
     all_done: float | None = None  # when the done log covered every pending run
     orphans: float = 0.0
+    cursor: float = 0.0  # the last store look while runs were still pending
 
 
 @dataclass
@@ -312,7 +313,8 @@ class DistributedCampaign:
 
     def completion(self) -> bool:
         """Read the done log since the last look; once it covers every pending run, verify the
-        store (new files only). True when every planned run has a stored record."""
+        store (new files only: the cursor also reads new files every ``reconcile_interval_s``
+        while runs are pending). True when every planned run has a stored record."""
         while True:
             ids, self._done_cursor = self._redis(lambda: self.state.done_since(self._done_cursor), "reading done runs")
             if not ids:
@@ -323,9 +325,14 @@ class DistributedCampaign:
                     continue  # a retried run's earlier execution, not the retry
                 if self.remaining.pop(rid, None) is not None:
                     self.unverified.add(rid)
-        if self.remaining:
-            return False
         now = self.bundle.clock()
+        if self.remaining:
+            # keep the store cursor current while runs finish, so the look at the end reads only the
+            # last files: one look over a 100k-run store (2,308 files) took 20 s and 480 MiB
+            if now - self._clocks.cursor >= self.options.reconcile_interval_s:
+                self._clocks.cursor = now
+                self.cursor.refresh()
+            return False
         if self._clocks.all_done is None:
             self._clocks.all_done = now
         self.cursor.refresh()
