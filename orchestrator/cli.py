@@ -37,6 +37,7 @@ app = typer.Typer(
 )
 console = Console(width=None if sys.stdout.isatty() else 120)
 err_console = Console(stderr=True)
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C'd command
 
 DataOpt = Annotated[
     Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root (runs are stored under DATA/runs/; or IRBENCH_DATA).")
@@ -185,8 +186,7 @@ def run(
         f"{summary.executed} executed now{' (interrupted)' if summary.interrupted else ''}; data in {data}/runs/"
     )
     if summary.interrupted:
-        err_console.print("interrupted: the runs stored so far are kept; run the same command again to resume")
-        raise typer.Exit(code=130)
+        raise typer.Exit(code=INTERRUPTED_EXIT_CODE)  # main() says what to do
 
 
 def _start_worker_watch(url: str, data: Path, queue: str, wait_s: float):  # noqa: ANN202
@@ -466,8 +466,7 @@ def main() -> None:
     try:
         code = app(standalone_mode=False)
     except (KeyboardInterrupt, click.exceptions.Abort, typer.Abort):
-        err_console.print("interrupted; stored runs are kept, run the same command again to resume")
-        sys.exit(130)
+        code = INTERRUPTED_EXIT_CODE
     except _USAGE_ERRORS as exc:  # a bad option or argument: one line, no usage box
         message = exc.format_message()  # type: ignore[attr-defined]
         if not message:  # `irbench` alone: the help is the answer
@@ -478,6 +477,10 @@ def main() -> None:
     except OSError as exc:  # disk full, permission denied, ...: what to do, not a traceback
         print_error(exc)
         sys.exit(USER_ERROR_EXIT_CODE)
+    if code == INTERRUPTED_EXIT_CODE:
+        # one message for every way Ctrl-C ends a command: typer turns a KeyboardInterrupt raised
+        # inside a command (e.g. while the store is read, before any run) into a silent Exit(130)
+        err_console.print("interrupted: the runs stored so far are kept; run the same command again to resume")
     sys.exit(code if isinstance(code, int) else 0)
 
 

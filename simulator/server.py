@@ -20,6 +20,7 @@ import uvicorn
 
 from simulator.app import SimApp
 from simulator.config import SimConfig, load_sim_config
+from simulator.process import stop_process
 from storage.errors import ConfigError
 
 
@@ -116,13 +117,7 @@ class SubprocessSimulator:
         return f"http://{self.host}:{self.port}"
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, timeout_s)
 
     def __enter__(self) -> SubprocessSimulator:
         return self

@@ -17,6 +17,7 @@ from orchestrator.spec import load_campaign
 from simulator.config import SimConfig, SimModel
 from simulator.server import start_background
 from storage.runs import RunStore
+from tests.support.terminal import with_default_sigint
 
 IRBENCH = [sys.executable, "-m", "orchestrator.cli"]
 REPO = Path(__file__).resolve().parent.parent
@@ -146,14 +147,21 @@ def test_ctrl_c_says_run_again_and_the_same_command_resumes(tmp_path: Path) -> N
     with start_background(cfg) as sim:
         args = [*IRBENCH, "run", "--model", "slow", "--base-url", sim.base_url, "--prompts", str(PROMPTS),
                 "--runs", "10", "--data", str(tmp_path / "data"), "--no-progress"]
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                                env={**os.environ, "PYTHONPATH": str(REPO)})
+        # the Ctrl-C a terminal delivers, even when this pytest runs with SIGINT ignored (a background job)
+        proc = subprocess.Popen(with_default_sigint(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
         store = RunStore(tmp_path / "data")
-        deadline = time.monotonic() + 60
-        while _requests(sim.base_url) < 20 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        try:
+            # no deadline of our own: a start-up slowed by load must not turn into a signal during
+            # the imports (pytest's timeout bounds the wait)
+            while _requests(sim.base_url) < 20 and proc.poll() is None:
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         assert proc.returncode == 130 and "Traceback" not in err
         assert "run the same command again to resume" in " ".join(err.split())
         assert "(interrupted)" in out

@@ -20,6 +20,7 @@ from deploy.local_cluster import free_port
 from deploy.redis_server import RedisServer
 from tests.support.campaign_files import one_endpoint, write_campaign
 from tests.support.scripted_server import scripted_server
+from tests.support.terminal import with_default_sigint
 
 pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parent.parent
@@ -59,9 +60,9 @@ def test_redis_down_counts_down_then_one_line(tmp_path: Path, verb: str) -> None
 def test_no_worker_warns_within_15_s_with_the_command(tmp_path: Path) -> None:
     with RedisServer() as srv, scripted_server() as sim:
         data = tmp_path / "data"
-        proc = subprocess.Popen(
-            [*CLI, "run", str(_campaign(tmp_path, sim.base_url)), "--data", str(data), "--executor", "celery",
-             "--broker", srv.url, "--no-progress", "--no-analyze"],
+        proc = subprocess.Popen(  # with the Ctrl-C a terminal delivers, even when pytest runs with SIGINT ignored
+            with_default_sigint([*CLI, "run", str(_campaign(tmp_path, sim.base_url)), "--data", str(data),
+                                 "--executor", "celery", "--broker", srv.url, "--no-progress", "--no-analyze"]),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=_env(),
         )
         t0, lines = time.monotonic(), []
@@ -73,7 +74,12 @@ def test_no_worker_warns_within_15_s_with_the_command(tmp_path: Path) -> None:
             waited = time.monotonic() - t0
         finally:
             proc.send_signal(signal.SIGINT)
-            proc.wait(30)
+            try:
+                proc.wait(30)
+            finally:
+                if proc.poll() is None:  # not left running after a failed wait
+                    proc.kill()
+                    proc.wait()
             reader.join(5)
         seen = "".join(lines)
         assert "warning: no worker is consuming queue 'irbench'" in seen, seen

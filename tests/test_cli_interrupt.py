@@ -1,0 +1,53 @@
+"""Ctrl-C before any run has started (the campaign file still being read): exit 130 and the
+same one-line advice as an interrupted campaign, never a silent exit or a traceback."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.support.terminal import with_default_sigint
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _open_writer(fifo: Path, proc: subprocess.Popen) -> int:
+    """Open ``fifo`` for writing once the command has opened it for reading (it then blocks in
+    the read: a point inside the command, before the store or any endpoint is touched)."""
+    while proc.poll() is None:
+        try:
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:  # ENXIO: no reader yet (the command is still starting)
+            if exc.errno != errno.ENXIO:
+                raise
+            time.sleep(0.05)
+    raise AssertionError(f"the command exited ({proc.returncode}) before it read its campaign file")
+
+
+def test_ctrl_c_while_the_campaign_file_is_read_says_run_again(tmp_path: Path) -> None:
+    fifo = tmp_path / "campaign.toml"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen(
+        with_default_sigint([sys.executable, "-m", "orchestrator.cli", "run", str(fifo), "--data", str(tmp_path / "data")]),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    fd = -1
+    try:
+        fd = _open_writer(fifo, proc)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err
+    assert "run the same command again to resume" in " ".join(err.split())
+    assert not (tmp_path / "data" / "runs").exists()  # nothing was run
