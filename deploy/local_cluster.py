@@ -34,13 +34,17 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+if __package__:  # imported: deploy.local_cluster
+    from deploy.processes import ProcInfo, free_port, is_alive, redis_ping, spawn, stop_processes
+else:  # run as a script, python3 deploy/local_cluster.py: this folder is sys.path[0]
+    from processes import ProcInfo, free_port, is_alive, redis_ping, spawn, stop_processes  # type: ignore[no-redef]
 
 DEPLOY_DIR = Path(__file__).resolve().parent
 STATE_FILE_NAME = "cluster.json"
@@ -86,119 +90,7 @@ class ClusterConfig:
     grace_s: float = 20.0
 
 
-@dataclass(frozen=True)
-class ProcInfo:
-    """One started process: its pid (== its process-group id) and kernel start time."""
-
-    name: str
-    role: str  # "redis" | "worker" | "beat"
-    pid: int
-    start_ticks: int | None
-    argv: list[str]
-    log: str
-
-
-# ---------------------------------------------------------------------------------------- processes
-
-
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state letter, start time in clock ticks) from /proc, or None if the pid does not exist."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    except OSError:
-        return None
-    fields = raw[raw.rindex(")") + 2 :].split()  # the command name may contain spaces and ')'
-    return fields[0], int(fields[19])
-
-
-def _reap(pid: int) -> None:
-    """Collect the exit status if ``pid`` is our child, so it does not linger as a zombie."""
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-
-
-def is_alive(info: ProcInfo) -> bool:
-    """True if the recorded process still runs (same pid AND same start time: not a reused pid)."""
-    _reap(info.pid)
-    if Path("/proc").is_dir():
-        st = _proc_stat(info.pid)
-        if st is None or st[0] in ("Z", "X"):
-            return False
-        return info.start_ticks is None or st[1] == info.start_ticks
-    try:  # no /proc (macOS): best effort, trusts the pid
-        os.kill(info.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _signal_group(info: ProcInfo, sig: int) -> None:
-    # Each process leads its own group (start_new_session), so killpg also reaches pool children
-    # and Redis' background save/rewrite child.
-    try:
-        os.killpg(info.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _spawn(name: str, role: str, argv: list[str], log: Path, env: Mapping[str, str]) -> ProcInfo:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    if log.exists():  # keep one previous run's log, but readiness must only see this run's lines
-        os.replace(log, log.with_name(log.name + ".prev"))
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=dict(env), start_new_session=True
-        )
-    st = _proc_stat(proc.pid)
-    return ProcInfo(name=name, role=role, pid=proc.pid, start_ticks=st[1] if st else None, argv=argv, log=str(log))
-
-
-def stop_processes(procs: Sequence[ProcInfo], grace_s: float, out=sys.stderr) -> list[str]:
-    """SIGTERM beat, then workers, then Redis (each tier waits up to ``grace_s``), SIGKILL leftovers.
-
-    Returns the names of processes that needed SIGKILL."""
-    killed: list[str] = []
-    for tier in (("beat",), ("worker",), ("redis",)):
-        group = [p for p in procs if p.role in tier and is_alive(p)]
-        for p in group:
-            _signal_group(p, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(is_alive(p) for p in group):
-            time.sleep(0.05)
-        for p in group:
-            if is_alive(p):
-                print(f"{p.name} (pid {p.pid}) still alive after {grace_s:g}s; sending SIGKILL", file=out)
-                _signal_group(p, signal.SIGKILL)
-                killed.append(p.name)
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and any(is_alive(p) for p in group):
-            time.sleep(0.05)
-    return killed
-
-
 # ------------------------------------------------------------------------------------------ helpers
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS reports free right now (it may be taken later; the caller retries)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def redis_ping(host: str, port: int, timeout_s: float = 0.3) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -316,7 +208,7 @@ def _start_all(cfg: ClusterConfig, procs: list[ProcInfo]) -> tuple[str, int]:
     # Command-line options override the file: loopback only, protected mode back on, our own dir.
     argv = [exe, str(cfg.redis_conf), "--port", str(port), "--bind", cfg.host, "--protected-mode", "yes",
             "--dir", str(redis_dir), "--logfile", str(logs / "redis.log")]
-    redis_proc = _spawn("redis", "redis", argv, logs / "redis.stdout.log", os.environ)
+    redis_proc = spawn("redis", "redis", argv, logs / "redis.stdout.log", os.environ)
     procs.append(redis_proc)
     _wait_until(lambda: redis_ping(cfg.host, port), redis_proc, "Redis PING", deadline)
     broker_url = f"redis://{cfg.host}:{port}/0"
@@ -329,13 +221,13 @@ def _start_all(cfg: ClusterConfig, procs: list[ProcInfo]) -> tuple[str, int]:
                 "--without-gossip", "--without-mingle", "-l", cfg.loglevel]
         if cfg.queues:
             argv += ["-Q", cfg.queues]
-        w = _spawn(f"worker-{i}", "worker", argv, logs / f"worker-{i}.log", env)
+        w = spawn(f"worker-{i}", "worker", argv, logs / f"worker-{i}.log", env)
         procs.append(w)
         workers.append(w)
     if cfg.beat:
         argv = [*celery, "beat", "-l", cfg.loglevel, "-s", str(cfg.state_dir / "celerybeat-schedule"),
                 "--pidfile", str(cfg.state_dir / "celerybeat.pid")]
-        procs.append(_spawn("beat", "beat", argv, logs / "beat.log", env))
+        procs.append(spawn("beat", "beat", argv, logs / "beat.log", env))
     # Readiness: the worker's "<node> ready." line (INFO), beat's "beat: Starting..." line.
     # At a quieter log level those lines are absent, so only liveness is checked.
     verbose = cfg.loglevel.lower() in ("debug", "info")

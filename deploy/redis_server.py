@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from deploy.local_cluster import free_port, redis_ping
+from deploy.processes import free_port, redis_ping
 
 __all__ = ["RedisServer", "RedisServerError", "free_port"]
 

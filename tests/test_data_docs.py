@@ -58,7 +58,7 @@ def test_rows_written_before_total_latency_existed_read_as_null(tmp_path: Path) 
 
     from storage.runs import RunStore
     from storage.schema import records_to_table
-    from tests.test_storage import make_record
+    from tests.support.run_records import make_record
 
     table = records_to_table([make_record(1), make_record(2)])
     old = table.drop_columns(["total_latency_ms"])

@@ -89,7 +89,7 @@ def test_analyze_help_example_points_at_folders_that_exist() -> None:
 
 
 def test_analyze_says_it_uses_the_latest_execution(tmp_path: Path) -> None:
-    from tests.test_storage import make_record
+    from tests.support.run_records import make_record
 
     from storage.runs import RunStore
 

@@ -89,7 +89,7 @@ def test_rates_from_finished_executions_and_eta(tmp_path) -> None:  # noqa: ANN0
 
     from orchestrator.rates import model_rates
     from storage.runs import RunStore
-    from tests.test_storage import make_record
+    from tests.support.run_records import make_record
 
     now = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.timezone.utc)
     recs = []

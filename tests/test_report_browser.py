@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis.report.build import build_report
-from tests.test_report import (
+from tests.support.report_inputs import (
     FIXED_NOW, PNG_MAGIC, SECTION_IDS, parse, write_availability, write_synthetic_analysis,
 )
 

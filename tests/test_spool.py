@@ -15,7 +15,7 @@ import pytest
 
 from storage.runs import RunStore
 from storage.spool import RunSpool, SpoolConfig, pending_rows, recover_orphans, spool_dir
-from tests.test_storage import make_record
+from tests.support.run_records import make_record
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -77,7 +77,7 @@ WRITER = textwrap.dedent(
     from pathlib import Path
     from storage.runs import RunStore
     from storage.spool import RunSpool, SpoolConfig
-    from tests.test_storage import make_record
+    from tests.support.run_records import make_record
     store = RunStore(Path(sys.argv[1]))
     spool = RunSpool(store.dataset, config=SpoolConfig(max_rows=40, max_age_s=60, idle_s=60), writer="victim")
     lock = threading.Lock()

@@ -1,4 +1,4 @@
-"""Storage layer: schema round trip, atomic partitioned writes, dedupe, filters, compaction."""
+"""Storage layer: schema round trip, atomic partitioned writes, dedupe, filters, unreadable files."""
 
 from __future__ import annotations
 
@@ -13,16 +13,9 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from storage.compaction import (
-    CompactionConfig,
-    CompactionManifest,
-    compact,
-    partition_lock,
-    write_outputs,
-)
 from storage.dataset import ParquetDataset
 from storage.errors import StorageError
-from storage.records import SCHEMA_VERSION, Attempt, Outcome, ParseOutcome, RunRecord
+from storage.records import SCHEMA_VERSION, Attempt, Outcome, RunRecord
 from storage.runs import RunStore, file_stem_for, run_spec
 from storage.schema import (
     ATTEMPT_STRUCT,
@@ -31,95 +24,7 @@ from storage.schema import (
     schema_version_of,
     table_to_records,
 )
-
-UTC = dt.timezone.utc
-DAY1 = dt.date(2026, 3, 1)
-DAY2 = dt.date(2026, 3, 2)
-DAY3 = dt.date(2026, 3, 3)
-
-
-def make_record(
-    i: int,
-    *,
-    day: dt.date = DAY1,
-    model: str | None = None,
-    campaign: str = "camp",
-    run_id: str | None = None,
-    second: float | None = None,
-    **over: object,
-) -> RunRecord:
-    """A valid RunRecord; ``second`` offsets measured_at within ``day`` (default: i)."""
-    at = dt.datetime.combine(day, dt.time(0), UTC) + dt.timedelta(seconds=i if second is None else second)
-    fields: dict[str, object] = dict(
-        run_id=run_id or f"run-{i:06d}",
-        campaign=campaign,
-        panel="panel-a",
-        prompt_sha256="a" * 64,
-        prompt_name=f"prompt-{i % 7}",
-        model=model or f"model-{i % 3}",
-        endpoint="http://127.0.0.1:9/v1",
-        wire_format="openai",
-        run_index=i,
-        instruction_version="v1",
-        instruction_sha256="b" * 64,
-        measured_at=at,
-        measurement_date=day,
-        outcome=Outcome.OK,
-        attempts=[Attempt(attempt=1, outcome=Outcome.OK, started_at=at, latency_ms=12.5)],
-    )
-    fields.update(over)
-    return RunRecord(**fields)  # type: ignore[arg-type]
-
-
-def full_record() -> RunRecord:
-    """Every optional field set to a non-default value."""
-    start = dt.datetime(2026, 3, 1, 23, 59, 59, 123456, tzinfo=dt.timezone(dt.timedelta(hours=-2)))
-    return make_record(
-        1,
-        prompt_license="CC-BY-4.0",
-        prompt_source="https://example.org/p",
-        budget_max_tokens=512,
-        max_tokens=512,
-        temperature=0.7,
-        reasoning_enabled=True,
-        structured_output=True,
-        connect_timeout_s=1.5,
-        read_timeout_s=30.0,
-        total_timeout_s=60.0,
-        measured_at=start,
-        measurement_date=dt.date(2026, 3, 2),  # the UTC date of `start`
-        date_is_window=True,
-        outcome=Outcome.RATE_LIMITED,
-        cancel_reason="retired",
-        attempts=[
-            Attempt(
-                attempt=1, outcome=Outcome.RATE_LIMITED, started_at=start, latency_ms=3.25,
-                status_code=429, bytes_received=17, retry_after_s=2.5, error="slow down ünïcode",
-            ),
-            Attempt(
-                attempt=2, outcome=Outcome.OK, started_at=start + dt.timedelta(seconds=3),
-                latency_ms=900.0, status_code=200, bytes_received=4096,
-            ),
-        ],
-        latency_ms=900.0,
-        status_code=200,
-        finish_reason="stop",
-        retired_on="2026-06-01",
-        response_text='{"nodes": []}',
-        reasoning_text="thinking…",
-        answer_chars=13,
-        reasoning_chars=9,
-        prompt_tokens=100,
-        completion_tokens=20,
-        reasoning_tokens=5,
-        parse_outcome=ParseOutcome.REPAIRED,
-        parse_repairs=["trailing_comma", "fence"],
-        ir_json='{"nodes":[]}',
-        node_ids=["a", "b"],
-        node_count=2,
-        duplicate_id_count=1,
-        irbench_version="0.1.0",
-    )
+from tests.support.run_records import DAY1, DAY2, DAY3, UTC, full_record, make_record
 
 
 # ---------------------------------------------------------------------------- schema
@@ -371,121 +276,6 @@ def test_incompatible_column_type_names_file(tmp_path: Path) -> None:
     with pytest.raises(StorageError, match="odd.parquet") as info:
         store.read_table()
     assert "expected string" in str(info.value)
-
-
-# ---------------------------------------------------------------------------- compaction
-
-
-def _populate(store: RunStore) -> list[RunRecord]:
-    recs = [make_record(i, day=[DAY1, DAY2][i % 2]) for i in range(80)]
-    for r in recs[:20]:
-        store.write([r])
-    for j in range(20, 80, 10):
-        store.write(recs[j : j + 10])
-    store.write(recs[5:15])  # duplicates of single-written runs
-    return sorted(recs, key=lambda r: r.run_id)
-
-
-def test_compaction_merges_and_keeps_every_run_once(tmp_path: Path) -> None:
-    store = RunStore(tmp_path)
-    recs = _populate(store)
-    before = store.read_table()
-    n_files = len(store.dataset.data_files())
-    report = store.compact()
-    assert report.files_before == n_files
-    assert report.files_after == 2  # one per partition
-    assert report.rows_before == 90 and report.rows_after == 80
-    assert all(f.name.startswith("part-") for f in store.dataset.data_files())
-    assert store.dataset.read(dedupe=False).num_rows == 80
-    assert store.read_table().equals(before)
-    assert store.read_records() == recs
-    # nothing hidden is left but locks; a second run has nothing to merge
-    assert not list((tmp_path / "runs").glob(".compact-*"))
-    assert not list((tmp_path / "runs" / "_compaction").glob("*.json"))
-    again = store.compact(DAY1)
-    assert again.partitions[0].skipped and again.files_after == 1
-    # new writes after compaction are merged in by the next run
-    store.write([make_record(500, day=DAY1)])
-    assert store.compact(DAY1).rows_after == 41
-
-
-def test_compaction_recovers_after_crash_before_deletes(tmp_path: Path) -> None:
-    store = RunStore(tmp_path)
-    recs = _populate(store)
-    inputs = store.dataset.partition_files(DAY1)
-    with partition_lock(store.dataset, DAY1) as held:
-        assert held
-        manifest = write_outputs(store.dataset, DAY1, CompactionConfig())  # then "crash"
-    assert manifest is not None and manifest.path.is_file()
-    assert CompactionManifest.load(manifest.path).inputs == tuple(p.name for p in inputs)
-    on_disk = store.dataset.partition_files(DAY1)
-    assert len(on_disk) == len(inputs) + 1  # outputs beside the inputs
-    assert store.read_records() == recs  # readers dedupe meanwhile
-    report = store.compact(DAY1)
-    assert report.partitions[0].recovered
-    assert [p.name for p in store.dataset.partition_files(DAY1)] == list(manifest.outputs)
-    assert not manifest.path.exists()
-    assert store.dataset.read(dedupe=False, date_to=DAY1).num_rows == 40
-    assert store.read_records() == recs
-
-
-def test_manifest_with_missing_outputs_keeps_inputs(tmp_path: Path) -> None:
-    store = RunStore(tmp_path)
-    recs = _populate(store)
-    with partition_lock(store.dataset, DAY2):
-        manifest = write_outputs(store.dataset, DAY2, CompactionConfig())
-    assert manifest is not None
-    for name in manifest.outputs:  # e.g. removed by hand
-        (store.dataset.partition_dir(DAY2) / name).unlink()
-    store.compact(DAY2)
-    assert store.read_records() == recs
-
-
-def test_compaction_lock_is_exclusive(tmp_path: Path) -> None:
-    store = RunStore(tmp_path)
-    _populate(store)
-    with partition_lock(store.dataset, DAY1) as held:
-        assert held
-        report = compact(store.dataset, DAY1)
-    assert report.partitions[0].skipped == "another compactor holds the lock"
-    assert report.files_after == report.files_before > 1
-
-
-def test_reads_during_concurrent_writes_and_compaction(tmp_path: Path) -> None:
-    store = RunStore(tmp_path)
-    reader = RunStore(tmp_path)  # a separate handle, as another process would have
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def churn() -> None:
-        try:
-            i = 0
-            while not stop.is_set():
-                store.write([make_record(i + k, day=DAY1) for k in range(5)])
-                store.write([make_record(i + 5, day=DAY1)])
-                i += 6
-                if i % 60 == 0:  # compact often (real life: hourly)
-                    store.compact(DAY1)
-        except BaseException as exc:  # surfaced in the main thread
-            errors.append(exc)
-
-    worker = threading.Thread(target=churn)
-    worker.start()
-    try:
-        seen = 0
-        deadline = time.monotonic() + 1.5
-        while time.monotonic() < deadline:
-            ids = reader.completed_run_ids()
-            table = reader.read_table(columns=["run_id"])
-            assert table.num_rows >= seen  # runs never disappear
-            assert table.num_rows == pc.count_distinct(table["run_id"]).as_py()
-            assert len(ids) >= seen
-            seen = table.num_rows
-    finally:
-        stop.set()
-        worker.join()
-    assert not errors, errors
-    assert seen > 0
 
 
 # ---------------------------------------------------------------------------- performance

@@ -28,7 +28,7 @@ WRITER = r"""
 import datetime as dt, random, sys
 from pathlib import Path
 from storage.runs import RunStore
-from tests.test_storage import make_record
+from tests.support.run_records import make_record
 
 root, prefix, seed = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 rng = random.Random(seed)

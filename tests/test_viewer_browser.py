@@ -172,7 +172,7 @@ def test_report_warning_column_fits_1400px_with_long_model_names(chromium, tmp_p
     import pyarrow.parquet as pq
 
     from analysis.report.build import build_report
-    from tests.test_report import FIXED_NOW, write_synthetic_analysis
+    from tests.support.report_inputs import FIXED_NOW, write_synthetic_analysis
 
     pdir = write_synthetic_analysis(tmp_path / "out", n_models=8, n_prompts=30, small_models=2)
     long = {f"model-{i:03d}": f"meta-llama/Llama-3.1-405B-Instruct-Turbo-variant-{i:03d}"
