@@ -29,6 +29,7 @@ class StoreCursor:
         self.run_ids: set[str] = set()
         self.executions: dict[str, set[str | None]] = {}  # run_id -> execution ids seen
         self.files_read = 0
+        self.rows_read = 0
 
     def refresh(self) -> set[str]:
         """Read the files published since the last call; returns the run_ids they hold."""
@@ -44,6 +45,7 @@ class StoreCursor:
             self._seen.update(new)
             self.files_read += len(new)
             self._tables.append(table)
+            self.rows_read += table.num_rows
             rids, eids = table.column("run_id").to_pylist(), table.column("execution_id").to_pylist()
             for rid, eid in zip(rids, eids):
                 self.executions.setdefault(rid, set()).add(eid)
@@ -54,8 +56,13 @@ class StoreCursor:
 
     def latest(self) -> pa.Table:
         """One row per stored run (``storage.runs.EXECUTION_RULE``): run_id, model, outcome,
-        execution_id."""
+        execution_id; sorted by run_id only when some run has several rows."""
         cols = ["run_id", "model", "outcome", "execution_id"]
         if not self._tables:
             return pa.table({c: pa.array([], pa.string()) for c in cols})
-        return latest_executions(pa.concat_tables(self._tables)).select(cols)
+        table = pa.concat_tables(self._tables).select(cols + ["measured_at", "finished_at"])
+        if self.rows_read == len(self.run_ids):
+            # one row per run (the usual case): nothing to pick. The sort in latest_executions
+            # took 2-5 s on 100k runs, at the end of a campaign, on a loaded 2-core machine.
+            return table.select(cols)
+        return latest_executions(table).select(cols)
