@@ -3,7 +3,7 @@
 ``httpx.AsyncClient.send`` wraps every request in layers the providers never use: auth flows,
 redirect handling (off), cookie extraction into a client-wide jar, event hooks, URL merging in
 ``build_request``. On the zero-latency simulator those layers cost about 0.4 ms of CPU per call,
-15-20 % of the whole call (bench/README.md, 2026-12-02 04:xx). ``DirectClient`` offers the two
+15-20 % of the whole call (bench/README.md, 2026-12-02 04:30). ``DirectClient`` offers the two
 methods ``_http.send`` uses (``build_request`` and ``send(..., stream=True)``) over one
 ``httpx.AsyncHTTPTransport``, the transport an ``AsyncClient`` would use itself, so connection
 handling, TLS, content decoding and the httpcore -> httpx exception mapping are httpx's own.
