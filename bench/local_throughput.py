@@ -4,8 +4,9 @@ The simulator runs in its own process with zero latency and no limits, so the fi
 client side's own per-run cost. For each concurrency level, measured side by side in one run
 (each repeat alternates which goes first, the figure is the median over repeats):
 
-* ``irbench``: ``run_local`` (call, classify, IR extraction and validation, RunRecord, batched
-  Parquet writes with fsync) over ``--runs`` runs at that concurrency, on the event loop
+* ``irbench``: ``run_local`` (call through ``PooledProvider``'s ``DirectClient``s, classify, IR
+  extraction and validation, RunRecord, batched Parquet writes with fsync) over ``--runs`` runs
+  at that concurrency, on the event loop
   ``irbench run`` uses (``run_event_loop``: uvloop); ``asyncio`` is the same on asyncio's
   default loop, to show what uvloop buys;
 * ``bare``: the reference. ``concurrency`` coroutines pull the same runs from one iterator; each
