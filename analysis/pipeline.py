@@ -30,8 +30,8 @@ from analysis.outputs import (
     write_manifest,
     write_panel,
 )
-from analysis.tables.audit import RunLevel, corpus_index, correlations_table, run_level, score_matrix
-from analysis.tables.audit import with_intervals
+from analysis.tables.audit import RunLevel, corpus_index, correlations_table, run_level
+from analysis.tables.intervals import score_matrix, with_intervals
 from analysis.memory import release_freed_memory
 from analysis.tables.cells import build_cells
 from analysis.tables.families import families_for, family_map, pairs_table

@@ -2,10 +2,11 @@
 
 Every ``*.parquet`` under ``A`` must exist under ``B`` (same relative path) and be
 ``Table.equals`` to it (values, types and order; schema metadata ignored); the manifests must
-agree apart from ``generated_at`` and ``data_dir``-free fields listed in ``--ignore``.
+agree apart from the (dotted) keys listed in ``--ignore`` (default ``generated_at``; e.g.
+``options.interval_threads`` for an option the other tree does not have).
 Prints one line per file and exits 1 on the first kind of difference found (all are listed).
 
-Usage: python bench/analysis_compare.py OUT_A OUT_B [--ignore generated_at,irbench_version]
+Usage: python bench/analysis_compare.py OUT_A OUT_B [--ignore generated_at,options.interval_threads]
 """
 
 from __future__ import annotations
@@ -34,9 +35,13 @@ def compare(a: Path, b: Path, ignore: set[str]) -> list[str]:
                 diffs.append(f"{rel}: tables differ")
         elif rel.name == "manifest.json":
             ma, mb = (json.loads((d / rel).read_text()) for d in (a, b))
-            for key in ignore:
-                ma.pop(key, None)
-                mb.pop(key, None)
+            for key in ignore:  # dotted paths: options.interval_threads
+                for m in (ma, mb):
+                    *parents, leaf = key.split(".")
+                    for p in parents:
+                        m = m.get(p, {}) if isinstance(m, dict) else {}
+                    if isinstance(m, dict):
+                        m.pop(leaf, None)
             same = ma == mb
             print(f"{rel}: {'equal' if same else 'DIFFERENT'} (ignoring {sorted(ignore)})")
             if not same:

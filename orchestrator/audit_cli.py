@@ -122,6 +122,7 @@ def analyze_command(
     broker: Annotated[Optional[str], typer.Option("--broker", envvar="IRBENCH_BROKER_URL", help="Redis URL for --executor celery.")] = None,
     timeout: Annotated[Optional[float], typer.Option(help="Give up on a distributed analysis after this many seconds.")] = None,
     blas_threads: Annotated[int, typer.Option("--blas-threads", help="Threads for the bootstrap matrix products (1 is fastest on a busy machine).")] = 1,
+    interval_threads: Annotated[int, typer.Option("--interval-threads", envvar="IRBENCH_INTERVAL_THREADS", help="2: the per-model CI bootstrap runs beside the joint rank bootstrap (same results); 1: one after the other (less peak memory).")] = 2,
 ) -> None:
     """Audit stored runs and imported cells: per panel, models with CIs, rank sets and partition,
     pairs, sensitivity, drift, stabilisation, correctness, correlations, normalised Jaccard.
@@ -140,7 +141,7 @@ def analyze_command(
             merge_rule=merge_rule, precedence_path=precedence, families_path=families,
             pair_scope=pairs, corpus_dirs=corpus or None, skip_corrupt=skip_corrupt,
             timeouts_s=[float(t) for t in timeouts.split(",") if t.strip()],
-            blas_threads=blas_threads,
+            blas_threads=blas_threads, interval_threads=interval_threads,
         )
         with StageProgress(_console(), title="analyze") as stages:
             result = analyze_with_executor(data, out, options, executor=executor, broker_url=broker,

@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from analysis.tables.audit import score_matrix
+from analysis.tables.intervals import score_matrix
 
 
 def _cells(rng: np.random.Generator) -> pa.Table:
