@@ -166,11 +166,12 @@ def test_no_permit_is_taken_for_a_run_that_is_not_claimed_or_whose_gate_is_close
     assert loop.run_until_complete(lim.outstanding("m")) == 1  # only r1's
 
 
-def test_a_token_limited_model_gets_its_first_permit_the_usual_way(client, claims) -> None:
+def test_a_rate_limited_model_gets_its_first_permit_the_usual_way(client, claims) -> None:
     cp, lim, loop = claims
     st = CampaignState(client, "cp3", prefix="t")
-    got = cp.claim(st, _task("r1", tokens_per_minute=1000), "w1", 30)
-    assert got.status == CLAIMED and got.permit is None
+    for i, limits in enumerate(({"tokens_per_minute": 1000}, {"requests_per_minute": 60})):
+        got = cp.claim(st, _task(f"r{i}", **limits), "w1", 30)
+        assert got.status == CLAIMED and got.permit is None
     assert loop.run_until_complete(lim.outstanding("m")) == 0
 
 
@@ -255,14 +256,18 @@ def test_a_late_first_permit_is_given_back_and_a_fresh_one_taken(client, claims)
 
 def test_a_noted_release_goes_back_before_a_retry_and_by_itself_after_the_grace(client, claims) -> None:
     import asyncio
+    import dataclasses
+    import time
 
     from workers.runtask import ModelLimits
 
     cp, lim, loop = claims
     st = CampaignState(client, "cp7", prefix="t")
     limits = ModelLimits(max_concurrency=1, requests_per_minute=600)  # one request per ~0.1 s
-    got = cp.claim(st, _task("r1", max_concurrency=1, requests_per_minute=600), "w1", 30)
-    d, reg = _deferring(client, lim, st, got.permit, release_later=True, release_grace_s=0.3)
+    first = loop.run_until_complete(lim.acquire("m", limits, "r1", 1))  # what a claim would have granted
+    got = type("G", (), {"permit": first})
+    reg_first = dataclasses.replace(first, granted_mono_s=time.monotonic())
+    d, reg = _deferring(client, lim, st, reg_first, release_later=True, release_grace_s=0.3)
 
     async def attempts() -> tuple[float, float, int]:
         p1 = await d.acquire("m", limits, "r1", 1)
