@@ -23,7 +23,7 @@ MaxFailuresOpt = Annotated[Optional[int], typer.Option(
     "(env IRBENCH_MAX_TASK_FAILURES, default 3).")]
 RunsPerMessageOpt = Annotated[Optional[int], typer.Option(
     "--runs-per-message", help="Runs carried by one broker message, executed one after the other by one worker "
-    "slot (env IRBENCH_RUNS_PER_MESSAGE, default 4). 4-8 divides the broker's per-run cost for fast endpoints.")]
+    "slot (env IRBENCH_RUNS_PER_MESSAGE, default 1). 4-8 divides the broker's per-run cost for fast endpoints.")]
 LeaseTtlOpt = Annotated[Optional[float], typer.Option(
     "--lease-ttl-s", help="Limiter lease lifetime without a heartbeat (env IRBENCH_LEASE_TTL_S, default 30).")]
 SpoolRowsOpt = Annotated[Optional[int], typer.Option(
