@@ -17,8 +17,10 @@ plus the broker's. Here:
   one). The lease is thus held until the record is durable (a few ms of fsync longer than the
   call itself): never more calls in flight than the cap, only a slightly later free slot.
 
-Models with a token limit skip the combined acquire (the task thread does not know
-``execute_run``'s token estimate); their first permit comes the usual way.
+Models with a request or token limit skip the combined acquire: their first permit comes the
+usual way, with the gate and cooldown re-check right before the send (a 429 cooldown another run
+starts between the claim and the send must still be seen; the task thread also does not know
+``execute_run``'s token estimate). The combined path is for models with a concurrency cap only.
 
 The scripts touch campaign keys and limiter keys together (different hash tags), so they need a
 single Redis, not a cluster — as does kombu's Redis transport the workers consume from.
@@ -89,11 +91,11 @@ class ClaimPermits:
     def claim(self, state: CampaignState, task: RunTask, owner: str, ttl_s: float,
               pending: Sequence[str] = ()) -> Claimed:
         """Claim ``task``'s run for ``owner`` (``ttl_s`` seconds), read its model's gate and,
-        if claimed with the gate open and no token limit, decide its first permit (holder =
+        if claimed with the gate open and no request or token limit, decide its first permit (holder =
         run_id, as ``execute_run`` asks). ``pending``: the runs after it in its message."""
         c_args = claim_args(task.run_id, task.model, owner, ttl_s, pending)
         keys, a_args = [state.base], []
-        if not task.limits.tokens_per_minute:
+        if not (task.limits.tokens_per_minute or task.limits.requests_per_minute):
             a_keys, a_args = self._limiter.acquire_call(task.model, task.limits, task.run_id, 0)
             keys += a_keys
         asked_at = time.monotonic()  # the grant happens after this: the grant-to-send delay's origin
