@@ -11,8 +11,6 @@ __all__ = [
     "availability_tasks",
     "broker_view",
     "campaign_state",
-    "claim_permit",
-    "deferring",
     "gate",
     "presence",
     "redis_limiter",
