@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-import re
 
 import pytest
 
@@ -21,33 +20,18 @@ from workers.providers.base import ChatRequest
 from workers.providers.direct import DirectClient
 from workers.providers.openai_compat import OpenAIProvider
 from workers.providers.registry import make_tls_context
+from tests.support.raw_http import serve_fixed
 from workers.runtask import TimeoutPolicy
 
 _ANSWER = {"choices": [{"message": {"content": "héllo"}, "finish_reason": "stop"}],
            "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
 _BODY = gzip.compress(json.dumps(_ANSWER).encode())
-_LENGTH = re.compile(rb"^content-length:\s*(\d+)", re.I | re.M)
 
 
 async def _serve(heads: list[bytes], delay_s: float = 0.0) -> asyncio.Server:
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    return
-                match = _LENGTH.search(head)
-                await reader.readexactly(int(match.group(1)) if match else 0)
-                heads.append(head)
-                await asyncio.sleep(delay_s)
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-encoding: gzip\r\n"
-                             b"set-cookie: session=abc\r\ncontent-length: %d\r\n\r\n%s" % (len(_BODY), _BODY))
-                await writer.drain()
-        finally:
-            writer.close()
-
-    return await asyncio.start_server(handle, "127.0.0.1", 0)
+    return await serve_fixed(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-encoding: gzip\r\n"
+                             b"set-cookie: session=abc\r\ncontent-length: %d\r\n\r\n%s" % (len(_BODY), _BODY),
+                             delay_s=delay_s, on_request=heads.append)
 
 
 def _request(total_s: float = 10.0) -> ChatRequest:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from workers.providers.base import ChatRequest
 from workers.providers.openai_compat import OpenAIProvider
 from workers.providers.pooled import PooledProvider
 from workers.providers.registry import make_tls_context
+from tests.support.raw_http import serve_fixed
 from workers.runtask import EndpointRef, ModelLimits, RetryPolicy, RunTask, TimeoutPolicy
 
 _IR = {"version": 1, "nodes": [{"id": "RULE:A", "kind": "rule", "label": "a", "meta": {"priority": 1}}]}
@@ -31,7 +31,6 @@ _BODY = json.dumps({
     "choices": [{"index": 0, "message": {"role": "assistant", "content": json.dumps(_IR)}, "finish_reason": "stop"}],
     "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12},
 }).encode()
-_LENGTH = re.compile(rb"^content-length:\s*(\d+)", re.I | re.M)
 
 
 @dataclass
@@ -41,26 +40,14 @@ class _Counts:
 
 
 async def _serve(counts: _Counts, delay_s: float) -> asyncio.Server:
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def connected() -> None:
         counts.connections += 1
-        try:
-            while True:
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    return
-                match = _LENGTH.search(head)
-                await reader.readexactly(int(match.group(1)) if match else 0)
-                counts.requests += 1
-                if delay_s:
-                    await asyncio.sleep(delay_s)
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                             % (len(_BODY), _BODY))
-                await writer.drain()
-        finally:
-            writer.close()
 
-    return await asyncio.start_server(handle, "127.0.0.1", 0)
+    def requested(_head: bytes) -> None:
+        counts.requests += 1
+
+    return await serve_fixed(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                             % (len(_BODY), _BODY), delay_s=delay_s, on_connect=connected, on_request=requested)
 
 
 def _tasks(base_url: str, n: int, concurrency: int, model: str = "m") -> list[RunTask]:
