@@ -277,11 +277,15 @@ class ParquetDataset:
         """Delete in-flight ``.tmp`` files left by killed writers; returns how many.
 
         Only files older than ``older_than_s`` (mtime) are touched, so live writers are safe.
+        Looks in the dataset directory and every directory directly under it: the date
+        partitions and ``_compaction/``, where a compactor killed mid-manifest leaves one.
         """
         now_s = time.time() if now_s is None else now_s
         removed = 0
-        for day in self.partitions():
-            pdir = self.partition_dir(day)
+        if not self.path.is_dir():
+            return 0
+        dirs = [self.path] + [Path(e.path) for e in os.scandir(self.path) if e.is_dir()]
+        for pdir in dirs:
             for entry in os.scandir(pdir):
                 if entry.name.startswith(".") and entry.name.endswith(".tmp"):
                     try:

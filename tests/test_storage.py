@@ -237,6 +237,18 @@ def test_tmp_files_and_hidden_dirs_are_ignored(tmp_path: Path) -> None:
     assert [p.name for p in pdir.iterdir()] == [name]
 
 
+def test_stale_manifest_tmp_of_a_killed_compactor_is_removed(tmp_path: Path) -> None:
+    # CI once found one left after a compactor was SIGKILLed while writing its manifest
+    store = RunStore(tmp_path)
+    store.write([make_record(1)])
+    mdir = tmp_path / "runs" / "_compaction"
+    mdir.mkdir()
+    (mdir / ".2026-03-01-abc.json.tmp").write_text("{")
+    (mdir / "2026-03-01-def.json").write_text("{}")  # a real manifest is not a temp file
+    assert store.dataset.remove_stale_tmp(older_than_s=0, now_s=time.time() + 1) == 1
+    assert [p.name for p in mdir.iterdir()] == ["2026-03-01-def.json"]
+
+
 def test_unreadable_file_is_named(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
     store.write([make_record(1)])
