@@ -145,13 +145,19 @@ print(json.dumps({"import_s": t1 - t0, "analyze_s": t2 - t1,
 """
 
 
+_LAUNCH = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"
+
+
 def whole_analyze(scores: np.ndarray, replicates: int, seed: int) -> dict:
     """Write the store, then run ``run_analysis`` in a fresh child process; its timings and
     peak RSS (MiB) as a dict."""
     with tempfile.TemporaryDirectory() as tmp:
         write_store(scores, Path(tmp) / "data")
         root = Path(__file__).resolve().parents[1]
-        res = subprocess.run([sys.executable, "-c", _CHILD, str(Path(tmp) / "data"),
+        # Through a small launcher: Linux starts a child's ru_maxrss at the RSS of the process
+        # it was forked from (kept across exec), so a direct child of this process would report
+        # at least this process's own peak.
+        res = subprocess.run([sys.executable, "-c", _LAUNCH, sys.executable, "-c", _CHILD, str(Path(tmp) / "data"),
                               str(Path(tmp) / "out"), str(replicates), str(seed)],
                              capture_output=True, text=True, cwd=root, check=False)
         if res.returncode != 0:
