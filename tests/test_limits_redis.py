@@ -22,7 +22,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from deploy.redis_server import RedisServer
 from workers.celery.redis_limiter import RedisLimiter
@@ -159,11 +159,15 @@ class LimiterMachine(RuleBasedStateMachine):
         """What a run does first (a second rule doubles how often it is drawn)."""
         self._acquire(holder, cost, True)
 
-    @precondition(lambda self: bool(self.resv))
+    # No @precondition on self.resv: whether a reservation exists depends on real time, and a
+    # time-dependent rule set makes hypothesis raise FlakyStrategyDefinition under CPU load
+    # (the same choice sequence drawing from a different set of rules).
     @rule(pick=st.integers(0, 4), late_s=st.sampled_from([0.0, 0.0, 0.1, 0.55]), cost=st.integers(0, 30))
     def come_back_for_slot(self, pick: int, late_s: float, cost: int) -> None:
         """A deferred run returns at its reserved slot, or late (late claims test the grant log;
         0.55 s is past the grace, so that reservation is abandoned)."""
+        if not self.resv:
+            return
         holder = sorted(self.resv)[pick % len(self.resv)]
         slot = self.resv[holder][0]
         time.sleep(min(max(slot - self.server_now() + 0.002, 0.0), AHEAD_S) + late_s)
