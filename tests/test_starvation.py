@@ -16,8 +16,9 @@ import redis.asyncio as aioredis
 from deploy.redis_server import RedisServer
 from workers.celery.campaign_state import CampaignState
 from workers.celery.gate import RedisGate
+from workers.celery.local_cooldowns import LocalCooldowns
 from workers.celery.redis_limiter import RedisLimiter
-from workers.celery.runtime import DeferringLimiter, WorkerSettings
+from workers.celery.runtime import Deferred, DeferringLimiter, WorkerSettings
 from workers.limits.base import Permit
 from workers.runtask import ModelLimits
 
@@ -46,10 +47,12 @@ class StarvedGate(RedisGate):
 
 
 class Holds:
-    """The permit registry ``DeferringLimiter`` reports to (the worker runtime's heartbeat list)."""
+    """The permit registry ``DeferringLimiter`` reports to (the worker runtime's heartbeat list)
+    and the process's noted cooldowns (``WorkerRuntime.cooldowns``)."""
 
     def __init__(self, settings: WorkerSettings) -> None:
         self.settings, self.held = settings, set()
+        self.cooldowns = LocalCooldowns()
 
     def hold_permit(self, p: Permit) -> None:
         self.held.add(p.holder)
@@ -133,3 +136,65 @@ def test_a_cooldown_started_after_the_grant_is_waited_out(srv: RedisServer) -> N
     waited = asyncio.run(body())
     sync.close()
     assert waited >= cooldown_s - 0.05, waited
+
+
+class SlowCooldownLimiter(RedisLimiter):
+    """The real Redis limiter whose cooldown write lands ``delay_s`` late: the round trip of a
+    starved worker, or the script's first call (NOSCRIPT, SCRIPT LOAD, again). The 429-storm
+    test measured 20-50 ms between a worker reading a 429 and Redis having its cooldown."""
+
+    delay_s = 0.3
+
+    async def cooldown(self, model: str, seconds: float) -> None:
+        await asyncio.sleep(self.delay_s)
+        await super().cooldown(model, seconds)
+
+
+@pytest.mark.parametrize("first_permit", [True, False])
+def test_no_permit_in_the_same_process_while_its_cooldown_is_on_its_way(srv: RedisServer, first_permit: bool) -> None:
+    """Run A of a worker process met a 429 and is recording the cooldown; run B of the same
+    process asks for a permit before Redis has it. B must not be sent into the cooldown: its
+    first permit is deferred past the cooldown, a retry's permit waits it out. (Before the fix
+    Redis granted and admitted B at once: the storm test saw such a call 28 ms after Redis had
+    the cooldown, from the process that had met the 429.)"""
+    settings = WorkerSettings(redis_url=srv.url, limit_jitter_allowance_s=ALLOWANCE_S, limit_period_s=1.0,
+                              max_wait_s=0.2)
+    prefix = f"st:{uuid.uuid4().hex}"
+    sync = redis.Redis.from_url(srv.url)
+    state = CampaignState(sync, f"same-{uuid.uuid4().hex[:8]}")
+    cooldown_s = 0.6
+    limits = ModelLimits(max_concurrency=4)
+
+    async def body() -> tuple[float | None, float | None, float]:
+        client = aioredis.Redis.from_url(srv.url)
+        inner = SlowCooldownLimiter(client, key_prefix=prefix, period_s=1.0, jitter_allowance_s=ALLOWANCE_S)
+        runtime = Holds(settings)  # one process: both runs share its runtime
+        a = DeferringLimiter(inner, RedisGate(state, async_client=client), runtime)  # type: ignore[arg-type]
+        b = DeferringLimiter(inner, RedisGate(state, async_client=client), runtime)  # type: ignore[arg-type]
+        if not first_permit:
+            b._acquisitions = 1  # a retry's permit: waited for, never deferred
+        try:
+            t0 = time.monotonic()
+            recording = asyncio.create_task(a.cooldown("m", cooldown_s))  # A's 429
+            await asyncio.sleep(0)  # A has started: its write is on its way to Redis
+            deferred_s = granted_s = None
+            try:
+                permit = await b.acquire("m", limits, "run-b", 10)
+                granted_s = time.monotonic() - t0
+                await b.release(permit)
+            except Deferred as d:
+                deferred_s = d.wait_s
+            await recording
+            return deferred_s, granted_s, time.monotonic() - t0
+        finally:
+            await inner.aclose()
+            await client.aclose()
+
+    deferred_s, granted_s, _ = asyncio.run(body())
+    sync.close()
+    if first_permit:
+        assert granted_s is None and deferred_s is not None, (granted_s, deferred_s)
+        assert deferred_s >= cooldown_s - 0.05, deferred_s  # comes back after the cooldown
+    else:
+        assert deferred_s is None and granted_s is not None
+        assert granted_s >= cooldown_s - 0.05, granted_s

@@ -12,6 +12,7 @@ __all__ = [
     "broker_view",
     "campaign_state",
     "gate",
+    "local_cooldowns",
     "presence",
     "redis_limiter",
     "redis_retry",

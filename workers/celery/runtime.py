@@ -40,10 +40,11 @@ from redis.retry import Retry
 
 from storage.runs import RunStore
 from storage.spool import RunSpool, SpoolConfig, recover_orphans
+from workers.celery.local_cooldowns import LocalCooldowns
 from workers.celery.redis_limiter import RedisLimiter
 from workers.errors import ConfigError, GateClosed, LimiterError, LimiterUnavailable, WaitBudgetExceeded
 from workers.limits.base import Permit
-from workers.limits.memory import CONCURRENCY
+from workers.limits.memory import CONCURRENCY, COOLDOWN
 from workers.providers.base import Provider
 from workers.providers.registry import make_http_client, make_provider
 from workers.celery.gate import RedisGate
@@ -160,7 +161,10 @@ class DeferringLimiter:
         # A retry inside execute_run must not defer: that would drop the attempts already made
         # (every attempt must be stored), so it waits; the wait is a cooldown or rate slot.
         budget_s = self._max_wait_s if self._acquisitions == 1 else None
-        for regrant in range(self._max_regrants + 1):
+        regrant = 0
+        while True:
+            # a cooldown this process noted but Redis may not have yet (local_cooldowns)
+            budget_s = await self._sit_out_local_cooldown(model, budget_s)
             try:
                 permit = await self._inner.acquire(model, limits, holder, cost_tokens, max_wait_s=budget_s)
             except WaitBudgetExceeded as exc:
@@ -171,17 +175,32 @@ class DeferringLimiter:
             except LimiterUnavailable as exc:
                 raise Deferred(self._min_defer_s * 4, "limiter unavailable") from exc
             permit, cooling_s = await self._admit(permit)
+            # the admission read Redis; a 429 this process met since (its Redis write still in
+            # flight) is only here: the send would come after this process knew of the cooldown
+            cooling_s = max(cooling_s, self._rt.cooldowns.remaining_s(model))
             late_s = self._late_s(permit)
-            if (late_s is None and cooling_s <= 0) or regrant == self._max_regrants:
+            if cooling_s <= 0 and (late_s is None or regrant >= self._max_regrants):
                 return permit
             # CPU starvation: the grant is older than the limiter's jitter allowance, so sending
             # now could put one request too many into the provider's window; or a 429 started a
             # cooldown after the grant. Give it back (its rate slot stays spent: never a burst)
-            # and take a fresh one (which waits out the cooldown).
+            # and take a fresh one (which waits out the cooldown). A cooldown is never sent
+            # into, even past max_regrants: each round waits it out, so only new 429s repeat it.
             log.info("permit_regranted", model=model, late_s=round(late_s or 0.0, 3),
                      cooling_s=round(cooling_s, 3), regrant=regrant + 1)
             await self.release(permit)
-        raise AssertionError("unreachable")
+            regrant += 1
+
+    async def _sit_out_local_cooldown(self, model: str, budget_s: float | None) -> float | None:
+        """Wait out this process's noted cooldown of ``model`` (or defer the first permit when
+        it is longer than the wait budget); return the budget left."""
+        wait_s = self._rt.cooldowns.remaining_s(model)
+        if wait_s <= 0:
+            return budget_s
+        if budget_s is not None and wait_s > budget_s:
+            raise Deferred(wait_s, COOLDOWN)
+        await asyncio.sleep(wait_s)
+        return None if budget_s is None else budget_s - wait_s
 
     def _late_s(self, permit: Permit) -> float | None:
         """How far past the allowance the grant-to-send delay is, or None if within it."""
@@ -212,6 +231,7 @@ class DeferringLimiter:
             log.warning("limiter_release_failed", model=permit.model, error=str(exc))
 
     async def cooldown(self, model: str, seconds: float) -> None:
+        self._rt.cooldowns.note(model, seconds)  # before any await: this process's other runs see it now
         try:
             await self._inner.cooldown(model, seconds)
         except LimiterError as exc:
@@ -237,6 +257,7 @@ class WorkerRuntime:
         self._lock = threading.Lock()
         self._claims: dict[str, _Claim] = {}
         self._permits: dict[tuple[str, str], Permit] = {}
+        self.cooldowns = LocalCooldowns()  # 429 cooldowns this process met, before Redis has them
         self._providers: dict[tuple[str, str, str, str | None], Provider] = {}
         self._stores: dict[str, RunStore] = {}
         self._spools: dict[str, RunSpool] = {}
