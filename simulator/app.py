@@ -110,6 +110,9 @@ class ModelStats:
     requests: int = 0
     by_status: Counter = field(default_factory=Counter)
     arrivals_s: list[float] = field(default_factory=list)
+    # one [arrived_s, replied_s, status, client_port] per request, in reply order: replied_s is
+    # when the handler returned (a 429's headers are sent right after), on the same clock
+    exchanges: list[list[float | int]] = field(default_factory=list)
 
 
 @dataclass
@@ -351,6 +354,8 @@ class SimApp:
         if st is None:
             st = self._record_arrival("<invalid>", arrived_s)
         st.by_status[resp.status_code] += 1
+        st.exchanges.append([arrived_s, self._monotonic(), resp.status_code,
+                             request.client.port if request.client else 0])
         return resp
 
     # ---- OpenAI --------------------------------------------------------------------------
@@ -450,9 +455,11 @@ class SimApp:
 
     # ---- observability -------------------------------------------------------------------
     async def stats(self, request: Request) -> Response:
-        """``{"now_s": monotonic, "models": {name: {requests, by_status{"200": n}, arrivals_s[]}}}``."""
+        """``{"now_s": monotonic, "models": {name: {requests, by_status{"200": n}, arrivals_s[],
+        exchanges[[arrived_s, replied_s, status, client_port]]}}}``."""
         models = {n: {"requests": s.requests, "by_status": {str(k): v for k, v in sorted(s.by_status.items())},
-                      "arrivals_s": list(s.arrivals_s)} for n, s in self.state.stats.items()}
+                      "arrivals_s": list(s.arrivals_s), "exchanges": [list(e) for e in s.exchanges]}
+                  for n, s in self.state.stats.items()}
         return JSONResponse({"now_s": self._monotonic(), "models": models})
 
     async def reset(self, request: Request) -> Response:

@@ -15,7 +15,11 @@ i.e. during the sender's ``write``; the capture thread itself may be starved wit
 the times (the kernel queues the copies, ``--rcvbuf-mib`` of them; drops are counted).
 
 A request's time is that of its first segment (``POST ...``); its model is read from the
-``"model"`` field of the JSON body on the same connection. Needs root (CAP_NET_RAW), Linux only.
+``"model"`` field of the JSON body on the same connection. With ``replies=True`` the segments
+*from* the port are captured too: each reply's status line and the time it crossed ``lo`` (when
+the server's ``write`` put it in the client's socket: the moment the client could know it),
+matched to the request it answers (HTTP/1.1 answers in order on a connection), and the client's
+port of each request (to tell which process sent it). Needs root (CAP_NET_RAW), Linux only.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import socket
 import struct
 import threading
 from collections import defaultdict
+from dataclasses import dataclass
 from types import TracebackType
 
 ETH_P_ALL = 0x0003
@@ -36,22 +41,43 @@ SOL_PACKET = 263
 PACKET_STATISTICS = 6
 PACKET_HOST = 0  # the incoming copy of a loopback segment (the outgoing one is PACKET_OUTGOING)
 _MODEL = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_STATUS = re.compile(rb"HTTP/1\.[01] (\d{3}) ")
 
 
-def _bpf_tcp_dst_port(port: int) -> bytes:
-    """Classic BPF: accept IPv4 TCP segments (not fragments) to ``port``; what ``tcpdump -dd`` gives."""
+@dataclass(frozen=True)
+class WireRequest:
+    """One request seen on the wire: ``sent_s`` its first segment's time (CLOCK_REALTIME), the
+    client's ``client_port``, and (``replies=True``) its reply's ``status`` and ``replied_s``
+    (None if no reply was seen before the capture ended)."""
+
+    model: str
+    sent_s: float
+    client_port: int
+    status: int | None = None
+    replied_s: float | None = None
+
+
+def _bpf_tcp_port(port: int, *, both_directions: bool = False) -> bytes:
+    """Classic BPF: accept IPv4 TCP segments (not fragments) to ``port`` (and from it when
+    ``both_directions``); what ``tcpdump -dd 'tcp dst port P'`` (``'tcp port P'``) gives."""
+    src = 1 if both_directions else 0  # the extra "source port == port" test
     code = [
-        (0x28, 0, 0, 12),          # ldh [12]            ethertype
-        (0x15, 0, 8, 0x0800),      # jeq IPv4 else drop
-        (0x30, 0, 0, 23),          # ldb [23]            IP protocol
-        (0x15, 0, 6, 6),           # jeq TCP else drop
-        (0x28, 0, 0, 20),          # ldh [20]            fragment offset
-        (0x45, 4, 0, 0x1FFF),      # jset -> drop
-        (0xB1, 0, 0, 14),          # ldxb 4*([14]&0xf)   IP header length
-        (0x48, 0, 0, 16),          # ldh [x+16]          TCP destination port
-        (0x15, 0, 1, port),        # jeq port
-        (0x06, 0, 0, 0x40000),     # accept (snap 256 KiB)
-        (0x06, 0, 0, 0),           # drop
+        (0x28, 0, 0, 12),              # ldh [12]            ethertype
+        (0x15, 0, 8 + 2 * src, 0x0800),  # jeq IPv4 else drop
+        (0x30, 0, 0, 23),              # ldb [23]            IP protocol
+        (0x15, 0, 6 + 2 * src, 6),     # jeq TCP else drop
+        (0x28, 0, 0, 20),              # ldh [20]            fragment offset
+        (0x45, 4 + 2 * src, 0, 0x1FFF),  # jset -> drop
+        (0xB1, 0, 0, 14),              # ldxb 4*([14]&0xf)   IP header length
+    ]
+    if both_directions:
+        code += [(0x48, 0, 0, 14),     # ldh [x+14]          TCP source port
+                 (0x15, 2, 0, port)]   # jeq port -> accept
+    code += [
+        (0x48, 0, 0, 16),              # ldh [x+16]          TCP destination port
+        (0x15, 0, 1, port),            # jeq port
+        (0x06, 0, 0, 0x40000),         # accept (snap 256 KiB)
+        (0x06, 0, 0, 0),               # drop
     ]
     return b"".join(struct.pack("HBBI", *c) for c in code)
 
@@ -64,16 +90,19 @@ class WireCapture:
     if > 0, requests may be missing) and ``unmatched`` (requests whose model was not found).
     """
 
-    def __init__(self, port: int, *, interface: str = "lo", rcvbuf_mib: int = 256) -> None:
+    def __init__(self, port: int, *, interface: str = "lo", rcvbuf_mib: int = 256, replies: bool = False) -> None:
         self.port = port
         self.drops = 0
         self.unmatched = 0
+        self._replies = replies
         self._arrivals: dict[str, list[float]] = defaultdict(list)
+        self._requests: list[WireRequest] = []
+        self._unanswered: dict[tuple[bytes, int], list[int]] = defaultdict(list)  # flow -> indexes into _requests
         self._pending: dict[tuple[bytes, int], tuple[float, bytes]] = {}  # flow -> (first ts, bytes so far)
         self._sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
         self._sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, rcvbuf_mib << 20)
         self._sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-        prog = _bpf_tcp_dst_port(port)
+        prog = _bpf_tcp_port(port, both_directions=replies)
         self._prog = struct.pack("HL", len(prog) // 8, _address_of(prog))
         self._sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, self._prog)
         self._sock.bind((interface, 0))
@@ -84,6 +113,10 @@ class WireCapture:
     def arrivals_s(self) -> dict[str, list[float]]:
         """Per model, the wire time of each request (seconds, CLOCK_REALTIME), sorted."""
         return {m: sorted(ts) for m, ts in self._arrivals.items()}
+
+    def requests(self) -> list[WireRequest]:
+        """Every request seen, in the order sent, with its reply when ``replies=True``."""
+        return sorted(self._requests, key=lambda r: r.sent_s)
 
     def _run(self) -> None:
         while True:
@@ -107,9 +140,12 @@ class WireCapture:
         ihl = (frame[ip] & 0x0F) * 4
         tcp = ip + ihl
         src = frame[ip + 12:ip + 16]
-        sport = struct.unpack("!H", frame[tcp:tcp + 2])[0]
+        sport, dport = struct.unpack("!HH", frame[tcp:tcp + 4])
         payload = frame[tcp + (frame[tcp + 12] >> 4) * 4:]
         if not payload:
+            return
+        if sport == self.port:  # a reply (replies=True): to the flow (dst address, dst port)
+            self._reply(ts, (frame[ip + 16:ip + 20], dport), payload)
             return
         flow = (src, sport)
         if payload.startswith(b"POST "):
@@ -125,8 +161,22 @@ class WireCapture:
         body = seen.partition(b"\r\n\r\n")[2]
         m = _MODEL.search(body)
         if m is not None:
-            self._arrivals[json.loads(b'"' + m.group(1) + b'"')].append(first)
+            model = json.loads(b'"' + m.group(1) + b'"')
+            self._arrivals[model].append(first)
+            self._unanswered[flow].append(len(self._requests))
+            self._requests.append(WireRequest(model, first, sport))
             del self._pending[flow]
+
+    def _reply(self, ts: float, flow: tuple[bytes, int], payload: bytes) -> None:
+        """A reply's first segment starts with its status line; the rest (body, later segments,
+        stream chunks) do not, and are skipped."""
+        m = _STATUS.match(payload)
+        queue = self._unanswered.get(flow)
+        if m is None or not queue:
+            return
+        i = queue.pop(0)
+        r = self._requests[i]
+        self._requests[i] = WireRequest(r.model, r.sent_s, r.client_port, int(m.group(1)), ts)
 
     def _read_drops(self) -> int:
         raw = self._sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8)  # tpacket_stats; reading resets it

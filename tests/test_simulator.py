@@ -142,6 +142,10 @@ def test_retired_after_n_requests(fresh):
     stats = httpx.get(f"{fresh.base_url}/_stats").json()["models"]["retiring"]
     assert stats["requests"] == 6 and stats["by_status"] == {"200": 3, "410": 3}
     assert len(stats["arrivals_s"]) == 6 and stats["arrivals_s"] == sorted(stats["arrivals_s"])
+    # one [arrived_s, replied_s, status, client_port] per request, each reply after its arrival
+    ex = stats["exchanges"]
+    assert [e[2] for e in ex] == [200, 200, 200, 410, 410, 410]
+    assert sorted(e[0] for e in ex) == stats["arrivals_s"] and all(e[0] <= e[1] and e[3] > 0 for e in ex)
 
 
 def test_unknown_model_is_404_in_both_shapes(fresh):

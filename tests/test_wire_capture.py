@@ -4,6 +4,7 @@ arrivals late, the wire does not. Needs root (an AF_PACKET socket) on Linux."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -40,7 +41,8 @@ def chat(model: str, chars: int = 10) -> dict:
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     cfg = tmp_path_factory.mktemp("wire") / "sim.toml"
-    cfg.write_text("seed = 1\n[models.wa]\nlatency_ms_median = 1\n[models.wb]\nlatency_ms_median = 1\n")
+    cfg.write_text("seed = 1\n[models.wa]\nlatency_ms_median = 1\n[models.wb]\nlatency_ms_median = 1\n"
+                   "[models.wr]\nrate_limit_prob = 1.0\nretry_after_s = 0.5\n")
     with start_subprocess(cfg, startup_timeout_s=60.0) as s:
         yield s
 
@@ -88,3 +90,33 @@ def test_a_stopped_simulator_stamps_late_the_wire_does_not(sim) -> None:  # noqa
         stamped = json.load(resp)["models"]["wb"]["arrivals_s"][-1] + offset_s
     assert on_wire - before < 0.3, "the wire time is the send, not the server's handling"
     assert stamped - on_wire > stop_s - 0.2, "the simulator's own stamp waited for the stopped process"
+
+
+def test_replies_are_matched_to_their_requests_with_status_and_time(sim) -> None:  # noqa: ANN001
+    """``replies=True``: each request gets its reply's status and wire time, also for several
+    requests in turn on one keep-alive connection (a 429 among them), with the client's port."""
+    host, port = urllib.parse.urlsplit(sim.base_url).hostname, port_of(sim.base_url)
+    spans: list[tuple[str, float, float, int]] = []
+    with WireCapture(port, replies=True) as wire:
+        conn = http.client.HTTPConnection(host, port, timeout=30)
+        try:
+            for model in ("wa", "wr", "wb", "wr"):
+                before = time.time()
+                conn.request("POST", "/v1/chat/completions", body=json.dumps(chat(model)),
+                             headers={"content-type": "application/json"})
+                resp = conn.getresponse()
+                resp.read()
+                spans.append((model, before, time.time(), resp.status))
+            client_port = conn.sock.getsockname()[1]
+        finally:
+            conn.close()
+    got = wire.requests()
+    assert wire.drops == 0 and wire.unmatched == 0
+    assert [(r.model, r.status, r.client_port) for r in got] == [(m, st, client_port) for m, _, _, st in spans]
+    assert [st for *_, st in spans] == [200, 429, 200, 429]
+    for r, (_, before, after, _) in zip(got, spans):
+        assert r.replied_s is not None and before <= r.sent_s <= r.replied_s <= after, (r, before, after)
+    # without replies=True nothing of the replies is captured (the filter only takes requests)
+    with WireCapture(port) as plain:
+        post(sim.base_url, chat("wa"))
+    assert [(r.model, r.status, r.replied_s) for r in plain.requests()] == [("wa", None, None)]
