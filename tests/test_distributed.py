@@ -419,7 +419,11 @@ def test_rate_limit_storm_obeys_limit_and_cooldown(live: Cluster, tmp_path: Path
     cooldowns = redis_seen.records("t5-rl")
     assert redis_seen.error is None and len(cooldowns) == n429, (redis_seen.error, len(cooldowns), n429)
     assert not cooldown_check.causes_precede(ex, cooldowns), cooldown_check.causes_precede(ex, cooldowns)
-    assert all(c.until_s >= c.recorded_s + retry_after_s - 0.001 for c in cooldowns), cooldowns
+    # (MONITOR stamps the HSET with its own clock read, after the script's TIME: a preempted
+    # redis-server puts milliseconds between them at load ~10, hence 50 ms, not 1 us)
+    short = [(k, round(c.until_s - c.recorded_s, 6)) for k, c in enumerate(cooldowns)
+             if c.until_s < c.recorded_s + retry_after_s - 0.05]
+    assert not short, f"cooldowns shorter than Retry-After (#, length s): {short}"
     broke, in_flight = cooldown_check.cooldown_breaches(ex, cooldowns, retry_after_s, ALLOWANCE_S, 0.05)
     print(f"{n429} cooldowns; {len(in_flight)} request(s) in flight into one:", *in_flight, sep="\n  ")
     assert not broke, "\n".join(broke) + "\n" + timeline
