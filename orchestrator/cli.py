@@ -23,6 +23,7 @@ from orchestrator.distributed_cli import (
     celery_options,
     worker_settings,
 )
+from orchestrator.interrupts import INTERRUPTED_EXIT_CODE, interrupted
 from orchestrator.user_errors import USER_ERROR_EXIT_CODE, fail, print_error
 from workers.errors import ConfigError, IrbenchError
 from workers.logs import Redactor, configure_logging
@@ -36,8 +37,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console(width=None if sys.stdout.isatty() else 120)
-err_console = Console(stderr=True)
-INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C'd command
 
 DataOpt = Annotated[
     Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root (runs are stored under DATA/runs/; or IRBENCH_DATA).")
@@ -458,12 +457,12 @@ _USAGE_ERRORS = tuple(
 
 def main() -> None:
     """Console-script entry point."""
-    from orchestrator.envfile import load_env_file
-
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    load_env_file(Path.cwd() / ".env")
-    configure_logging(level="WARNING")  # stderr; commands that log more configure their own
     try:
+        from orchestrator.envfile import load_env_file
+
+        load_env_file(Path.cwd() / ".env")
+        configure_logging(level="WARNING")  # stderr; commands that log more configure their own
         code = app(standalone_mode=False)
     except (KeyboardInterrupt, click.exceptions.Abort, typer.Abort):
         code = INTERRUPTED_EXIT_CODE
@@ -480,7 +479,7 @@ def main() -> None:
     if code == INTERRUPTED_EXIT_CODE:
         # one message for every way Ctrl-C ends a command: typer turns a KeyboardInterrupt raised
         # inside a command (e.g. while the store is read, before any run) into a silent Exit(130)
-        err_console.print("interrupted: the runs stored so far are kept; run the same command again to resume")
+        interrupted()
     sys.exit(code if isinstance(code, int) else 0)
 
 

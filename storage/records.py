@@ -14,9 +14,12 @@ import datetime as dt
 import uuid
 from enum import StrEnum
 
-import pyarrow as pa
-import pyarrow.compute as pc
+from typing import TYPE_CHECKING
+
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 #: 2: ``execution_id`` and ``finished_at`` (every execution of a run is its own row), and the
 #: streaming columns ``stream``, ``first_token_ms``, ``stream_duration_ms``; files of version 1
@@ -72,6 +75,9 @@ def run_succeeded(parse_outcome: str | None, ir_json: str | None) -> bool:
 def succeeded_mask(runs: pa.Table) -> pa.ChunkedArray:
     """The same predicate over a runs table (columns ``parse_outcome``, ``ir_json``): a boolean
     array, one entry per row, never null."""
+    import pyarrow as pa  # here, not at the top: the record types load without pyarrow
+    import pyarrow.compute as pc
+
     outcome_ok = pc.is_in(runs.column("parse_outcome"), value_set=pa.array(sorted(SUCCESS_PARSE_OUTCOMES)))
     return pc.and_(pc.fill_null(outcome_ok, False), pc.is_valid(runs.column("ir_json")))
 

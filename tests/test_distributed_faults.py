@@ -75,7 +75,12 @@ def test_worker_stopped_past_its_claim_keeps_both_executions(up: Cluster, tmp_pa
         wait_for(lambda: stats(s.base_url).get(model, {}).get("requests", 0) >= 12, 30, "calls in flight")
         up.workers.kill(0, signal.SIGSTOP)  # frozen mid-call, past its 3 s claim TTL
         try:
-            time.sleep(8)  # the reconciler re-sends its runs to the live workers
+            # the reconciler re-sends its runs to the live workers: each run makes one call, so a
+            # 25th call is one of them executed again; its claims expired together, so one more
+            # reconcile pass re-sends the rest (a fixed 8 s sleep took the same path, slower)
+            wait_for(lambda: stats(s.base_url)[model]["requests"] > len(prepared.tasks), 60,
+                     "a frozen worker's run called again elsewhere")
+            time.sleep(2 * FAST.reconcile_interval_s)
         finally:
             up.workers.kill(0, signal.SIGCONT)  # it wakes up, finishes and stores its executions
         summary = bg.join(120)
