@@ -24,6 +24,7 @@ __all__ = [
     "instruction",
     "llama_server",
     "local",
+    "local_writer",
     "ops_cli",
     "plan",
     "probe",
