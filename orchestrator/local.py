@@ -10,13 +10,14 @@ writer that flushes a batch every ``flush_interval_s`` (or ``flush_max_records``
 at most the unflushed batch, and those runs simply execute again on the next ``irbench run``.
 From ``writer_process_min_runs`` runs on, that writer is a child process that also does the IR
 extraction and record validation (``local_writer``): a quarter of the per-run CPU off the event
-loop. Below it, the ~0.5 s the child takes to start would cost more than it saves.
+loop (a fork: no start-up imports; where there is no ``os.fork``, the thread writer stays).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -223,7 +224,7 @@ async def run_local(
     writer: _BatchWriter | ProcessWriter
     execute: Callable[[RunTask, RunContext], Awaitable[RunRecord | PendingRecord]] = execute_run
     min_runs = options.writer_process_min_runs
-    if min_runs is not None and len(tasks) >= min_runs:
+    if min_runs is not None and len(tasks) >= min_runs and hasattr(os, "fork"):
         config = WriterConfig(store, options.flush_interval_s, options.flush_max_records)
         writer = ProcessWriter(store, config, on_finished)
         await writer.start()

@@ -76,20 +76,18 @@ def test_the_writer_process_stores_the_records_the_in_process_writer_stores(tmp_
     assert len(outcomes) >= 3  # failures, parsed and repaired answers all went through the child
 
 
-def _writer_pids() -> list[int]:
-    """This process's writer children (``ProcessWriter.start``), from /proc."""
-    pids = []
+def _children(pid: int) -> list[int]:
+    """Live child processes of ``pid`` (the writer is a fork: the parent's command line), from /proc."""
+    out = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (entry / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == os.getpid() and b"local_writer" in cmdline:
-            pids.append(int(entry.name))
-    return pids
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.append(int(entry.name))
+    return out
 
 
 def test_a_killed_writer_process_stops_the_run_and_resume_completes_it(tmp_path: Path) -> None:
@@ -103,7 +101,7 @@ def test_a_killed_writer_process_stops_the_run_and_resume_completes_it(tmp_path:
             while len(await asyncio.to_thread(store.completed_run_ids)) < 40:  # some batches acknowledged
                 assert not run.done()
                 await asyncio.sleep(0.01)
-            (pid,) = _writer_pids()
+            (pid,) = _children(os.getpid())
             os.kill(pid, signal.SIGKILL)
             await run
 
@@ -134,16 +132,11 @@ _PARENT = textwrap.dedent("""
 """)
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(entry.name))
-            except (OSError, IndexError, ValueError):
-                continue
-    return out
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_a_killed_parent_leaves_its_writer_to_store_what_it_received(tmp_path: Path) -> None:
@@ -166,7 +159,7 @@ def test_a_killed_parent_leaves_its_writer_to_store_what_it_received(tmp_path: P
                 parent.kill()
                 parent.wait()
         deadline = time.monotonic() + 30
-        while Path(f"/proc/{writer}").exists() and b"local_writer" in Path(f"/proc/{writer}/cmdline").read_bytes():
+        while _alive(writer):
             assert time.monotonic() < deadline, "the writer outlived its parent"
             time.sleep(0.02)
         stored = store.completed_run_ids()
