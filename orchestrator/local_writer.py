@@ -99,7 +99,7 @@ class ProcessWriter:
 
     def __init__(
         self, store: RunStore, config: WriterConfig, on_finished: Callable[[FinishedRun], None],
-        send_interval_s: float = 0.005,
+        send_interval_s: float = 0.01,
     ) -> None:
         self._store = store
         self._config = config
