@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import os
 import re
 import signal
@@ -120,15 +121,17 @@ def test_a_killed_writer_process_stops_the_run_and_resume_completes_it(tmp_path:
 
 
 _PARENT = textwrap.dedent("""
-    import asyncio, sys
+    import sys
     from pathlib import Path
     sys.path.insert(0, sys.argv[3])
     from tests.test_local_writer import _tasks
-    from orchestrator.local import LocalOptions, run_local
+    from orchestrator.local import LocalOptions, run_event_loop, run_local
     from storage.runs import RunStore
+    from workers.logs import configure_logging
+    configure_logging(json=True, level="INFO")  # run_finished lines on stderr: logged once stored
     options = LocalOptions(writer_process_min_runs=0, flush_interval_s=60.0, flush_max_records=100_000)
-    asyncio.run(run_local(_tasks(sys.argv[1], 300, 4), RunStore(Path(sys.argv[2]), fsync=False), secrets={},
-                          options=options))
+    run_event_loop(run_local(_tasks(sys.argv[1], 300, 4), RunStore(Path(sys.argv[2]), fsync=False), secrets={},
+                             options=options))
 """)
 
 
@@ -190,3 +193,30 @@ def test_a_full_disk_in_the_writer_process_stops_the_run_with_one_actionable_err
                                   options=LocalOptions(writer_process_min_runs=0, flush_interval_s=0.02)))
         assert sim.app.state.model_requests[MODEL] < 300
     assert "0 runs stored" in str(info.value) and "run the same command again" in str(info.value)
+
+
+def test_ctrl_c_stores_every_finished_run_through_the_writer_process(tmp_path: Path) -> None:
+    """A Ctrl-C reaches the whole process group: the writer ignores it and drains what the
+    interrupted parent sends it before it exits; the parent logs each run once it is stored."""
+    root = Path(__file__).resolve().parent.parent
+    with start_background(SLOW) as sim:
+        parent = subprocess.Popen([sys.executable, "-c", _PARENT, sim.base_url, str(tmp_path / "data"), str(root)],
+                                  stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 60
+            while sim.app.state.model_requests[MODEL] < 60:
+                assert parent.poll() is None and time.monotonic() < deadline
+                time.sleep(0.01)
+            (writer,) = _children(parent.pid)
+            os.killpg(parent.pid, signal.SIGINT)
+            _, err = parent.communicate(timeout=60)
+        finally:
+            if parent.poll() is None:
+                parent.kill()
+                parent.wait()
+        assert not _alive(writer)
+    logged = {json.loads(line)["run_id"] for line in err.decode().splitlines()
+              if line.startswith("{") and '"run_finished"' in line}
+    stored = RunStore(tmp_path / "data").completed_run_ids()
+    # a 60 s flush interval: everything stored was written by the drain after the Ctrl-C
+    assert len(stored) >= 50 and logged == stored
