@@ -56,7 +56,7 @@ _HEADER = struct.Struct("!I")
 
 @dataclass(frozen=True)
 class WriterConfig:
-    """What the child needs: the store (pickled whole, so a subclass works too) and the batching."""
+    """What the child needs (it inherits the objects through the fork): the store and the batching."""
 
     store: RunStore
     flush_interval_s: float
