@@ -14,13 +14,15 @@ client side's own per-run cost. For each concurrency level, measured side by sid
   workers do) and, per run, POSTs the same JSON body irbench sends (built by the same
   ``OpenAIProvider.build_body``, same headers) to ``/v1/chat/completions``, then ``json.loads``
   the response body and takes ``choices[0].message.content``. Nothing is stored or validated.
+  A call that meets a dropped keep-alive connection is retried once.
 * ``bare-shared``: the same loop with ONE ``AsyncClient`` (pool of ``concurrency`` connections)
   shared by every coroutine, the obvious way to write it. httpcore scans every pooled connection
   on each request, so this falls off at high concurrency; it is printed to show that cost.
 
 ``ratio`` is irbench (uvloop) / the better of the two bare loops (asyncio), per repeat, then the median. Also
 printed: the client process's CPU per run (``process_time``, less noisy than wall time on a
-shared machine), the simulator process's CPU per run (``sim_ms``: when it is at or above the
+shared machine), irbench's writer process's CPU per run (``+writer``: IR extraction, record
+validation, Parquet; 0 when ``run_local`` writes from a thread, below 256 runs), the simulator process's CPU per run (``sim_ms``: when it is at or above the
 client's, the simulator is the cap and both sides are held to its rate), and the load average
 before and after.
 
@@ -34,6 +36,7 @@ import asyncio
 import hashlib
 import json
 import os
+import resource
 import ssl
 import statistics
 import tempfile
@@ -112,7 +115,12 @@ async def bare_loop(url: str, bodies: list[dict[str, Any]], concurrency: int, *,
     async def drain(c: httpx.AsyncClient) -> None:
         nonlocal answers
         for body in source:
-            response = await c.post(url, json=body, headers=HEADERS)
+            try:
+                response = await c.post(url, json=body, headers=HEADERS)
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+                # a keep-alive connection the server dropped: retry once on a fresh one, as
+                # irbench's retry policy would (without it a loaded run could die here)
+                response = await c.post(url, json=body, headers=HEADERS)
             response.raise_for_status()
             content = json.loads(response.content)["choices"][0]["message"]["content"]
             answers += isinstance(content, str)
@@ -138,17 +146,26 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def children_cpu_s() -> float:
+    """User + system CPU seconds of this process's exited, waited-for children: irbench's writer
+    process (``orchestrator/local_writer.py``) once ``run_local`` returns; not the simulator,
+    which is reaped only at the end."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def timed(
     fn: Callable[[], Coroutine[Any, Any, int]], expected: int, loop: Callable[[Any], int], sim_pid: int
-) -> tuple[float, float, float]:
-    """``(runs/s, client CPU ms per run, simulator CPU ms per run)`` of one ``loop(fn())`` that
-    must yield ``expected``."""
-    t0, c0, s0 = time.perf_counter(), time.process_time(), cpu_s(sim_pid)
+) -> tuple[float, float, float, float]:
+    """``(runs/s, client CPU ms per run, simulator CPU ms per run, writer-process CPU ms per
+    run)`` of one ``loop(fn())`` that must yield ``expected``."""
+    t0, c0, s0, w0 = time.perf_counter(), time.process_time(), cpu_s(sim_pid), children_cpu_s()
     done = loop(fn())
     wall, cpu, sim = time.perf_counter() - t0, time.process_time() - c0, cpu_s(sim_pid) - s0
+    writer = children_cpu_s() - w0
     if done != expected:
         raise SystemExit(f"only {done} of {expected} runs completed")
-    return expected / wall, 1000 * cpu / expected, 1000 * sim / expected
+    return expected / wall, 1000 * cpu / expected, 1000 * sim / expected, 1000 * writer / expected
 
 
 def main() -> None:
@@ -163,7 +180,7 @@ def main() -> None:
     configure_logging(level="WARNING")
     load_before = os.getloadavg()
     kinds = ("irbench", "asyncio", "bare", "bare-shared")
-    results: dict[tuple[str, int], list[tuple[float, float, float]]] = {(k, lv): [] for k in kinds for lv in levels}
+    results: dict[tuple[str, int], list[tuple[float, float, float, float]]] = {(k, lv): [] for k in kinds for lv in levels}
     with tempfile.TemporaryDirectory(prefix="irbench-bench-") as tmp:
         cfg = Path(tmp) / "sim.toml"
         cfg.write_text(SIM_TOML)
@@ -211,7 +228,7 @@ def main() -> None:
           f"load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
           f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}")
     print(f"{'concurrency':>11} {'irbench/s':>10} {'asyncio/s':>10} {'bare/s':>8} {'shared/s':>9} {'ratio':>6} "
-          f"{'cpu_ms irbench':>15} {'asyncio':>8} {'bare':>5} {'shared':>6} {'sim_ms irbench':>15} {'bare':>5}")
+          f"{'cpu_ms irbench':>15} {'+writer':>8} {'asyncio':>8} {'bare':>5} {'shared':>6} {'sim_ms irbench':>15} {'bare':>5}")
     previous = 0.0
     monotone = True
     for level in levels:
@@ -224,6 +241,7 @@ def main() -> None:
         previous = ir_rate
         print(f"{level:>11} {ir_rate:>10.1f} {med('asyncio', level, 0):>10.1f} {med('bare', level, 0):>8.1f} "
               f"{med('bare-shared', level, 0):>9.1f} {statistics.median(ratios):>6.2f} {med('irbench', level, 1):>15.2f} "
+              f"{med('irbench', level, 3):>8.2f} "
               f"{med('asyncio', level, 1):>8.2f} {med('bare', level, 1):>5.2f} {med('bare-shared', level, 1):>6.2f} "
               f"{med('irbench', level, 2):>15.2f} {med('bare', level, 2):>5.2f}")
     print(f"irbench runs/s non-decreasing in concurrency: {'yes' if monotone else 'NO'}")

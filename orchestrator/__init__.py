@@ -26,6 +26,7 @@ __all__ = [
     "launch",
     "llama_server",
     "local",
+    "local_writer",
     "ops_cli",
     "plan",
     "probe",
