@@ -142,15 +142,21 @@ def _alive(pid: int) -> bool:
         return False
 
 
+
+def _wait_for_calls(sim, parent: subprocess.Popen, n: int, timeout_s: float = 60.0) -> None:  # noqa: ANN001
+    """Until the simulator has received ``n`` calls for MODEL, failing if ``parent`` dies first."""
+    deadline = time.monotonic() + timeout_s
+    while sim.app.state.model_requests[MODEL] < n:
+        assert parent.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+
+
 def test_a_killed_parent_leaves_its_writer_to_store_what_it_received(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parent.parent
     with start_background(SLOW) as sim:
         parent = subprocess.Popen([sys.executable, "-c", _PARENT, sim.base_url, str(tmp_path / "data"), str(root)])
         try:
-            deadline = time.monotonic() + 60
-            while sim.app.state.model_requests[MODEL] < 60:
-                assert parent.poll() is None and time.monotonic() < deadline
-                time.sleep(0.01)
+            _wait_for_calls(sim, parent, 60)
             (writer,) = _children(parent.pid)
             store = RunStore(tmp_path / "data")
             assert not store.completed_run_ids()  # a 60 s flush interval: nothing written yet
@@ -203,10 +209,7 @@ def test_ctrl_c_stores_every_finished_run_through_the_writer_process(tmp_path: P
         parent = subprocess.Popen([sys.executable, "-c", _PARENT, sim.base_url, str(tmp_path / "data"), str(root)],
                                   stderr=subprocess.PIPE, start_new_session=True)
         try:
-            deadline = time.monotonic() + 60
-            while sim.app.state.model_requests[MODEL] < 60:
-                assert parent.poll() is None and time.monotonic() < deadline
-                time.sleep(0.01)
+            _wait_for_calls(sim, parent, 60)
             (writer,) = _children(parent.pid)
             os.killpg(parent.pid, signal.SIGINT)
             _, err = parent.communicate(timeout=60)
