@@ -39,7 +39,7 @@ from storage.runs import RunStore
 from deploy.celery_workers import CeleryWorkers
 from deploy.redis_server import RedisServer
 from tests.test_analyze import record
-from tests.test_distributed import WORKER_ENV, make_campaign
+from tests.support.distributed import WORKER_ENV, make_campaign
 
 pytestmark = pytest.mark.timeout(120)
 NOW = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC)

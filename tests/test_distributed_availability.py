@@ -35,7 +35,7 @@ from storage.availability import Availability, AvailabilityRecord, AvailabilityS
 from storage.runs import RunStore
 from deploy.celery_workers import CeleryWorkers
 from deploy.redis_server import RedisServer
-from tests.test_distributed import WORKER_ENV, make_campaign
+from tests.support.distributed import WORKER_ENV, make_campaign
 from workers.celery.campaign_state import CampaignState
 from workers.celery.runtime import sync_redis
 

@@ -11,11 +11,12 @@ from pathlib import Path
 
 from deploy.redis_server import RedisServer
 from orchestrator.campaign import prepare
+from orchestrator.celery_executor import CeleryOptions, run_campaign_celery
 from orchestrator.spec import load_campaign
 from simulator.config import SimModel
 from storage.runs import RunStore
-from tests.test_distributed import (REPO, WORKER_ENV, CeleryOptions, assert_every_run_stored,
-                                    make_campaign, run_campaign_celery, sim, wait_for)
+from tests.support.distributed import WORKER_ENV, assert_every_run_stored, make_campaign, sim, wait_for
+from tests.support.paths import REPO
 
 
 WORKER_MAIN = "import sys; from workers.celery.app import start_worker; " \

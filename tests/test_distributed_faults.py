@@ -27,8 +27,7 @@ from simulator.config import SimModel
 from storage.runs import RunStore
 from deploy.celery_workers import CeleryWorkers
 from deploy.redis_server import RedisServer
-from tests.test_distributed import (
-    REPO,
+from tests.support.distributed import (
     WORKER_ENV,
     Background,
     Cluster,
@@ -42,6 +41,7 @@ from tests.test_distributed import (
     stats,
     wait_for,
 )
+from tests.support.paths import REPO
 from workers.celery.campaign_state import CampaignState
 
 pytestmark = pytest.mark.timeout(150)

@@ -17,7 +17,7 @@ from orchestrator.campaign import prepare
 from orchestrator.spec import load_campaign
 from simulator.config import SimModel
 from storage.runs import RunStore
-from tests.test_distributed import (  # noqa: F401 - fixtures
+from tests.support.distributed import (  # noqa: F401 - fixtures
     FAST,
     Background,
     assert_calls_equal_attempts,

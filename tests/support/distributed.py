@@ -1,0 +1,229 @@
+"""The cluster and the helpers of the distributed tests (tests/test_distributed*.py, test_soak,
+test_analysis_jobs): the workers' test settings (``WORKER_ENV``, ``FAST``), the module-scoped
+``cluster`` (redis-server with AOF, three ``celery worker`` processes) and ``live`` fixtures,
+``make_campaign`` (a campaign file against the simulator), ``sim``, the checks that every run
+was stored and every call is an attempt, ``Background`` (the orchestrator in a thread) and
+``wait_for``. Test modules import the ``cluster`` and ``live`` fixtures by name; each module
+that does gets its own cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from deploy.celery_workers import CeleryWorkers
+from deploy.redis_server import RedisServer
+from orchestrator.campaign import PreparedCampaign
+from orchestrator.celery_executor import CeleryOptions, run_campaign_celery
+from orchestrator.local import ExecutionSummary
+from simulator.config import SimConfig, SimModel
+from simulator.server import RunningSimulator, start_background
+from simulator.wire import WireCapture
+from storage.runs import RunStore
+from storage.spool import pending_rows
+from workers.celery.runtime import WorkerSettings
+
+LIMIT_PERIOD_S = 1.0  # workers count requests_per_minute per second here, to test windows quickly
+WORKER_ENV = {
+    "IRBENCH_CLAIM_TTL_S": "3",
+    "IRBENCH_LEASE_TTL_S": "3",
+    "IRBENCH_MAX_WAIT_S": "1",
+    "IRBENCH_MIN_DEFER_S": "0.3",
+    "IRBENCH_MAX_DEFER_S": "3",
+    "IRBENCH_REDIS_RETRY_S": "30",
+    "IRBENCH_LIMIT_PERIOD_S": str(LIMIT_PERIOD_S),
+}
+ALLOWANCE_S = WorkerSettings.limit_jitter_allowance_s  # the workers' grant-to-send bound (not overridden above)
+FAST = CeleryOptions(claim_ttl_s=3.0, reconcile_interval_s=1.0)
+
+
+@dataclass
+class Cluster:
+    redis: RedisServer
+    workers: CeleryWorkers
+
+    @property
+    def url(self) -> str:
+        return self.redis.url
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    with RedisServer(aof=True) as srv, CeleryWorkers(srv.url, count=3, concurrency=4, env=WORKER_ENV) as workers:
+        yield Cluster(srv, workers)
+
+
+@pytest.fixture
+def live(cluster: Cluster) -> Iterator[Cluster]:
+    """The shared cluster with every worker up (a previous test may have killed one)."""
+    if not cluster.redis.running:
+        cluster.redis.start()
+    cluster.workers.ensure_running()
+    yield cluster
+
+
+PROMPT = "// @rule RULE:r{i} priority=1\n// @step STEP:s{i}\nPrompt number {i}: do the thing {{ x }}.\n"
+
+
+def _toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return json.dumps(v)
+
+
+def make_campaign(
+    tmp: Path, name: str, base_url: str, models: dict[str, dict], *, prompts: int = 4, runs: int = 3,
+    retry: dict | None = None,
+) -> Path:
+    (tmp / "prompts").mkdir(parents=True, exist_ok=True)
+    for i in range(prompts):
+        (tmp / "prompts" / f"p{i:02d}.txt").write_text(PROMPT.format(i=i), encoding="utf-8")
+    lines = [f'name = "{name}"', f"runs = {runs}", "[corpus]", 'paths = ["prompts"]',
+             "[endpoints.sim]", f'base_url = "{base_url}"', "[defaults]", 'endpoint = "sim"',
+             'requests_per_minute = "none"', "max_concurrency = 4", "connect_timeout_s = 2",
+             "read_timeout_s = 10", "total_timeout_s = 10"]
+    for m, fields in models.items():
+        lines.append(f"[models.{m}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in fields.items()]
+    lines.append("[retry]")
+    for k, v in ({"max_attempts": 3, "backoff_base_s": 0.05, "backoff_cap_s": 0.2} | (retry or {})).items():
+        lines.append(f"{k} = {_toml_value(v)}")
+    path = tmp / f"{name}.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def sim(models: dict[str, SimModel]) -> RunningSimulator:
+    return start_background(SimConfig(seed=11, models=models))
+
+
+@contextlib.contextmanager
+def wire_capture(port: int) -> Iterator[WireCapture | None]:
+    """Requests and replies on the wire when we may open an AF_PACKET socket (root on Linux),
+    else None (the caller falls back to the simulator's stamps)."""
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        yield None
+        return
+    with WireCapture(port, replies=True) as wire:
+        yield wire
+
+
+def stats(base_url: str) -> dict:
+    with urllib.request.urlopen(f"{base_url}/_stats", timeout=5) as resp:
+        return json.load(resp)["models"]
+
+
+def executions_per_run(store: RunStore) -> Counter[str]:
+    """Distinct executions per run_id over every published file, read one by one (NOT the
+    deduplicating reader): what the endpoint's calls must be matched against."""
+    seen: set[tuple[str, str]] = set()
+    for f in sorted((store.root / "runs").rglob("*.parquet")):
+        if not f.name.startswith("."):
+            t = pq.read_table(f, columns=["run_id", "execution_id"])
+            seen.update(zip(t.column("run_id").to_pylist(), t.column("execution_id").to_pylist()))
+    return Counter(r for r, _ in seen)
+
+
+def attempts_by_model(store: RunStore, campaign: str) -> Counter[str]:
+    """Attempts of every stored execution (every file, copies of one execution counted once)."""
+    t = store.read_executions(campaigns=[campaign], columns=["model", "attempts"])
+    out: Counter[str] = Counter()
+    for model, attempts in zip(t.column("model").to_pylist(), t.column("attempts").to_pylist()):
+        out[model] += len(attempts)
+    return out
+
+
+def assert_every_run_stored(store: RunStore, prepared: PreparedCampaign, *, max_duplicates: int = 0) -> Counter[str]:
+    """Every planned run has at least one execution; at most ``max_duplicates`` have more."""
+    execs = executions_per_run(store)
+    planned = {t.run_id for t in prepared.tasks}
+    assert set(execs) == planned, f"missing {len(planned - set(execs))}, extra {len(set(execs) - planned)}"
+    dup = {r: n for r, n in execs.items() if n != 1}
+    assert len(dup) <= max_duplicates, f"{len(dup)} runs executed more than once"
+    assert len(store.read_records(campaigns=[prepared.spec.name])) == len(planned)  # analysis: one per run
+    return execs
+
+
+def settle(store: RunStore, url: str, campaign: str, timeout_s: float = 15.0) -> None:
+    """Wait until no execution of ``campaign`` is still running and every spool is published: a
+    duplicate execution (a claim that expired under load) may still be finishing when the
+    orchestrator returns, and its call must be matched by its stored attempts."""
+    import redis as _redis
+
+    from workers.celery.campaign_state import CampaignState
+
+    client = _redis.Redis.from_url(url)
+    try:
+        state = CampaignState(client, campaign)
+        wait_for(lambda: not state.running() and pending_rows(store.dataset) == 0, timeout_s, "executions settled")
+    finally:
+        client.close()
+
+
+def assert_calls_equal_attempts(store: RunStore, campaign: str, st: dict, models, *, lost: int = 0) -> None:  # noqa: ANN001
+    """Calls the endpoint received == attempts stored (all executions), per model; ``lost``:
+    calls allowed in flight on a SIGKILLed worker (their answers died with it)."""
+    stored = attempts_by_model(store, campaign)
+    gap = {m: st[m]["requests"] - stored[m] for m in models}
+    assert all(g >= 0 for g in gap.values()) and sum(gap.values()) <= lost, (gap, dict(stored))
+
+
+def records_by_model(store: RunStore, campaign: str) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for r in store.read_records(campaigns=[campaign]):
+        out.setdefault(r.model, []).append(r)
+    return out
+
+
+def stored_count(store: RunStore, campaign: str) -> int:
+    """Runs durable so far: published, or in a worker's spool awaiting publication."""
+    try:
+        return len(store.completed_run_ids(campaign)) + pending_rows(store.dataset)
+    except Exception:  # noqa: BLE001 - the dataset may not exist yet
+        return 0
+
+
+class Background:
+    """``run_campaign_celery`` in a thread, so the test can inject faults meanwhile."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        self.result: ExecutionSummary | None = None
+        self.error: BaseException | None = None
+        self._t = threading.Thread(target=self._run, args=args, kwargs=kwargs, daemon=True)
+        self._t.start()
+
+    def _run(self, *args: object, **kwargs: object) -> None:
+        try:
+            self.result = run_campaign_celery(*args, **kwargs)  # type: ignore[arg-type]
+        except BaseException as e:  # noqa: BLE001 - reported by join()
+            self.error = e
+
+    def join(self, timeout_s: float) -> ExecutionSummary:
+        self._t.join(timeout_s)
+        assert not self._t.is_alive(), "orchestrator did not finish"
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+def wait_for(cond, timeout_s: float, what: str) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
