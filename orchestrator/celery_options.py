@@ -41,7 +41,8 @@ class CeleryOptions:
     after the other by the worker thread that receives it, each claimed, stored and marked done
     on its own; the message is acknowledged after the last. kombu's per-message cost (delivery
     bookkeeping, late ack: most of a worker's CPU at zero latency) is paid once per message.
-    Re-sent runs and runs with a countdown travel alone. The broker's visibility timeout must
+    Default 1; 4 gives most of k=8's gain over k=1 (``bench/distributed_throughput.py``) but
+    the rate-limit storm test was not reliably green with it yet. Re-sent runs and runs with a countdown travel alone. The broker's visibility timeout must
     cover a whole message (``workers.celery.app``); a redelivery inside it is harmless anyway.
     """
 
@@ -56,7 +57,7 @@ class CeleryOptions:
     redis_backoff_max_s: float = 5.0
     honour_availability: bool = True  # skip models the availability dataset says are gone
     analyze_on_complete: bool = True  # enqueue the campaign's analysis when every run is stored
-    runs_per_message: int = 1
+    runs_per_message: int = 1  # 4 measured best (bench/README.md 2026-12-02 04:30) but not yet the default: see there
 
     def __post_init__(self) -> None:
         for name in ("claim_ttl_s", "reconcile_interval_s", "poll_interval_s", "verify_grace_s"):

@@ -14,7 +14,8 @@ re-delivered after ``visibility_timeout_s``, so it must exceed the longest fetch
 ``visibility_timeout_s > max_attempts * max(total_timeout_s) + (max_attempts - 1) * backoff_cap_s
 + max deferral countdown (IRBENCH_MAX_DEFER_S) + margin``, times the orchestrator's
 ``runs_per_message`` (a message's runs execute one after the other) — with the defaults (4
-attempts × 600 s + 3 × 60 s + 30 s, one run per message) the default 3600 s holds. A redelivery inside that window is harmless anyway
+attempts × 600 s + 3 × 60 s + 30 s = 2610 s per run, 4 runs per message: 10440 s) the default
+10800 s holds. A redelivery inside that window is harmless anyway
 (claims and done markers), and a lost message is re-dispatched by the orchestrator's reconciler.
 """
 
@@ -39,7 +40,7 @@ from workers.celery.availability_tasks import (
 )
 from workers.celery.runtime import RuntimeHolder, WorkerSettings
 from workers.celery.tasks import register_tasks
-from workers.celery.transport import transport_for
+from workers.celery.transport import ACK_FLUSH_S, transport_for
 from workers.logs import configure_logging
 
 #: Registers more tasks on an app (e.g. ``orchestrator.analysis_tasks.register_analysis_tasks``).
@@ -49,7 +50,7 @@ Registrar = Callable[[Celery], None]
 def make_celery_app(
     broker_url: str,
     *,
-    visibility_timeout_s: float = 3600.0,
+    visibility_timeout_s: float = 10800.0,
     default_queue: str = DEFAULT_QUEUE,
     main: str = "irbench",
     publish_max_retries: int = 5,
@@ -67,6 +68,7 @@ def make_celery_app(
     ``IRBENCH_AVAILABILITY_INTERVAL_S`` (default 86400 s) writing under ``IRBENCH_DATA_DIR``
     (``workers.celery.availability_tasks.beat_settings_from_env``; a bad file is a ConfigError).
     """
+    env = os.environ if environ is None else environ
     app = Celery(main, broker=broker_url, backend=None, set_as_current=False)
     app.conf.update(
         task_serializer="json",
@@ -81,7 +83,9 @@ def make_celery_app(
         worker_pool="threads",
         broker_transport=transport_for(broker_url),  # one reused client per channel (transport.py)
         task_default_queue=default_queue,
-        broker_transport_options={"visibility_timeout": visibility_timeout_s},
+        # ack_flush_s: longest delay of a gathered ack (workers.celery.transport; env IRBENCH_ACK_FLUSH_S)
+        broker_transport_options={"visibility_timeout": visibility_timeout_s,
+                                  "ack_flush_s": float(env.get("IRBENCH_ACK_FLUSH_S") or ACK_FLUSH_S)},
         broker_connection_retry=True,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,  # a Redis restart must not stop a worker
@@ -106,7 +110,7 @@ def make_celery_app(
     register_availability_tasks(app)
     for register in registrars:
         register(app)
-    beat = beat_settings_from_env(os.environ if environ is None else environ)
+    beat = beat_settings_from_env(env)
     if beat is not None:
         targets, data_dir, interval_s = beat
         configure_availability_beat(app, targets, data_dir, interval_s=interval_s)
