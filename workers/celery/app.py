@@ -41,6 +41,7 @@ from workers.celery.availability_tasks import (
 from workers.celery.runtime import RuntimeHolder, WorkerSettings
 from workers.celery.tasks import register_tasks
 from workers.celery.transport import ACK_FLUSH_S, transport_for
+from workers.errors import ConfigError
 from workers.logs import configure_logging
 
 #: Registers more tasks on an app (e.g. ``orchestrator.analysis_tasks.register_analysis_tasks``).
@@ -50,7 +51,7 @@ Registrar = Callable[[Celery], None]
 def make_celery_app(
     broker_url: str,
     *,
-    visibility_timeout_s: float = 10800.0,
+    visibility_timeout_s: float | None = None,
     default_queue: str = DEFAULT_QUEUE,
     main: str = "irbench",
     publish_max_retries: int = 5,
@@ -63,12 +64,19 @@ def make_celery_app(
 
     ``worker_settings``: what a worker process started from this app uses (default: read from
     the ``IRBENCH_*`` environment on first task, see ``WorkerSettings``).
+    ``visibility_timeout_s``: the broker's redelivery horizon for an unacknowledged message
+    (default: ``worker_settings``' or env ``IRBENCH_VISIBILITY_TIMEOUT_S``, else 10800 s; see
+    the rule above).
     ``environ`` (default ``os.environ``): when it sets ``IRBENCH_AVAILABILITY_TARGETS`` (a JSON
     file of check targets), the availability check joins ``beat_schedule`` every
     ``IRBENCH_AVAILABILITY_INTERVAL_S`` (default 86400 s) writing under ``IRBENCH_DATA_DIR``
     (``workers.celery.availability_tasks.beat_settings_from_env``; a bad file is a ConfigError).
     """
     env = os.environ if environ is None else environ
+    if visibility_timeout_s is None:
+        visibility_timeout_s = (worker_settings or WorkerSettings.from_env(broker_url, env)).visibility_timeout_s
+    if visibility_timeout_s <= 0:  # an explicit value (the settings check their own)
+        raise ConfigError(f"visibility timeout must be > 0 s, got {visibility_timeout_s}")
     app = Celery(main, broker=broker_url, backend=None, set_as_current=False)
     app.conf.update(
         task_serializer="json",
@@ -84,7 +92,10 @@ def make_celery_app(
         broker_transport=transport_for(broker_url),  # one reused client per channel (transport.py)
         task_default_queue=default_queue,
         # ack_flush_s: longest delay of a gathered ack (workers.celery.transport; env IRBENCH_ACK_FLUSH_S)
-        broker_transport_options={"visibility_timeout": visibility_timeout_s,
+        # kombu scans for expired unacked messages every unacked_restore_interval (10 s) but acts on
+        # every unacked_restore_throttle-th scan only (10: ~100 s); 1 makes redelivery come within
+        # visibility_timeout_s + 10 s (one ZRANGE per worker per 10 s)
+        broker_transport_options={"visibility_timeout": visibility_timeout_s, "unacked_restore_throttle": 1,
                                   "ack_flush_s": float(env.get("IRBENCH_ACK_FLUSH_S") or ACK_FLUSH_S)},
         broker_connection_retry=True,
         broker_connection_retry_on_startup=True,

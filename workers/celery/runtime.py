@@ -3,7 +3,8 @@
 * one asyncio event loop in a background thread; task threads submit coroutines to it with
   ``asyncio.run_coroutine_threadsafe`` and block on the result (the threads pool's slot is the
   unit of worker concurrency, the loop multiplexes their HTTP calls);
-* one ``httpx.AsyncClient`` and one ``RedisLimiter`` (async Redis client) living on that loop;
+* per endpoint a ``PooledProvider`` (one-connection ``DirectClient``s, as many as calls in
+  flight) and one ``RedisLimiter`` (async Redis client), all living on that loop;
 * one sync Redis client for campaign state, the gate and ``ClaimPermits`` (a run's claim with
   its first permit, its done marker with its last release: ``workers.celery.claim_permit``);
 * a heartbeat thread renewing the claims and limiter leases of the runs executing here, so a
@@ -24,7 +25,6 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-import httpx
 import redis
 import redis.asyncio as aioredis
 import structlog
@@ -43,7 +43,8 @@ from workers.celery.deferring import Deferred, DeferringLimiter
 from workers.errors import ConfigError
 from workers.limits.base import Permit
 from workers.providers.base import Provider
-from workers.providers.registry import make_http_client, make_provider
+from workers.providers.pooled import PooledProvider
+from workers.providers.registry import make_provider, make_tls_context
 from workers.runtask import RunTask
 
 __all__ = ["Deferred", "DeferringLimiter", "RuntimeHolder", "WorkerRuntime", "WorkerSettings", "sync_redis"]
@@ -70,12 +71,13 @@ class WorkerSettings:
     provider's window (0.25 s: the worst spread measured in ``bench/README.md``; 0.4 % of a 60 s
     window). ``reservation_grace_s``: how long after its slot a deferred run's reservation waits
     to be claimed before it is abandoned. ``redis_retry_s``: how long to keep retrying Redis for
-    the done marker before giving up to the reconciler.
+    the done marker before giving up to the reconciler. ``visibility_timeout_s``: the broker
+    redelivers a message unacknowledged this long (``workers.celery.app``'s rule says how long
+    it must be).
     """
 
     redis_url: str
     data_dir: str | None = None
-    max_connections: int = 64
     lease_ttl_s: float = 30.0
     claim_ttl_s: float = 30.0
     max_wait_s: float = 1.5
@@ -85,12 +87,17 @@ class WorkerSettings:
     limit_jitter_allowance_s: float = 0.25
     reservation_grace_s: float = 30.0
     redis_retry_s: float = 30.0
+    visibility_timeout_s: float = 10800.0
     key_prefix: str = "irbench"
     failure_backoff_s: float = 1.0
     max_regrants: int = 5
     spool_max_rows: int = 2000
     spool_max_age_s: float = 5.0
     spool_idle_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.visibility_timeout_s <= 0:
+            raise ConfigError(f"visibility timeout must be > 0 s, got {self.visibility_timeout_s}")
 
     @property
     def heartbeat_s(self) -> float:
@@ -104,7 +111,10 @@ class WorkerSettings:
             raw = env.get(ENV_PREFIX + f.name.upper())
             if f.name == "redis_url" or raw in (None, ""):
                 continue
-            values[f.name] = int(raw) if f.type in ("int", int) else float(raw) if "float" in str(f.type) else raw
+            try:
+                values[f.name] = int(raw) if f.type in ("int", int) else float(raw) if "float" in str(f.type) else raw
+            except ValueError:
+                raise ConfigError(f"{ENV_PREFIX}{f.name.upper()}={raw!r} is not a number") from None
         return cls(**values)
 
 
@@ -140,16 +150,17 @@ class WorkerRuntime:
         self._claims: dict[str, _Claim] = {}
         self._permits: dict[tuple[str, str], Permit] = {}
         self.cooldowns = LocalCooldowns()  # 429 cooldowns this process met, before Redis has them
-        self._providers: dict[tuple[str, str, str, str | None], Provider] = {}
+        self._providers: dict[tuple[str, str, str, str | None], PooledProvider] = {}
         self._stores: dict[str, RunStore] = {}
         self._spools: dict[str, RunSpool] = {}
         self._stop = threading.Event()
-        self.http, self.aredis, self.limiter = self.run(self._setup())
+        self._tls = make_tls_context()  # one CA bundle load for every client of this process
+        self.aredis, self.limiter = self.run(self._setup())
         self.claims = ClaimPermits(self.redis, self.limiter)  # claim + first permit, done + last release
         self._heartbeat = threading.Thread(target=self._beat, name="irbench-heartbeat", daemon=True)
         self._heartbeat.start()
 
-    async def _setup(self) -> tuple[httpx.AsyncClient, aioredis.Redis, RedisLimiter]:
+    async def _setup(self) -> tuple[aioredis.Redis, RedisLimiter]:
         client = aioredis.Redis.from_url(self.settings.redis_url, socket_timeout=5.0, socket_connect_timeout=2.0)
         limiter = RedisLimiter(
             client,
@@ -161,7 +172,7 @@ class WorkerRuntime:
             reservation_grace_s=self.settings.reservation_grace_s,
             max_block_s=max(self.settings.max_wait_s, 0.05),
         )
-        return make_http_client(self.settings.max_connections), client, limiter
+        return client, limiter
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         """Run ``coro`` on the shared loop and wait for it from the calling (task) thread."""
@@ -175,7 +186,13 @@ class WorkerRuntime:
         with self._lock:
             if key not in self._providers:
                 api_key = os.environ.get(ep.api_key_env) if ep.api_key_env else None
-                self._providers[key] = make_provider(ep, self.http, api_key)
+                # a free list of one-connection DirectClients, as in the local executor
+                # (workers.providers.pooled): no pool walk per call, no AsyncClient layers.
+                # Its calls all run on this runtime's one event loop, as PooledProvider needs.
+                self._providers[key] = PooledProvider(
+                    lambda c, ep=ep, api_key=api_key: make_provider(ep, c, api_key), tls=self._tls,
+                    wire_format=ep.wire_format,
+                )
             return self._providers[key]
 
     def store(self, data_dir: str | None) -> RunStore:
@@ -247,7 +264,8 @@ class WorkerRuntime:
 
         async def _close() -> None:
             await self.limiter.aclose()
-            await self.http.aclose()
+            for provider in list(self._providers.values()):
+                await provider.aclose()
             await self.aredis.aclose()
 
         with contextlib.suppress(Exception):
