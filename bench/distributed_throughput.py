@@ -8,50 +8,194 @@ redis-server. Each worker set gets a small warm-up campaign first (worker start-
 connection pools), which is not timed. The distributed path's cost per run is reported as
 ``ms/run`` minus the local executor's ``ms/run`` (wall time per run, i.e. inverse throughput).
 
+For each timed campaign it also prints, per run: the CPU time (ms) of the workers together, of
+this process (orchestrator, or the local executor), of the simulator and of redis-server (from
+``/proc``: on 2 shared cores CPU per run is what bounds throughput, and it is less sensitive to
+other load than wall time), and Redis's own counts of read events (``rt``: about one per round
+trip) and of top-level commands (``cmds``; a script's own calls are not counted).
+
     python bench/distributed_throughput.py [--runs 600] [--workers 1,2,4] [--threads 8]
                                            [--local-concurrency 16] [--runs-per-message 1,8]
+                                           [--baseline-src DIR --rounds 2]
 
 ``--runs-per-message``: each worker set runs the timed campaign once per value (the
 orchestrator's ``runs_per_message``: runs carried by one broker message).
+``--baseline-src DIR``: also measure another source tree (e.g. ``git archive main | tar -x -C
+DIR``), alternating DIR and this tree ``--rounds`` times; each measurement is a fresh process
+with its own redis-server, simulator and workers (``--src``: run one measurement from a tree).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from _cluster import BenchCluster, interrupt_as_keyboard, write_campaign
-
-from orchestrator.campaign import PreparedCampaign, prepare
-from orchestrator.celery_executor import CeleryOptions, run_campaign_celery
-from orchestrator.local import LocalOptions, run_event_loop, run_local
-from orchestrator.spec import load_campaign
-from storage.runs import RunStore
-from workers.runtask import ModelLimits
-
+HERE = Path(__file__).resolve().parent
 MODEL = "tp-zero"
 PROMPTS = 20
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def campaign(tmp: Path, name: str, base_url: str, runs: int, cap: int) -> PreparedCampaign:
+def _use_tree(src: Path) -> None:
+    """Import the project (and ``_cluster``) from ``src`` instead of this tree."""
+    mine = {str(HERE), str(HERE.parent)}
+    sys.path[:] = [str(src / "bench"), str(src)] + [p for p in sys.path if p not in mine]
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def redis_counts(client: Any) -> tuple[int, int]:
+    """(read events, top-level commands) redis-server has processed."""
+    s = client.info("stats")
+    return int(s["total_reads_processed"]), int(s["total_commands_processed"])
+
+
+def campaign(tmp: Path, name: str, base_url: str, runs: int, cap: int) -> Any:
     """``runs`` runs (rounded up to a multiple of the prompt count) of one unlimited model."""
+    from _cluster import write_campaign
+
+    from orchestrator.campaign import prepare
+    from orchestrator.spec import load_campaign
+
     per_cell = max(1, -(-runs // PROMPTS))
     fields = {MODEL: {"max_concurrency": cap}}
     return prepare(load_campaign(write_campaign(tmp, name, base_url, fields, prompts=PROMPTS, runs=per_cell)))
 
 
-def time_celery(c: BenchCluster, prepared: PreparedCampaign, store: RunStore, runs_per_message: int = 1) -> float:
-    opts = CeleryOptions(poll_interval_s=0.05, analyze_on_complete=False, runs_per_message=runs_per_message)  # analysis on the workers would overlap the next timing
+def _pids(c: Any) -> dict[str, list[int]]:
+    workers = [p.pid for p in (c.workers.procs if c.workers is not None else []) if p is not None]
+    return {"workers": workers, "self": [os.getpid()], "sim": [c.sim.process.pid], "redis": [c.redis._proc.pid]}
+
+
+def measured(c: Any, label: str, n_runs: int, body: Any) -> dict[str, Any]:
+    """Run ``body()`` and return its row: wall seconds, CPU ms per run by component, Redis
+    read events and commands per run."""
+    import redis
+
+    client = redis.Redis.from_url(c.url)
+    pids = _pids(c)
+    before = {k: sum(cpu_s(p) for p in v) for k, v in pids.items()}
+    rt0, cmd0 = redis_counts(client)
     t0 = time.perf_counter()
-    summary = run_campaign_celery(prepared, store, c.url, options=opts, timeout_s=600)
+    body()
     elapsed = time.perf_counter() - t0
-    n = len(prepared.tasks)
-    if summary.executed != n or summary.interrupted:
-        raise SystemExit(f"{prepared.spec.name}: {summary.executed}/{n} stored, interrupted={summary.interrupted}")
-    return elapsed
+    rt1, cmd1 = redis_counts(client)
+    after = {k: sum(cpu_s(p) for p in v) for k, v in pids.items()}
+    client.close()
+    row = {"label": label, "runs": n_runs, "seconds": elapsed, "rt": (rt1 - rt0) / n_runs, "cmds": (cmd1 - cmd0) / n_runs}
+    row.update({f"cpu_{k}": 1000 * (after[k] - before[k]) / n_runs for k in pids})
+    return row
+
+
+def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every timed campaign of one invocation (one tree), as rows."""
+    from _cluster import BenchCluster, interrupt_as_keyboard
+
+    from orchestrator.celery_executor import CeleryOptions, run_campaign_celery
+    from orchestrator.local import LocalOptions, run_event_loop, run_local
+    from storage.runs import RunStore
+    from workers.logs import configure_logging
+    from workers.runtask import ModelLimits
+
+    levels = [int(x) for x in args.workers.split(",")]
+    per_message = [int(x) for x in args.runs_per_message.split(",")]
+    cap = max(args.local_concurrency, args.threads * max(levels)) * 2  # never the bottleneck
+    configure_logging(level="WARNING")
+    env = {"IRBENCH_LOG_LEVEL": "WARNING"}  # per-run INFO lines cost CPU on a 2-core box
+    rows: list[dict[str, Any]] = []
+
+    def time_celery(c: BenchCluster, prepared: Any, store: RunStore, k: int) -> None:
+        opts = CeleryOptions(poll_interval_s=0.05, analyze_on_complete=False, runs_per_message=k)  # analysis on the workers would overlap the next timing
+        summary = run_campaign_celery(prepared, store, c.url, options=opts, timeout_s=600)
+        n = len(prepared.tasks)
+        if summary.executed != n or summary.interrupted:
+            raise SystemExit(f"{prepared.spec.name}: {summary.executed}/{n} stored, interrupted={summary.interrupted}")
+
+    with tempfile.TemporaryDirectory(prefix="irbench-bench-") as tmp, interrupt_as_keyboard():
+        tmp_path = Path(tmp)
+        (tmp_path / "sim.toml").write_text(f"seed = 1\n[models.{MODEL}]\n")
+        with BenchCluster(tmp_path / "sim.toml", workers=0, concurrency=args.threads, worker_env=env) as c:
+            base = c.sim.base_url
+            local_opts = LocalOptions()
+            for name, n in (("tp-local-warm", 60), ("tp-local", args.runs)):  # warm-up, then timed
+                prepared = campaign(tmp_path, name, base, n, cap)
+                tasks = [t.model_copy(update={"limits": ModelLimits(max_concurrency=args.local_concurrency)})
+                         for t in prepared.tasks]
+                store = RunStore(tmp_path / f"data-{name}")
+                result: dict[str, Any] = {}
+
+                def local(tasks: list = tasks, store: RunStore = store, result: dict = result) -> None:
+                    result["summary"] = run_event_loop(run_local(tasks, store, secrets={}, options=local_opts))
+
+                row = measured(c, f"local x{args.local_concurrency}", len(tasks), local)
+                if result["summary"].executed != len(tasks):
+                    raise SystemExit(f"{name}: {result['summary'].executed}/{len(tasks)} stored")
+            rows.append(row)
+            print(f"local executor ({args.local_concurrency} coroutines): {row['runs'] / row['seconds']:.1f} runs/s",
+                  file=sys.stderr, flush=True)
+            for level in levels:
+                c.restart_workers(level)
+                warm = campaign(tmp_path, f"tp-w{level}-warm", base, 20 * level * args.threads // 4, cap)
+                time_celery(c, warm, RunStore(tmp_path / f"data-w{level}-warm"), 1)
+                for k in per_message:
+                    prepared = campaign(tmp_path, f"tp-w{level}-k{k}", base, args.runs, cap)
+                    store = RunStore(tmp_path / f"data-w{level}-k{k}")
+                    row = measured(c, f"celery {level}x{args.threads} k{k}", len(prepared.tasks),
+                                   lambda p=prepared, s=store, k=k: time_celery(c, p, s, k))
+                    rows.append(row)
+                    print(f"celery, {level} worker(s) x {args.threads} threads, {k} run(s)/message: "
+                          f"{row['runs'] / row['seconds']:.1f} runs/s", file=sys.stderr, flush=True)
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """One line per row; ratios and overhead against the local row of the same measurement."""
+    print(f"{'tree':>5} {'executor':>18} {'runs':>5} {'seconds':>7} {'runs/s':>7} {'x_local':>7} {'ms/run':>6} "
+          f"{'overhead_ms':>11} | {'cpu ms/run: workers':>19} {'self':>5} {'sim':>5} {'redis':>5} {'total':>6} | "
+          f"{'rt/run':>6} {'cmds/run':>8}")
+    local_ms = 0.0
+    for r in rows:
+        ms = 1000 * r["seconds"] / r["runs"]
+        if r["label"].startswith("local"):
+            local_ms = ms
+        over = "-" if r["label"].startswith("local") else f"{ms - local_ms:+.2f}"
+        total = r["cpu_workers"] + r["cpu_self"] + r["cpu_sim"] + r["cpu_redis"]
+        print(f"{r.get('tree', 'this'):>5} {r['label']:>18} {r['runs']:>5} {r['seconds']:>7.2f} {r['runs'] / r['seconds']:>7.1f} "
+              f"{local_ms / ms:>7.2f} {ms:>6.2f} {over:>11} | {r['cpu_workers']:>19.2f} {r['cpu_self']:>5.2f} "
+              f"{r['cpu_sim']:>5.2f} {r['cpu_redis']:>5.2f} {total:>6.2f} | {r['rt']:>6.2f} {r['cmds']:>8.2f}")
+
+
+def loadavg() -> str:
+    return "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+
+
+def alternate(args: argparse.Namespace, argv: list[str]) -> None:
+    """``--rounds`` times: the baseline tree, then this one, each a fresh ``--src`` process."""
+    trees = [("base", Path(args.baseline_src).resolve()), ("this", HERE.parent)]
+    rows = []
+    for rnd in range(args.rounds):
+        for name, src in trees:
+            load = loadavg()
+            out = subprocess.run([sys.executable, str(Path(__file__).resolve()), *argv, "--src", str(src), "--json"],
+                                 check=True, capture_output=True, text=True).stdout
+            got = json.loads(out.strip().splitlines()[-1])
+            for r in got:
+                r["tree"] = name
+            print(f"round {rnd + 1} {name} ({src}): load before {load}, after {loadavg()}", flush=True)
+            print_table(got)
+            rows += got
+    print(f"\nload average at the end {loadavg()}")
 
 
 def main() -> None:
@@ -61,54 +205,25 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=8, help="threads per worker (-c)")
     parser.add_argument("--local-concurrency", type=int, default=16, help="coroutines of the local executor")
     parser.add_argument("--runs-per-message", default="1", help="comma-separated: runs per broker message to measure")
+    parser.add_argument("--baseline-src", default=None, help="another source tree to measure, alternating with this one")
+    parser.add_argument("--rounds", type=int, default=2, help="with --baseline-src: how many times each tree runs")
+    parser.add_argument("--src", default=None, help=argparse.SUPPRESS)  # measure this tree (a child of --baseline-src)
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    levels = [int(x) for x in args.workers.split(",")]
-    per_message = [int(x) for x in args.runs_per_message.split(",")]
-    cap = max(args.local_concurrency, args.threads * max(levels)) * 2  # never the bottleneck
-    from workers.logs import configure_logging
-
-    configure_logging(level="WARNING")
-    load_before = "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
-    env = {"IRBENCH_LOG_LEVEL": "WARNING"}  # per-run INFO lines cost CPU on a 2-core box
-    rows: list[tuple[str, int, float]] = []
-    with tempfile.TemporaryDirectory(prefix="irbench-bench-") as tmp, interrupt_as_keyboard():
-        tmp_path = Path(tmp)
-        (tmp_path / "sim.toml").write_text(f"seed = 1\n[models.{MODEL}]\n")
-        with BenchCluster(tmp_path / "sim.toml", workers=0, concurrency=args.threads, worker_env=env) as c:
-            base = c.sim.base_url
-            # local executor: warm-up, then timed
-            local_opts = LocalOptions()
-            for name, n in (("tp-local-warm", 60), ("tp-local", args.runs)):
-                prepared = campaign(tmp_path, name, base, n, cap)
-                tasks = [t.model_copy(update={"limits": ModelLimits(max_concurrency=args.local_concurrency)})
-                         for t in prepared.tasks]
-                store = RunStore(tmp_path / f"data-{name}")
-                t0 = time.perf_counter()
-                summary = run_event_loop(run_local(tasks, store, secrets={}, options=local_opts))
-                elapsed = time.perf_counter() - t0
-                if summary.executed != len(tasks):
-                    raise SystemExit(f"{name}: {summary.executed}/{len(tasks)} stored")
-            rows.append((f"local x{args.local_concurrency}", len(tasks), elapsed))
-            print(f"local executor ({args.local_concurrency} coroutines): {len(tasks) / elapsed:.1f} runs/s", flush=True)
-            for level in levels:
-                c.restart_workers(level)
-                warm = campaign(tmp_path, f"tp-w{level}-warm", base, 20 * level * args.threads // 4, cap)
-                time_celery(c, warm, RunStore(tmp_path / f"data-w{level}-warm"))
-                for k in per_message:
-                    prepared = campaign(tmp_path, f"tp-w{level}-k{k}", base, args.runs, cap)
-                    elapsed = time_celery(c, prepared, RunStore(tmp_path / f"data-w{level}-k{k}"), k)
-                    rows.append((f"celery {level}x{args.threads} k{k}", len(prepared.tasks), elapsed))
-                    print(f"celery, {level} worker(s) x {args.threads} threads, {k} run(s)/message: "
-                          f"{len(prepared.tasks) / elapsed:.1f} runs/s", flush=True)
-
-    local_ms = 1000 * rows[0][2] / rows[0][1]
-    one, five, fifteen = os.getloadavg()
-    print(f"\nload average before {load_before}, after {one:.2f} {five:.2f} {fifteen:.2f}")
-    print(f"{'executor':>18} {'runs':>5} {'seconds':>8} {'runs/s':>7} {'x_local':>7} {'ms/run':>7} {'overhead_ms/run':>15}")
-    for label, n, elapsed in rows:
-        ms = 1000 * elapsed / n
-        over = "-" if label.startswith("local") else f"{ms - local_ms:+.2f}"
-        print(f"{label:>18} {n:>5} {elapsed:>8.2f} {n / elapsed:>7.1f} {local_ms / ms:>7.2f} {ms:>7.2f} {over:>15}")
+    if args.baseline_src and not args.src:
+        argv = ["--runs", str(args.runs), "--workers", args.workers, "--threads", str(args.threads),
+                "--local-concurrency", str(args.local_concurrency), "--runs-per-message", args.runs_per_message]
+        alternate(args, argv)
+        return
+    if args.src:
+        _use_tree(Path(args.src).resolve())
+    load_before = loadavg()
+    rows = measure(args)
+    if args.json:
+        print(json.dumps(rows))
+        return
+    print(f"\nload average before {load_before}, after {loadavg()}")
+    print_table(rows)
 
 
 if __name__ == "__main__":

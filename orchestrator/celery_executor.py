@@ -159,7 +159,7 @@ def run_campaign_celery(
     this campaign); ``on_analysis`` receives the ``orchestrator.analysis_jobs.AnalysisJob``.
     """
     campaign = prepared.spec.name
-    app = app or make_celery_app(broker_url)
+    app = app or make_celery_app(broker_url, visibility_timeout_s=options.visibility_timeout_s)
     client = sync_redis(broker_url)
     try:
         bundle = Bundle(redis=client, broker=app, store=store, clock=time.monotonic, sleep=time.sleep)

@@ -21,6 +21,7 @@ ENV_VARS = {
     "poll_interval_s": "IRBENCH_POLL_INTERVAL_S",
     "verify_grace_s": "IRBENCH_VERIFY_GRACE_S",
     "runs_per_message": "IRBENCH_RUNS_PER_MESSAGE",
+    "visibility_timeout_s": "IRBENCH_VISIBILITY_TIMEOUT_S",
 }
 
 
@@ -41,8 +42,11 @@ class CeleryOptions:
     after the other by the worker thread that receives it, each claimed, stored and marked done
     on its own; the message is acknowledged after the last. kombu's per-message cost (delivery
     bookkeeping, late ack: most of a worker's CPU at zero latency) is paid once per message.
-    Re-sent runs and runs with a countdown travel alone. The broker's visibility timeout must
-    cover a whole message (``workers.celery.app``); a redelivery inside it is harmless anyway.
+    Default 1; 4 gives most of k=8's gain over k=1 (``bench/distributed_throughput.py``) but
+    the rate-limit storm test was not reliably green with it yet. Re-sent runs and runs with a
+    countdown travel alone. ``visibility_timeout_s``: the broker's redelivery horizon of an
+    unacknowledged message; it must cover a whole message (``workers.celery.app``), and workers
+    read the same variable; a redelivery inside it is harmless anyway.
     """
 
     max_outstanding: int = 2000
@@ -56,10 +60,11 @@ class CeleryOptions:
     redis_backoff_max_s: float = 5.0
     honour_availability: bool = True  # skip models the availability dataset says are gone
     analyze_on_complete: bool = True  # enqueue the campaign's analysis when every run is stored
-    runs_per_message: int = 1
+    runs_per_message: int = 1  # 4 measured best (bench/README.md 2026-12-02 04:30) but not yet the default: see there
+    visibility_timeout_s: float = 10800.0
 
     def __post_init__(self) -> None:
-        for name in ("claim_ttl_s", "reconcile_interval_s", "poll_interval_s", "verify_grace_s"):
+        for name in ("claim_ttl_s", "reconcile_interval_s", "poll_interval_s", "verify_grace_s", "visibility_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 s, got {getattr(self, name)}")
         if min(self.max_task_failures, self.max_outstanding, self.dispatch_batch, self.runs_per_message) < 1:

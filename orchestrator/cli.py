@@ -20,6 +20,7 @@ from orchestrator.distributed_cli import (
     RunsPerMessageOpt,
     SpoolAgeOpt,
     SpoolRowsOpt,
+    VisibilityOpt,
     celery_options,
     worker_settings,
 )
@@ -114,6 +115,7 @@ def run(
     max_planned_runs: MaxRunsOpt = DEFAULT_MAX_PLANNED_RUNS,
     broker_wait_s: BrokerWaitOpt = 10.0,
     runs_per_message: RunsPerMessageOpt = None,
+    visibility_timeout_s: VisibilityOpt = None,
 ) -> None:
     """Run (or resume) a campaign: only runs without a stored record are executed.
 
@@ -152,7 +154,8 @@ def run(
             from orchestrator.celery_executor import run_campaign_celery
 
             url = _broker_url(broker, spec.executor.broker)
-            options = celery_options(analyze, claim_ttl_s, reconcile_interval_s, max_task_failures, runs_per_message)
+            options = celery_options(analyze, claim_ttl_s, reconcile_interval_s, max_task_failures, runs_per_message,
+                                     visibility_timeout_s)
             watch = _start_worker_watch(url, data, options.queue, broker_wait_s)
             done_before = len(store.completed_run_ids(spec.name) & {t.run_id for t in prepared.tasks})
             try:
@@ -311,7 +314,7 @@ def resume(
     run(
         campaign=campaign, data=data, executor=executor, broker=broker, analyze=True, progress=progress,
         log_file=None, verbose=False, claim_ttl_s=None, reconcile_interval_s=None, max_task_failures=None,
-        max_planned_runs=max_planned_runs, broker_wait_s=10.0, runs_per_message=None,
+        max_planned_runs=max_planned_runs, broker_wait_s=10.0, runs_per_message=None, visibility_timeout_s=None,
     )
 
 
@@ -352,6 +355,7 @@ def worker(
     lease_ttl_s: LeaseTtlOpt = None,
     spool_max_rows: SpoolRowsOpt = None,
     spool_max_age_s: SpoolAgeOpt = None,
+    visibility_timeout_s: VisibilityOpt = None,
 ) -> None:
     """Start a Celery worker that executes runs (wraps `celery worker -P threads`).
 
@@ -363,7 +367,8 @@ def worker(
     try:
         url = _broker_url(broker, None)
         settings = worker_settings(url, claim_ttl_s=claim_ttl_s, lease_ttl_s=lease_ttl_s,
-                                   spool_max_rows=spool_max_rows, spool_max_age_s=spool_max_age_s)
+                                   spool_max_rows=spool_max_rows, spool_max_age_s=spool_max_age_s,
+                                   visibility_timeout_s=visibility_timeout_s)
     except IrbenchError as exc:
         fail(exc)
         return

@@ -24,6 +24,10 @@ MaxFailuresOpt = Annotated[Optional[int], typer.Option(
 RunsPerMessageOpt = Annotated[Optional[int], typer.Option(
     "--runs-per-message", help="Runs carried by one broker message, executed one after the other by one worker "
     "slot (env IRBENCH_RUNS_PER_MESSAGE, default 1). 4-8 divides the broker's per-run cost for fast endpoints.")]
+VisibilityOpt = Annotated[Optional[float], typer.Option(
+    "--visibility-timeout-s", help="The broker redelivers a message left unacknowledged this long (env "
+    "IRBENCH_VISIBILITY_TIMEOUT_S, default 10800). It must exceed a message's longest run time: attempts x "
+    "total timeout + backoffs, times --runs-per-message. Give workers and orchestrator the same value.")]
 LeaseTtlOpt = Annotated[Optional[float], typer.Option(
     "--lease-ttl-s", help="Limiter lease lifetime without a heartbeat (env IRBENCH_LEASE_TTL_S, default 30).")]
 SpoolRowsOpt = Annotated[Optional[int], typer.Option(
@@ -34,11 +38,12 @@ SpoolAgeOpt = Annotated[Optional[float], typer.Option(
 
 
 def celery_options(analyze: bool, claim_ttl_s: float | None, reconcile_interval_s: float | None,
-                   max_task_failures: int | None, runs_per_message: int | None = None) -> CeleryOptions:
+                   max_task_failures: int | None, runs_per_message: int | None = None,
+                   visibility_timeout_s: float | None = None) -> CeleryOptions:
     """Defaults, then the environment, then the flags given."""
     return CeleryOptions(analyze_on_complete=analyze).with_env().with_values(
         claim_ttl_s=claim_ttl_s, reconcile_interval_s=reconcile_interval_s, max_task_failures=max_task_failures,
-        runs_per_message=runs_per_message)
+        runs_per_message=runs_per_message, visibility_timeout_s=visibility_timeout_s)
 
 
 def worker_settings(broker_url: str, **flags: float | int | None):  # noqa: ANN201 - WorkerSettings

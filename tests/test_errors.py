@@ -17,7 +17,7 @@ from workers import errors as worker_errors
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("storage", "workers", "orchestrator", "analysis", "viewer", "simulator")
 # Control-flow signals, not errors: they never reach a user.
-SIGNALS = {"workers.celery.runtime.Deferred", "simulator.app._Reject"}
+SIGNALS = {"workers.celery.deferring.Deferred", "simulator.app._Reject"}
 
 
 def _exception_classes() -> list[str]:

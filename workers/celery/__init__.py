@@ -11,6 +11,8 @@ __all__ = [
     "availability_tasks",
     "broker_view",
     "campaign_state",
+    "claim_permit",
+    "deferring",
     "gate",
     "local_cooldowns",
     "presence",

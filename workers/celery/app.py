@@ -14,7 +14,8 @@ re-delivered after ``visibility_timeout_s``, so it must exceed the longest fetch
 ``visibility_timeout_s > max_attempts * max(total_timeout_s) + (max_attempts - 1) * backoff_cap_s
 + max deferral countdown (IRBENCH_MAX_DEFER_S) + margin``, times the orchestrator's
 ``runs_per_message`` (a message's runs execute one after the other) — with the defaults (4
-attempts × 600 s + 3 × 60 s + 30 s, one run per message) the default 3600 s holds. A redelivery inside that window is harmless anyway
+attempts × 600 s + 3 × 60 s + 30 s = 2610 s per run, 4 runs per message: 10440 s) the default
+10800 s holds. A redelivery inside that window is harmless anyway
 (claims and done markers), and a lost message is re-dispatched by the orchestrator's reconciler.
 """
 
@@ -39,7 +40,8 @@ from workers.celery.availability_tasks import (
 )
 from workers.celery.runtime import RuntimeHolder, WorkerSettings
 from workers.celery.tasks import register_tasks
-from workers.celery.transport import transport_for
+from workers.celery.transport import ACK_FLUSH_S, transport_for
+from workers.errors import ConfigError
 from workers.logs import configure_logging
 
 #: Registers more tasks on an app (e.g. ``orchestrator.analysis_tasks.register_analysis_tasks``).
@@ -49,7 +51,7 @@ Registrar = Callable[[Celery], None]
 def make_celery_app(
     broker_url: str,
     *,
-    visibility_timeout_s: float = 3600.0,
+    visibility_timeout_s: float | None = None,
     default_queue: str = DEFAULT_QUEUE,
     main: str = "irbench",
     publish_max_retries: int = 5,
@@ -62,11 +64,19 @@ def make_celery_app(
 
     ``worker_settings``: what a worker process started from this app uses (default: read from
     the ``IRBENCH_*`` environment on first task, see ``WorkerSettings``).
+    ``visibility_timeout_s``: the broker's redelivery horizon for an unacknowledged message
+    (default: ``worker_settings``' or env ``IRBENCH_VISIBILITY_TIMEOUT_S``, else 10800 s; see
+    the rule above).
     ``environ`` (default ``os.environ``): when it sets ``IRBENCH_AVAILABILITY_TARGETS`` (a JSON
     file of check targets), the availability check joins ``beat_schedule`` every
     ``IRBENCH_AVAILABILITY_INTERVAL_S`` (default 86400 s) writing under ``IRBENCH_DATA_DIR``
     (``workers.celery.availability_tasks.beat_settings_from_env``; a bad file is a ConfigError).
     """
+    env = os.environ if environ is None else environ
+    if visibility_timeout_s is None:
+        visibility_timeout_s = (worker_settings or WorkerSettings.from_env(broker_url, env)).visibility_timeout_s
+    if visibility_timeout_s <= 0:  # an explicit value (the settings check their own)
+        raise ConfigError(f"visibility timeout must be > 0 s, got {visibility_timeout_s}")
     app = Celery(main, broker=broker_url, backend=None, set_as_current=False)
     app.conf.update(
         task_serializer="json",
@@ -81,7 +91,12 @@ def make_celery_app(
         worker_pool="threads",
         broker_transport=transport_for(broker_url),  # one reused client per channel (transport.py)
         task_default_queue=default_queue,
-        broker_transport_options={"visibility_timeout": visibility_timeout_s},
+        # ack_flush_s: longest delay of a gathered ack (workers.celery.transport; env IRBENCH_ACK_FLUSH_S)
+        # kombu scans for expired unacked messages every unacked_restore_interval (10 s) but acts on
+        # every unacked_restore_throttle-th scan only (10: ~100 s); 1 makes redelivery come within
+        # visibility_timeout_s + 10 s (one ZRANGE per worker per 10 s)
+        broker_transport_options={"visibility_timeout": visibility_timeout_s, "unacked_restore_throttle": 1,
+                                  "ack_flush_s": float(env.get("IRBENCH_ACK_FLUSH_S") or ACK_FLUSH_S)},
         broker_connection_retry=True,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,  # a Redis restart must not stop a worker
@@ -106,7 +121,7 @@ def make_celery_app(
     register_availability_tasks(app)
     for register in registrars:
         register(app)
-    beat = beat_settings_from_env(os.environ if environ is None else environ)
+    beat = beat_settings_from_env(env)
     if beat is not None:
         targets, data_dir, interval_s = beat
         configure_availability_beat(app, targets, data_dir, interval_s=interval_s)

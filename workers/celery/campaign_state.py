@@ -188,6 +188,24 @@ def _s(x: Any) -> str:
     return x.decode() if isinstance(x, bytes) else str(x)
 
 
+#: The claim script's Lua source (KEYS[1] = the campaign's base key; ARGV: :func:`claim_args`),
+#: for a script that claims and does more in the same call (``workers.celery.claim_permit``).
+CLAIM_LUA = _CLAIM
+
+
+def claim_args(run_id: str, model: str, owner: str, ttl_s: float, pending: Sequence[str] = ()) -> list[Any]:
+    """ARGV of a gate-reading claim of ``run_id`` by ``owner`` for ``ttl_s`` seconds."""
+    return [run_id, model, owner, max(int(ttl_s * 1000), 1), "1", *pending]
+
+
+def parse_claim(reply: Any) -> tuple[str, GateView | None]:
+    """A gate-reading claim's reply: ``DONE``/``BUSY`` with no view, or ``CLAIMED`` and the view."""
+    if not isinstance(reply, list):
+        return _s(reply), None
+    cancel, gate, streak = (None if _s(v) == "-" else _s(v)[1:] for v in reply[1:4])
+    return _s(reply[0]), GateView(cancel, gate, streak is not None and int(streak) > 0)
+
+
 class CampaignState:
     """Sync view of one campaign's keys. ``client``: a ``redis.Redis`` (pooled, thread-safe)."""
 
@@ -232,11 +250,7 @@ class CampaignState:
                         ) -> tuple[str, GateView | None]:
         """:meth:`claim`, plus (when ``CLAIMED``) the model's gate as read in the same script.
         ``pending``: runs of the same message still to come; their queued time is refreshed."""
-        reply = self._claim(keys=[self.base], args=[run_id, model, owner, max(int(ttl_s * 1000), 1), "1", *pending])
-        if not isinstance(reply, list):
-            return _s(reply), None
-        cancel, gate, streak = (None if _s(v) == "-" else _s(v)[1:] for v in reply[1:4])
-        return _s(reply[0]), GateView(cancel, gate, streak is not None and int(streak) > 0)
+        return parse_claim(self._claim(keys=[self.base], args=claim_args(run_id, model, owner, ttl_s, pending)))
 
     def renew_claim(self, run_id: str, owner: str, ttl_s: float) -> bool:
         return int(self._renew(keys=[self.base], args=[run_id, owner, max(int(ttl_s * 1000), 1)])) == 1
@@ -248,8 +262,14 @@ class CampaignState:
 
     def mark_done(self, run_id: str, model: str, outcome: str, failed: bool, attempts: int = 0) -> bool:
         """Record that an execution of ``run_id`` is durable; True the first time only."""
-        args = [run_id, model, outcome, "1" if failed else "0", int(attempts)]
-        return int(self._done(keys=[self.base], args=args)) == 1
+        script, keys, args = self.done_call(run_id, model, outcome, failed, attempts)
+        return int(script(keys=keys, args=args)) == 1
+
+    def done_call(self, run_id: str, model: str, outcome: str, failed: bool, attempts: int = 0
+                  ) -> tuple[Any, list[str], list[Any]]:
+        """The script, KEYS and ARGV :meth:`mark_done` runs (to pipeline it with other calls);
+        its reply is 1 if the run is newly done."""
+        return self._done, [self.base], [run_id, model, outcome, "1" if failed else "0", int(attempts)]
 
     def is_done(self, run_id: str) -> bool:
         return bool(self.client.exists(self.key(f"done:{run_id}")))

@@ -81,9 +81,13 @@ class _RateConfig:
         check_config(self.lease_ttl_s, self.period_s, self.jitter_allowance_s, self.reserve_ahead_s, self.reservation_grace_s)
 
 
+def script_source(name: str) -> str:
+    """The Lua source of one limiter script (``acquire``, ``release``, …)."""
+    return (resources.files("workers.celery") / "lua").joinpath(f"{name}.lua").read_text()
+
+
 def _load_scripts(client: Any) -> dict[str, Any]:
-    pkg = resources.files("workers.celery") / "lua"
-    return {n: client.register_script(pkg.joinpath(f"{n}.lua").read_text()) for n in _SCRIPTS}
+    return {n: client.register_script(script_source(n)) for n in _SCRIPTS}
 
 
 def _acquire_args(limits: ModelLimits, holder: str, cost_tokens: int, cfg: _RateConfig, reserve: bool) -> list[Any]:
@@ -190,6 +194,24 @@ class RedisLimiter:
         except (RedisError, OSError) as e:
             raise _translate(e, _where(self._client), what) from e
 
+    # ----- one decision or release run by another script or client ------------------------------
+    def acquire_call(self, model: str, limits: ModelLimits, holder: str, cost_tokens: int) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of one reserving ``acquire.lua`` decision, for a caller that runs the
+        script itself (``workers.celery.claim_permit``: inside the run's claim). Read its reply
+        with :meth:`decision`."""
+        return (_acquire_keys(self._prefix, model, holder),
+                _acquire_args(limits, holder, cost_tokens, self._cfg, reserve=True))
+
+    @staticmethod
+    def decision(reply: list[Any], model: str, holder: str, cost_tokens: int) -> LimitDecision:
+        """The ``acquire.lua`` reply as a :class:`LimitDecision` (raises ``ModelDisabled``)."""
+        return _decision(reply, model, holder, cost_tokens)
+
+    def release_call(self, permit: Permit, actual_tokens: int | None = None) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of the ``release.lua`` call :meth:`release` makes (for a sync client)."""
+        wake_window_s = max(2 * self._max_block_s, 1.0)
+        return self._keys(permit.model), _release_args(permit, actual_tokens, self._channel(permit.model), wake_window_s)
+
     # ----- decisions ---------------------------------------------------------------------------
     async def try_acquire(
         self, model: str, limits: ModelLimits, holder: str, cost_tokens: int, *, reserve: bool = False
@@ -234,9 +256,9 @@ class RedisLimiter:
     async def release(self, permit: Permit, actual_tokens: int | None = None) -> bool:
         """Free the lease, settle tokens, wake waiters. False if the lease had already expired."""
         # a waiter re-checks at least every max_block_s, re-stamping its denial: 2x that is recent
-        args = _release_args(permit, actual_tokens, self._channel(permit.model), max(2 * self._max_block_s, 1.0))
+        keys, args = self.release_call(permit, actual_tokens)
         removed, _ = await self._run(
-            f"releasing {permit.holder!r} on {permit.model!r}", self._scripts["release"](keys=self._keys(permit.model), args=args)
+            f"releasing {permit.holder!r} on {permit.model!r}", self._scripts["release"](keys=keys, args=args)
         )
         return int(removed) == 1
 

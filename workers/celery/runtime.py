@@ -3,17 +3,15 @@
 * one asyncio event loop in a background thread; task threads submit coroutines to it with
   ``asyncio.run_coroutine_threadsafe`` and block on the result (the threads pool's slot is the
   unit of worker concurrency, the loop multiplexes their HTTP calls);
-* one ``httpx.AsyncClient`` and one ``RedisLimiter`` (async Redis client) living on that loop;
-* one sync Redis client for campaign state and the gate;
+* per endpoint a ``PooledProvider`` (one-connection ``DirectClient``s, as many as calls in
+  flight) and one ``RedisLimiter`` (async Redis client), all living on that loop;
+* one sync Redis client for campaign state, the gate and ``ClaimPermits`` (a run's claim with
+  its first permit, its done marker with its last release: ``workers.celery.claim_permit``);
 * a heartbeat thread renewing the claims and limiter leases of the runs executing here, so a
   killed worker's runs and slots come back within a TTL instead of a call's worst-case duration.
 
-``DeferringLimiter`` wraps the Redis limiter for ``execute_run``: it waits at most
-``max_wait_s`` for a permit and otherwise raises :class:`Deferred` (deliberately NOT an
-``IrbenchError``, so it leaves ``execute_run`` without becoming an attempt or a record); the
-task then re-publishes itself with a countdown. A rate denial reserves the run's slot in Redis
-(keyed by run_id), so the countdown is exactly the time to that slot and the redelivered run is
-granted without a second rate charge. A Redis outage also becomes a deferral.
+``workers.celery.deferring.DeferringLimiter`` (re-exported here) wraps the Redis limiter for
+``execute_run``: bounded waits, deferral, the gate re-check after a grant.
 """
 
 from __future__ import annotations
@@ -22,13 +20,11 @@ import asyncio
 import contextlib
 import os
 import threading
-import time
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-import httpx
 import redis
 import redis.asyncio as aioredis
 import structlog
@@ -41,14 +37,17 @@ from redis.retry import Retry
 from storage.runs import RunStore
 from storage.spool import RunSpool, SpoolConfig, recover_orphans
 from workers.celery.local_cooldowns import LocalCooldowns
+from workers.celery.claim_permit import ClaimPermits
 from workers.celery.redis_limiter import RedisLimiter
-from workers.errors import ConfigError, GateClosed, LimiterError, LimiterUnavailable, WaitBudgetExceeded
+from workers.celery.deferring import Deferred, DeferringLimiter
+from workers.errors import ConfigError
 from workers.limits.base import Permit
-from workers.limits.memory import CONCURRENCY, COOLDOWN
 from workers.providers.base import Provider
-from workers.providers.registry import make_http_client, make_provider
-from workers.celery.gate import RedisGate
-from workers.runtask import ModelLimits, RunTask
+from workers.providers.pooled import PooledProvider
+from workers.providers.registry import make_provider, make_tls_context
+from workers.runtask import RunTask
+
+__all__ = ["Deferred", "DeferringLimiter", "RuntimeHolder", "WorkerRuntime", "WorkerSettings", "sync_redis"]
 
 log = structlog.get_logger("irbench.worker")
 T = TypeVar("T")
@@ -72,12 +71,13 @@ class WorkerSettings:
     provider's window (0.25 s: the worst spread measured in ``bench/README.md``; 0.4 % of a 60 s
     window). ``reservation_grace_s``: how long after its slot a deferred run's reservation waits
     to be claimed before it is abandoned. ``redis_retry_s``: how long to keep retrying Redis for
-    the done marker before giving up to the reconciler.
+    the done marker before giving up to the reconciler. ``visibility_timeout_s``: the broker
+    redelivers a message unacknowledged this long (``workers.celery.app``'s rule says how long
+    it must be).
     """
 
     redis_url: str
     data_dir: str | None = None
-    max_connections: int = 64
     lease_ttl_s: float = 30.0
     claim_ttl_s: float = 30.0
     max_wait_s: float = 1.5
@@ -87,12 +87,17 @@ class WorkerSettings:
     limit_jitter_allowance_s: float = 0.25
     reservation_grace_s: float = 30.0
     redis_retry_s: float = 30.0
+    visibility_timeout_s: float = 10800.0
     key_prefix: str = "irbench"
     failure_backoff_s: float = 1.0
     max_regrants: int = 5
     spool_max_rows: int = 2000
     spool_max_age_s: float = 5.0
     spool_idle_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.visibility_timeout_s <= 0:
+            raise ConfigError(f"visibility timeout must be > 0 s, got {self.visibility_timeout_s}")
 
     @property
     def heartbeat_s(self) -> float:
@@ -106,21 +111,11 @@ class WorkerSettings:
             raw = env.get(ENV_PREFIX + f.name.upper())
             if f.name == "redis_url" or raw in (None, ""):
                 continue
-            values[f.name] = int(raw) if f.type in ("int", int) else float(raw) if "float" in str(f.type) else raw
+            try:
+                values[f.name] = int(raw) if f.type in ("int", int) else float(raw) if "float" in str(f.type) else raw
+            except ValueError:
+                raise ConfigError(f"{ENV_PREFIX}{f.name.upper()}={raw!r} is not a number") from None
         return cls(**values)
-
-
-class Deferred(Exception):  # noqa: N818 - a control-flow signal, not an error
-    """No permit within the bounded wait: re-publish the run after ``wait_s`` seconds.
-
-    ``reserved``: a rate slot is reserved for the run at exactly ``wait_s`` from now; come back
-    then (no jitter needed: the slot has one owner)."""
-
-    def __init__(self, wait_s: float, reason: str, *, reserved: bool = False) -> None:
-        super().__init__(f"deferred {wait_s:.2f} s ({reason}{', slot reserved' if reserved else ''})")
-        self.wait_s = wait_s
-        self.reason = reason
-        self.reserved = reserved
 
 
 def sync_redis(url: str, *, socket_timeout_s: float = 5.0) -> redis.Redis:
@@ -133,109 +128,6 @@ def sync_redis(url: str, *, socket_timeout_s: float = 5.0) -> redis.Redis:
         retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 5),
         retry_on_error=[RedisConnectionError, RedisTimeoutError],
     )
-
-
-class DeferringLimiter:
-    """``Limiter`` for ``execute_run``: bounded wait, deferral, gate re-check after the grant.
-
-    Only the run's first permit can be deferred; a retry's permit is awaited (bounded by the
-    cooldown/rate interval), so attempts already made are never lost. One instance per run.
-    A rate denial reserves the run's next slot (``RedisLimiter.acquire``): if it is within
-    ``max_wait_s`` the run waits for it here, otherwise :class:`Deferred` carries the exact
-    countdown to it. The gate re-check after the grant is async (no blocking Redis call on the
-    shared event loop).
-
-    Granted permits are registered with the runtime so its heartbeat renews their leases.
-    """
-
-    def __init__(self, inner: RedisLimiter, gate: RedisGate, runtime: WorkerRuntime) -> None:
-        self._inner, self._gate, self._rt = inner, gate, runtime
-        self._max_wait_s = runtime.settings.max_wait_s
-        self._min_defer_s = runtime.settings.min_defer_s
-        self._allowance_s = runtime.settings.limit_jitter_allowance_s
-        self._max_regrants = runtime.settings.max_regrants
-        self._acquisitions = 0  # one instance per run execution
-
-    async def acquire(self, model: str, limits: ModelLimits, holder: str, cost_tokens: int) -> Permit:
-        self._acquisitions += 1
-        # A retry inside execute_run must not defer: that would drop the attempts already made
-        # (every attempt must be stored), so it waits; the wait is a cooldown or rate slot.
-        budget_s = self._max_wait_s if self._acquisitions == 1 else None
-        regrant = 0
-        while True:
-            # a cooldown this process noted but Redis may not have yet (local_cooldowns)
-            budget_s = await self._sit_out_local_cooldown(model, budget_s)
-            try:
-                permit = await self._inner.acquire(model, limits, holder, cost_tokens, max_wait_s=budget_s)
-            except WaitBudgetExceeded as exc:
-                d = exc.decision
-                if d.reason == CONCURRENCY:  # the wait is an upper bound: a release comes sooner
-                    raise Deferred(self._min_defer_s, d.reason) from None
-                raise Deferred(d.wait_s, d.reason, reserved=d.reserved_at_s is not None) from None
-            except LimiterUnavailable as exc:
-                raise Deferred(self._min_defer_s * 4, "limiter unavailable") from exc
-            permit, cooling_s = await self._admit(permit)
-            # the admission read Redis; a 429 this process met since (its Redis write still in
-            # flight) is only here: the send would come after this process knew of the cooldown
-            cooling_s = max(cooling_s, self._rt.cooldowns.remaining_s(model))
-            late_s = self._late_s(permit)
-            if cooling_s <= 0 and (late_s is None or regrant >= self._max_regrants):
-                return permit
-            # CPU starvation: the grant is older than the limiter's jitter allowance, so sending
-            # now could put one request too many into the provider's window; or a 429 started a
-            # cooldown after the grant. Give it back (its rate slot stays spent: never a burst)
-            # and take a fresh one (which waits out the cooldown). A cooldown is never sent
-            # into, even past max_regrants: each round waits it out, so only new 429s repeat it.
-            log.info("permit_regranted", model=model, late_s=round(late_s or 0.0, 3),
-                     cooling_s=round(cooling_s, 3), regrant=regrant + 1)
-            await self.release(permit)
-            regrant += 1
-
-    async def _sit_out_local_cooldown(self, model: str, budget_s: float | None) -> float | None:
-        """Wait out this process's noted cooldown of ``model`` (or defer the first permit when
-        it is longer than the wait budget); return the budget left."""
-        wait_s = self._rt.cooldowns.remaining_s(model)
-        if wait_s <= 0:
-            return budget_s
-        if budget_s is not None and wait_s > budget_s:
-            raise Deferred(wait_s, COOLDOWN)
-        await asyncio.sleep(wait_s)
-        return None if budget_s is None else budget_s - wait_s
-
-    def _late_s(self, permit: Permit) -> float | None:
-        """How far past the allowance the grant-to-send delay is, or None if within it."""
-        if permit.granted_mono_s is None:
-            return None
-        delay = time.monotonic() - permit.granted_mono_s
-        return delay if delay > self._allowance_s else None
-
-    async def _admit(self, permit: Permit) -> tuple[Permit, float]:
-        """The gate re-check (a 410 may have closed the model while we waited: don't make the
-        call) and the cooldown still to go, in one round trip."""
-        try:
-            reason, cooling_s = await self._gate.admission_async(permit.model, self._inner.state_key(permit.model))
-        except RedisError:
-            await self.release(permit)
-            raise
-        if reason is not None:
-            await self.release(permit)
-            raise GateClosed(reason)
-        self._rt.hold_permit(permit)
-        return permit, cooling_s
-
-    async def release(self, permit: Permit, actual_tokens: int | None = None) -> None:
-        self._rt.drop_permit(permit)
-        try:
-            await self._inner.release(permit, actual_tokens)
-        except LimiterError as exc:  # the lease expires by itself
-            log.warning("limiter_release_failed", model=permit.model, error=str(exc))
-
-    async def cooldown(self, model: str, seconds: float) -> None:
-        self._rt.cooldowns.note(model, seconds)  # before any await: this process's other runs see it now
-        try:
-            await self._inner.cooldown(model, seconds)
-        except LimiterError as exc:
-            log.warning("limiter_cooldown_failed", model=model, error=str(exc))
 
 
 @dataclass
@@ -258,15 +150,17 @@ class WorkerRuntime:
         self._claims: dict[str, _Claim] = {}
         self._permits: dict[tuple[str, str], Permit] = {}
         self.cooldowns = LocalCooldowns()  # 429 cooldowns this process met, before Redis has them
-        self._providers: dict[tuple[str, str, str, str | None], Provider] = {}
+        self._providers: dict[tuple[str, str, str, str | None], PooledProvider] = {}
         self._stores: dict[str, RunStore] = {}
         self._spools: dict[str, RunSpool] = {}
         self._stop = threading.Event()
-        self.http, self.aredis, self.limiter = self.run(self._setup())
+        self._tls = make_tls_context()  # one CA bundle load for every client of this process
+        self.aredis, self.limiter = self.run(self._setup())
+        self.claims = ClaimPermits(self.redis, self.limiter)  # claim + first permit, done + last release
         self._heartbeat = threading.Thread(target=self._beat, name="irbench-heartbeat", daemon=True)
         self._heartbeat.start()
 
-    async def _setup(self) -> tuple[httpx.AsyncClient, aioredis.Redis, RedisLimiter]:
+    async def _setup(self) -> tuple[aioredis.Redis, RedisLimiter]:
         client = aioredis.Redis.from_url(self.settings.redis_url, socket_timeout=5.0, socket_connect_timeout=2.0)
         limiter = RedisLimiter(
             client,
@@ -278,7 +172,7 @@ class WorkerRuntime:
             reservation_grace_s=self.settings.reservation_grace_s,
             max_block_s=max(self.settings.max_wait_s, 0.05),
         )
-        return make_http_client(self.settings.max_connections), client, limiter
+        return client, limiter
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         """Run ``coro`` on the shared loop and wait for it from the calling (task) thread."""
@@ -292,7 +186,13 @@ class WorkerRuntime:
         with self._lock:
             if key not in self._providers:
                 api_key = os.environ.get(ep.api_key_env) if ep.api_key_env else None
-                self._providers[key] = make_provider(ep, self.http, api_key)
+                # a free list of one-connection DirectClients, as in the local executor
+                # (workers.providers.pooled): no pool walk per call, no AsyncClient layers.
+                # Its calls all run on this runtime's one event loop, as PooledProvider needs.
+                self._providers[key] = PooledProvider(
+                    lambda c, ep=ep, api_key=api_key: make_provider(ep, c, api_key), tls=self._tls,
+                    wire_format=ep.wire_format,
+                )
             return self._providers[key]
 
     def store(self, data_dir: str | None) -> RunStore:
@@ -364,7 +264,8 @@ class WorkerRuntime:
 
         async def _close() -> None:
             await self.limiter.aclose()
-            await self.http.aclose()
+            for provider in list(self._providers.values()):
+                await provider.aclose()
             await self.aredis.aclose()
 
         with contextlib.suppress(Exception):

@@ -32,8 +32,10 @@ from storage.records import ERROR_TEXT_MAX_CHARS
 from workers.celery.campaign_state import BUSY, DONE, CampaignState
 from workers.celery.gate import RedisGate
 from workers.celery.redis_retry import TRANSIENT, with_retry
-from workers.celery.runtime import Deferred, DeferringLimiter, RuntimeHolder, WorkerRuntime
+from workers.celery.deferring import Deferred, DeferringLimiter
+from workers.celery.runtime import RuntimeHolder, WorkerRuntime
 from workers.execute import RunContext, execute_run
+from workers.limits.base import Permit
 from workers.logs import Redactor
 from workers.runtask import RunTask
 
@@ -57,18 +59,22 @@ def execute_one(rt: WorkerRuntime, state: CampaignState, task: RunTask, data_dir
     ``done``/``busy`` (nothing to do) or ``deferred`` (parked in the delayed set). ``pending``:
     the runs after this one in the same message (the claim marks them as in live hands)."""
     s = rt.settings
-    claim, view = with_retry(lambda: state.claim_with_gate(task.run_id, task.model, owner, s.claim_ttl_s, pending),
-                             "claiming a run", budget_s=s.redis_retry_s)
-    if claim in (DONE, BUSY) or view is None:
-        return claim
-    spool = rt.spool(data_dir)
+    claimed = with_retry(lambda: rt.claims.claim(state, task, owner, s.claim_ttl_s, pending),
+                         "claiming a run", budget_s=s.redis_retry_s)
+    if claimed.status in (DONE, BUSY) or claimed.view is None:
+        return claimed.status
+    if claimed.permit is not None:
+        rt.hold_permit(claimed.permit)  # the heartbeat renews it from now on
     gate = RedisGate(state, disable_after_consecutive=task.retry.disable_after_consecutive, async_client=rt.aredis)
-    ctx = RunContext(provider_for=rt.provider_for, limiter=DeferringLimiter(rt.limiter, gate, rt), gate=gate)
+    limiter = DeferringLimiter(rt.limiter, gate, rt, first=claimed.permit, release_later=True)
+    ctx = RunContext(provider_for=rt.provider_for, limiter=limiter, gate=gate)
     rt.hold_claim(state, task.run_id, owner)
     try:
-        gate.prime(task.model, view)  # read with the claim: execute_run's first check is answered off the loop
+        spool = rt.spool(data_dir)
+        gate.prime(task.model, claimed.view)  # read with the claim: execute_run's first check is answered off the loop
         record = rt.run(execute_run(task, ctx))
     except (Deferred, *TRANSIENT) as exc:
+        _release(rt, limiter.take_unreleased())
         countdown = _countdown(rt, exc)
         rt.drop_claim(task.run_id)
         try:
@@ -79,13 +85,34 @@ def execute_one(rt: WorkerRuntime, state: CampaignState, task: RunTask, data_dir
         log.info("run_deferred", countdown_s=round(countdown, 3), reason=reason,
                  reserved=isinstance(exc, Deferred) and exc.reserved)
         return DEFERRED
+    except BaseException:
+        _release(rt, limiter.take_unreleased())
+        raise
     finally:
         rt.drop_claim(task.run_id)
-    spool.append([record])  # durable (group commit) before the done marker and the ack
-    failed = record.failed
-    with_retry(lambda: state.mark_done(task.run_id, task.model, record.outcome.value, failed, len(record.attempts)),
+    held = limiter.take_unreleased()  # the last attempt's permit: released with the done marker
+    try:
+        spool.append([record])  # durable (group commit) before the done marker and the ack
+    except BaseException:
+        _release(rt, held)
+        raise
+    with_retry(lambda: rt.claims.done_and_release(state, task.run_id, task.model, record.outcome.value,
+                                                  record.failed, len(record.attempts), held),
                "marking a run done", budget_s=s.redis_retry_s)
+    for permit, _ in held:
+        rt.drop_permit(permit)
     return record.outcome.value
+
+
+def _release(rt: WorkerRuntime, held: Sequence[tuple[Permit, int | None]]) -> None:
+    """Best effort: a permit not released here expires with its lease (no heartbeat renews it)."""
+    for permit, _ in held:
+        rt.drop_permit(permit)
+    if held:
+        try:
+            rt.claims.release(held)
+        except Exception as exc:  # noqa: BLE001 - the lease TTL frees it
+            log.warning("limiter_release_failed", model=held[0][0].model, error=str(exc))
 
 
 def _failure_text(exc: BaseException) -> str:

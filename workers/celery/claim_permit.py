@@ -1,0 +1,141 @@
+"""A run's claim and its first permit in one Redis call; its last permit's release with its done marker.
+
+Every Redis round trip costs a worker ~0.1–0.5 ms of CPU (redis-py's command packing and reply
+parsing, more on the async client), and on two shared cores CPU per run is the throughput. A
+run used to make six: claim, acquire, the gate re-check after the grant, release, done marker,
+plus the broker's. Here:
+
+* :meth:`ClaimPermits.claim` runs one script that is the claim script (``CampaignState``'s,
+  reading the model's gate) followed, only when the run is claimed and its model's gate is open,
+  by the limiter's reserving ``acquire.lua`` decision. The grant happens in the same atomic step
+  as the gate read, so the separate re-check after the grant (``DeferringLimiter._admit``: a
+  410 or a cooldown that landed while the run waited) has nothing to add: nothing waited. A
+  denial changes nothing for the run: ``execute_run``'s acquire meets the same limiter state
+  (and the holder's reservation, if one was made) and waits or defers as before.
+* :meth:`ClaimPermits.done_and_release` sends the done marker and the release of the run's last
+  permit in one pipeline, from the task thread's sync client (cheaper than the loop's async
+  one). The lease is thus held until the record is durable (a few ms of fsync longer than the
+  call itself): never more calls in flight than the cap, only a slightly later free slot.
+
+Models with a request or token limit skip the combined acquire: their first permit comes the
+usual way, with the gate and cooldown re-check right before the send (a 429 cooldown another run
+starts between the claim and the send must still be seen; the task thread also does not know
+``execute_run``'s token estimate). The combined path is for models with a concurrency cap only.
+
+The scripts touch campaign keys and limiter keys together (different hash tags), so they need a
+single Redis, not a cluster — as does kombu's Redis transport the workers consume from.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import redis
+from redis.exceptions import NoScriptError
+
+from workers.celery.campaign_state import CLAIM_LUA, CLAIMED, CampaignState, GateView, claim_args, parse_claim
+from workers.celery.redis_limiter import RedisLimiter, script_source
+from workers.errors import ModelDisabled
+from workers.limits.base import Permit
+from workers.limits.memory import Lease
+from workers.runtask import RunTask
+
+# KEYS: campaign base, then the limiter's lease, state, log and reservation keys.
+# ARGV: n = how many claim arguments follow, the claim's ARGV, then acquire.lua's ARGV (none:
+# claim only). Reply: the claim's, with acquire.lua's reply appended when it ran.
+_CLAIM_ACQUIRE = f"""
+local function claim(KEYS, ARGV)
+{CLAIM_LUA}
+end
+local function acquire(KEYS, ARGV)
+{script_source("acquire")}
+end
+local n = tonumber(ARGV[1])
+local c_args, a_args = {{}}, {{}}
+for i = 2, n + 1 do c_args[#c_args + 1] = ARGV[i] end
+for i = n + 2, #ARGV do a_args[#a_args + 1] = ARGV[i] end
+local c = claim({{KEYS[1]}}, c_args)
+if #a_args == 0 or type(c) ~= 'table' or c[2] ~= '-' or c[3] ~= '-' then return c end
+c[5] = acquire({{KEYS[2], KEYS[3], KEYS[4], KEYS[5]}}, a_args)
+return c
+"""
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """What :meth:`ClaimPermits.claim` found: ``status`` (``CLAIMED``, ``DONE`` or ``BUSY``),
+    the model's gate when claimed, and the first permit when one was granted with the claim
+    (``granted_mono_s``: this process's monotonic clock just before the call)."""
+
+    status: str
+    view: GateView | None
+    permit: Lease | None = None
+
+
+class ClaimPermits:
+    """Claims with a first permit, and done markers with a last release, on a sync client.
+
+    ``client``: the worker's sync ``redis.Redis`` (the same Redis as ``limiter``'s client).
+    ``limiter``: the process's ``RedisLimiter`` (its key prefix and rate configuration).
+    """
+
+    def __init__(self, client: redis.Redis, limiter: RedisLimiter) -> None:
+        self._client = client
+        self._limiter = limiter
+        self._claim = client.register_script(_CLAIM_ACQUIRE)
+        self._release = client.register_script(script_source("release"))
+
+    def claim(self, state: CampaignState, task: RunTask, owner: str, ttl_s: float,
+              pending: Sequence[str] = ()) -> Claimed:
+        """Claim ``task``'s run for ``owner`` (``ttl_s`` seconds), read its model's gate and,
+        if claimed with the gate open and no request or token limit, decide its first permit (holder =
+        run_id, as ``execute_run`` asks). ``pending``: the runs after it in its message."""
+        c_args = claim_args(task.run_id, task.model, owner, ttl_s, pending)
+        keys, a_args = [state.base], []
+        if not (task.limits.tokens_per_minute or task.limits.requests_per_minute):
+            a_keys, a_args = self._limiter.acquire_call(task.model, task.limits, task.run_id, 0)
+            keys += a_keys
+        asked_at = time.monotonic()  # the grant happens after this: the grant-to-send delay's origin
+        reply = self._claim(keys=keys, args=[len(c_args), *c_args, *a_args])
+        status, view = parse_claim(reply)
+        if status != CLAIMED or not isinstance(reply, list) or len(reply) < 5:
+            return Claimed(status, view)
+        try:
+            decision = self._limiter.decision(reply[4], task.model, task.run_id, 0)
+        except ModelDisabled:
+            return Claimed(status, view)  # execute_run's own acquire meets it and records why
+        permit = None if decision.permit is None else replace(decision.permit, granted_mono_s=asked_at)
+        return Claimed(status, view, permit)
+
+    def release(self, permits: Sequence[tuple[Permit, int | None]]) -> None:
+        """Release ``(permit, actual_tokens)`` pairs now, one pipeline."""
+        self._run([(self._release, *self._limiter.release_call(p, t)) for p, t in permits])
+
+    def done_and_release(self, state: CampaignState, run_id: str, model: str, outcome: str, failed: bool,
+                         attempts: int, permits: Sequence[tuple[Permit, int | None]] = ()) -> bool:
+        """``CampaignState.mark_done`` and the release of ``permits`` in one pipeline; True if
+        the run is newly done."""
+        calls = [(self._release, *self._limiter.release_call(p, t)) for p, t in permits]
+        return int(self._run([state.done_call(run_id, model, outcome, failed, attempts), *calls])[0]) == 1
+
+    def _run(self, calls: Sequence[tuple[Any, list[str], list[Any]]]) -> list[Any]:
+        """EVALSHA each ``(script, keys, args)`` in one non-transactional pipeline. A script the
+        server does not know (flushed by a restart) is loaded and run again on its own, so no
+        call that did run is repeated."""
+        if not calls:
+            return []
+        pipe = self._client.pipeline(transaction=False)
+        for script, keys, args in calls:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        results = pipe.execute(raise_on_error=False)
+        out = []
+        for (script, keys, args), res in zip(calls, results):
+            if isinstance(res, NoScriptError):
+                res = script(keys=keys, args=args)  # loads it, then runs it
+            elif isinstance(res, Exception):
+                raise res
+            out.append(res)
+        return out
