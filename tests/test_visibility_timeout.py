@@ -20,7 +20,8 @@ from orchestrator.distributed_cli import worker_settings
 from orchestrator.spec import load_campaign
 from simulator.config import SimModel
 from storage.runs import RunStore
-from tests.test_distributed import REPO, WORKER_ENV, make_campaign, sim, stats, stored_count, wait_for
+from tests.support.distributed import WORKER_ENV, make_campaign, sim, stats, stored_count, wait_for
+from tests.support.paths import REPO
 from workers.celery import DEFAULT_QUEUE
 from workers.celery.app import make_celery_app
 
