@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 
 from deploy.redis_server import RedisServer
+from tests.support.permit_holds import PermitHolds
 from storage.records import Outcome
 from workers.celery.campaign_state import BUSY, CLAIMED, DONE, CampaignState
 from workers.celery.claim_permit import Claimed, ClaimPermits
 from workers.celery.gate import RedisGate
-from workers.celery.local_cooldowns import LocalCooldowns
-from workers.celery.runtime import sync_redis
+from workers.celery.runtime import WorkerSettings, sync_redis
 
 
 @pytest.fixture(scope="module")
@@ -190,28 +190,11 @@ def test_done_and_release_after_a_script_flush_runs_each_call_once(client, claim
     assert again.status == CLAIMED and again.permit is not None
 
 
-class _Registry:
-    """The permit registry ``DeferringLimiter`` reports to (the runtime's heartbeat list)."""
-
-    def __init__(self, **settings: float) -> None:
-        from workers.celery.runtime import WorkerSettings
-
-        self.settings = WorkerSettings(redis_url="redis://unused", **settings)
-        self.held: set[str] = set()
-        self.cooldowns = LocalCooldowns()
-
-    def hold_permit(self, p) -> None:
-        self.held.add(p.holder)
-
-    def drop_permit(self, p) -> None:
-        self.held.discard(p.holder)
-
-
 def _deferring(client, lim, st, first, **kw):
     from workers.celery.deferring import DeferringLimiter
 
     gate = RedisGate(st)  # its re-check after a grant runs the sync check in a thread
-    reg = _Registry(limit_jitter_allowance_s=0.25)
+    reg = PermitHolds(WorkerSettings(redis_url="redis://unused", limit_jitter_allowance_s=0.25))
     if first is not None:
         reg.hold_permit(first)
     return DeferringLimiter(lim, gate, reg, first=first, **kw), reg

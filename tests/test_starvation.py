@@ -14,9 +14,9 @@ import redis
 import redis.asyncio as aioredis
 
 from deploy.redis_server import RedisServer
+from tests.support.permit_holds import PermitHolds
 from workers.celery.campaign_state import CampaignState
 from workers.celery.gate import RedisGate
-from workers.celery.local_cooldowns import LocalCooldowns
 from workers.celery.redis_limiter import RedisLimiter
 from workers.celery.runtime import Deferred, DeferringLimiter, WorkerSettings
 from workers.limits.base import Permit
@@ -46,21 +46,6 @@ class StarvedGate(RedisGate):
         return await super().admission_async(model, limiter_state_key)
 
 
-class Holds:
-    """The permit registry ``DeferringLimiter`` reports to (the worker runtime's heartbeat list)
-    and the process's noted cooldowns (``WorkerRuntime.cooldowns``)."""
-
-    def __init__(self, settings: WorkerSettings) -> None:
-        self.settings, self.held = settings, set()
-        self.cooldowns = LocalCooldowns()
-
-    def hold_permit(self, p: Permit) -> None:
-        self.held.add(p.holder)
-
-    def drop_permit(self, p: Permit) -> None:
-        self.held.discard(p.holder)
-
-
 @pytest.mark.parametrize("stalls,regrants", [(0, 0), (1, 1), (2, 2)])
 def test_a_late_permit_is_given_back_and_reacquired(srv: RedisServer, stalls: int, regrants: int) -> None:
     settings = WorkerSettings(redis_url=srv.url, limit_jitter_allowance_s=ALLOWANCE_S, limit_period_s=1.0)
@@ -81,7 +66,7 @@ def test_a_late_permit_is_given_back_and_reacquired(srv: RedisServer, stalls: in
 
         inner.acquire = counting  # type: ignore[method-assign]
         gate = StarvedGate(state, async_client=client, stall_s=2 * ALLOWANCE_S, stalls=stalls)
-        lim = DeferringLimiter(inner, gate, Holds(settings))  # type: ignore[arg-type]
+        lim = DeferringLimiter(inner, gate, PermitHolds(settings))  # type: ignore[arg-type]
         try:
             permit = await lim.acquire("m", ModelLimits(requests_per_minute=100, max_concurrency=2), "run-1", 10)
             sent_after_s = time.monotonic() - permit.granted_mono_s  # the send would happen now
@@ -120,7 +105,7 @@ def test_a_cooldown_started_after_the_grant_is_waited_out(srv: RedisServer) -> N
         nonlocal inner
         client = aioredis.Redis.from_url(srv.url)
         inner = RedisLimiter(client, key_prefix=prefix, period_s=1.0, jitter_allowance_s=ALLOWANCE_S)
-        lim = DeferringLimiter(inner, CoolingGate(state, async_client=client), Holds(settings))  # type: ignore[arg-type]
+        lim = DeferringLimiter(inner, CoolingGate(state, async_client=client), PermitHolds(settings))  # type: ignore[arg-type]
         lim._acquisitions = 1  # a retry's permit: waited for, never deferred
         try:
             t0 = time.monotonic()
@@ -168,7 +153,7 @@ def test_no_permit_in_the_same_process_while_its_cooldown_is_on_its_way(srv: Red
     async def body() -> tuple[float | None, float | None, float]:
         client = aioredis.Redis.from_url(srv.url)
         inner = SlowCooldownLimiter(client, key_prefix=prefix, period_s=1.0, jitter_allowance_s=ALLOWANCE_S)
-        runtime = Holds(settings)  # one process: both runs share its runtime
+        runtime = PermitHolds(settings)  # one process: both runs share its runtime
         a = DeferringLimiter(inner, RedisGate(state, async_client=client), runtime)  # type: ignore[arg-type]
         b = DeferringLimiter(inner, RedisGate(state, async_client=client), runtime)  # type: ignore[arg-type]
         if not first_permit:

@@ -87,6 +87,7 @@ class DeferringLimiter:
         self._min_defer_s = runtime.settings.min_defer_s
         self._allowance_s = runtime.settings.limit_jitter_allowance_s
         self._max_regrants = runtime.settings.max_regrants
+        self._redis_retry_s = runtime.settings.redis_retry_s
         self._acquisitions = 0  # one instance per run execution
         self._first = first
         self._release_later = release_later
@@ -114,20 +115,21 @@ class DeferringLimiter:
                 log.info("permit_regranted", model=model, late_s=round(late_s or 0.0, 3),
                          cooling_s=round(cooling_s, 3), regrant=0)
             await self._release_now(first)
-        regrant = 0
+        regrant, outage_s = 0, 0.0
         while True:
             # a cooldown this process noted but Redis may not have yet (local_cooldowns)
             budget_s = await self._sit_out_local_cooldown(model, budget_s)
             try:
                 permit = await self._inner.acquire(model, limits, holder, cost_tokens, max_wait_s=budget_s)
+                permit, cooling_s = await self._admit(permit)
             except WaitBudgetExceeded as exc:
                 d = exc.decision
                 if d.reason == CONCURRENCY:  # the wait is an upper bound: a release comes sooner
                     raise Deferred(self._min_defer_s, d.reason) from None
                 raise Deferred(d.wait_s, d.reason, reserved=d.reserved_at_s is not None) from None
-            except LimiterUnavailable as exc:
-                raise Deferred(self._min_defer_s * 4, "limiter unavailable") from exc
-            permit, cooling_s = await self._admit(permit)
+            except (LimiterUnavailable, RedisError) as exc:
+                outage_s = await self._sit_out_outage(exc, outage_s)
+                continue
             # the admission read Redis; a 429 this process met since (its Redis write still in
             # flight) is only here: the send would come after this process knew of the cooldown
             cooling_s = max(cooling_s, self._rt.cooldowns.remaining_s(model))
@@ -143,6 +145,21 @@ class DeferringLimiter:
                      cooling_s=round(cooling_s, 3), regrant=regrant + 1)
             await self._release_now(permit)
             regrant += 1
+
+    async def _sit_out_outage(self, exc: Exception, outage_s: float) -> float:
+        """Redis could not grant or admit. The first permit defers (nothing called yet: the run
+        comes back later). A retry must not (that would drop the attempts already made, which
+        the provider saw): it waits for Redis, and past ``redis_retry_s`` the error ends the run
+        inside ``execute_run`` (a ``LimiterUnavailable``: its record keeps every attempt).
+        Returns the outage waited so far."""
+        if self._acquisitions == 1:
+            raise Deferred(self._min_defer_s * 4, "limiter unavailable") from exc
+        if outage_s >= self._redis_retry_s:
+            if isinstance(exc, LimiterUnavailable):
+                raise exc
+            raise LimiterUnavailable(f"Redis unreachable for {outage_s:.0f} s during a retry: {type(exc).__name__}") from exc
+        await asyncio.sleep(self._min_defer_s)
+        return outage_s + self._min_defer_s
 
     async def _sit_out_local_cooldown(self, model: str, budget_s: float | None) -> float | None:
         """Wait out this process's noted cooldown of ``model`` (or defer the first permit when

@@ -1,0 +1,91 @@
+"""``DeferringLimiter`` when Redis goes away (real redis-server, stopped and started again).
+
+A run's first permit defers (nothing was called yet, the run comes back later). A retry's must
+not: ``Deferred`` leaves ``execute_run`` without a record, and the attempts the provider already
+saw would be lost. It waits for Redis instead, and past ``redis_retry_s`` it raises
+``LimiterUnavailable``, which ``execute_run`` turns into a record that keeps every attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from deploy.redis_server import RedisServer
+from tests.support.permit_holds import PermitHolds
+from workers.celery.campaign_state import CampaignState
+from workers.celery.deferring import Deferred, DeferringLimiter
+from workers.celery.gate import RedisGate
+from workers.celery.redis_limiter import RedisLimiter
+from workers.celery.runtime import WorkerSettings
+from workers.errors import LimiterUnavailable
+from workers.runtask import ModelLimits
+
+LIMITS = ModelLimits(max_concurrency=2)
+
+
+def _limiter(srv: RedisServer, redis_retry_s: float) -> tuple[DeferringLimiter, aioredis.Redis, redis.Redis]:
+    client = aioredis.Redis.from_url(srv.url, socket_timeout=1.0, socket_connect_timeout=0.5)
+    sync = redis.Redis.from_url(srv.url, socket_timeout=1.0, socket_connect_timeout=0.5)
+    prefix = f"dl:{uuid.uuid4().hex[:8]}"
+    inner = RedisLimiter(client, key_prefix=prefix, lease_ttl_s=30, period_s=1.0, max_block_s=0.2)
+    gate = RedisGate(CampaignState(sync, f"dl-{uuid.uuid4().hex[:8]}"), async_client=client)
+    settings = WorkerSettings(redis_url=srv.url, redis_retry_s=redis_retry_s, min_defer_s=0.2)
+    return DeferringLimiter(inner, gate, PermitHolds(settings)), client, sync
+
+
+async def _first_then_retry(lim: DeferringLimiter) -> None:
+    """An attempt's permit, given back as execute_run does before the retry's acquire."""
+    permit = await lim.acquire("m", LIMITS, "run-1", 1)
+    await lim.release(permit)
+
+
+def test_a_retry_waits_for_redis_and_gets_its_permit_when_it_is_back() -> None:
+    with RedisServer() as srv:
+        lim, client, sync = _limiter(srv, redis_retry_s=30.0)
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(_first_then_retry(lim))
+            srv.stop()
+            restart = threading.Timer(1.5, srv.start)  # Redis is back 1.5 s into the retry's wait
+            restart.start()
+            t0 = time.monotonic()
+            permit = loop.run_until_complete(lim.acquire("m", LIMITS, "run-1", 1))
+            waited_s = time.monotonic() - t0
+            restart.join()
+            assert permit.holder == "run-1" and waited_s >= 1.4  # waited, did not defer
+            loop.run_until_complete(lim.release(permit))
+            assert loop.run_until_complete(lim._inner.outstanding("m")) == 0
+        finally:
+            loop.run_until_complete(lim._inner.aclose())  # its pub/sub listener task
+            loop.run_until_complete(client.aclose())
+            sync.close()
+            loop.close()
+
+
+def test_a_retry_past_redis_retry_s_ends_with_limiter_unavailable_and_a_first_permit_defers() -> None:
+    with RedisServer() as srv:
+        lim, client, sync = _limiter(srv, redis_retry_s=1.0)
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(_first_then_retry(lim))
+            srv.stop()
+            with pytest.raises(LimiterUnavailable):  # an IrbenchError: execute_run keeps the attempts
+                loop.run_until_complete(lim.acquire("m", LIMITS, "run-1", 1))
+            fresh, client2, sync2 = _limiter(srv, redis_retry_s=1.0)
+            with pytest.raises(Deferred):  # nothing called yet: defer
+                loop.run_until_complete(fresh.acquire("m", LIMITS, "run-2", 1))
+            loop.run_until_complete(fresh._inner.aclose())
+            loop.run_until_complete(client2.aclose())
+            sync2.close()
+        finally:
+            loop.run_until_complete(lim._inner.aclose())  # its pub/sub listener task
+            loop.run_until_complete(client.aclose())
+            sync.close()
+            loop.close()
