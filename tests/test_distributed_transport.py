@@ -95,3 +95,29 @@ def test_a_death_before_the_ack_is_sent_leaves_the_message_in_unacked(srv: Redis
         ch.visibility_timeout = 0
         ch.qos.restore_visible(num=10, interval=1)
     assert r.llen("q") == 1 and r.hlen("unacked") == 0
+
+
+def test_closing_after_the_broker_went_away_leaves_the_message_in_unacked() -> None:
+    """A worker's consumer closes its connection after a Redis restart; kombu clears the
+    transport's connection details, drops the channel's pools, then restores the unacknowledged
+    messages through ``conn_or_acquire``. That must end in a connection error (ignored by the
+    close path), not an AttributeError: one stopped every worker's consumer for good in a Redis
+    restart test under load (the campaign stalled with 81 runs queued)."""
+    with RedisServer(aof=True) as srv:  # AOF: what the deployment runs; the data outlives the kill
+        _closing_after_the_broker_went_away(srv)
+
+
+def _closing_after_the_broker_went_away(srv: RedisServer) -> None:
+    from kombu.common import ignore_errors
+
+    _publish(srv.url, 1)
+    conn = _connection(srv.url, 0.05)
+    ch = conn.default_channel
+    assert ch.basic_get("q", no_ack=False) is not None and len(ch.qos._delivered) == 1
+    srv.stop(kill=True)
+    conn.transport.client = None  # what Connection._do_close_transport did first, in that worker
+    ignore_errors(conn, conn.close)  # raises if anything but a connection/channel error comes out
+    srv.start()
+    client = redis.Redis.from_url(srv.url)
+    assert client.hlen("unacked") == 1 and client.llen("q") == 0  # kept for redelivery, not lost
+    client.close()

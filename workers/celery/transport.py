@@ -37,6 +37,7 @@ from typing import Any
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.json import dumps
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 #: What ``broker_transport`` names (kombu imports ``module:Class`` transport names).
 TRANSPORT = "workers.celery.transport:Transport"
@@ -156,8 +157,18 @@ class Channel(kombu_redis.Channel):
         super().__init__(*args, **kwargs)
 
     def _shared_client(self) -> Any:
-        pool = self.pool
         with self._shared_lock:
+            if self._pool is None and self.connection.client is None:
+                # Closing after the broker connection was lost: kombu has dropped the pools and
+                # then restores the channel's unacknowledged messages, but it cannot build a pool
+                # without the connection's details (an AttributeError that stopped the worker's
+                # consumer for good after a Redis restart under load). Use the client we had, or
+                # report a connection error, which the consumer's close path ignores: the
+                # messages stay in ``unacked`` and come back after the visibility timeout.
+                if self._shared is not None:
+                    return self._shared[1]
+                raise RedisConnectionError("the broker connection is closed")
+            pool = self.pool
             if self._shared is None or self._shared[0] is not pool:
                 self._shared = (pool, self._create_client())
             return self._shared[1]
@@ -170,8 +181,10 @@ class Channel(kombu_redis.Channel):
         qos = self.__dict__.get("_qos")
         if isinstance(qos, QoS):
             qos.stop()
-        self._shared = None
-        super().close()
+        try:
+            super().close()  # restores unacknowledged messages through the shared client
+        finally:
+            self._shared = None
 
 
 class Transport(kombu_redis.Transport):
