@@ -76,8 +76,10 @@ def test_a_retry_past_redis_retry_s_ends_with_limiter_unavailable_and_a_first_pe
         try:
             loop.run_until_complete(_first_then_retry(lim))
             srv.stop()
+            t0 = time.monotonic()
             with pytest.raises(LimiterUnavailable):  # an IrbenchError: execute_run keeps the attempts
                 loop.run_until_complete(lim.acquire("m", LIMITS, "run-1", 1))
+            assert time.monotonic() - t0 >= 1.0  # it waited redis_retry_s for Redis first
             fresh, client2, sync2 = _limiter(srv, redis_retry_s=1.0)
             with pytest.raises(Deferred):  # nothing called yet: defer
                 loop.run_until_complete(fresh.acquire("m", LIMITS, "run-2", 1))

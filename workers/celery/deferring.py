@@ -115,7 +115,7 @@ class DeferringLimiter:
                 log.info("permit_regranted", model=model, late_s=round(late_s or 0.0, 3),
                          cooling_s=round(cooling_s, 3), regrant=0)
             await self._release_now(first)
-        regrant, outage_s = 0, 0.0
+        regrant, outage_since = 0, None  # monotonic time Redis was first found unreachable
         while True:
             # a cooldown this process noted but Redis may not have yet (local_cooldowns)
             budget_s = await self._sit_out_local_cooldown(model, budget_s)
@@ -128,7 +128,7 @@ class DeferringLimiter:
                     raise Deferred(self._min_defer_s, d.reason) from None
                 raise Deferred(d.wait_s, d.reason, reserved=d.reserved_at_s is not None) from None
             except (LimiterUnavailable, RedisError) as exc:
-                outage_s = await self._sit_out_outage(exc, outage_s)
+                outage_since = await self._sit_out_outage(exc, outage_since)
                 continue
             # the admission read Redis; a 429 this process met since (its Redis write still in
             # flight) is only here: the send would come after this process knew of the cooldown
@@ -146,20 +146,23 @@ class DeferringLimiter:
             await self._release_now(permit)
             regrant += 1
 
-    async def _sit_out_outage(self, exc: Exception, outage_s: float) -> float:
+    async def _sit_out_outage(self, exc: Exception, since: float | None) -> float:
         """Redis could not grant or admit. The first permit defers (nothing called yet: the run
         comes back later). A retry must not (that would drop the attempts already made, which
         the provider saw): it waits for Redis, and past ``redis_retry_s`` the error ends the run
         inside ``execute_run`` (a ``LimiterUnavailable``: its record keeps every attempt).
-        Returns the outage waited so far."""
+        ``since``: when this outage was first met (None: now). Returns it."""
         if self._acquisitions == 1:
             raise Deferred(self._min_defer_s * 4, "limiter unavailable") from exc
+        now = time.monotonic()
+        since = now if since is None else since
+        outage_s = now - since  # wall time: each failed attempt itself takes up to a socket timeout
         if outage_s >= self._redis_retry_s:
             if isinstance(exc, LimiterUnavailable):
                 raise exc
             raise LimiterUnavailable(f"Redis unreachable for {outage_s:.0f} s during a retry: {type(exc).__name__}") from exc
         await asyncio.sleep(self._min_defer_s)
-        return outage_s + self._min_defer_s
+        return since
 
     async def _sit_out_local_cooldown(self, model: str, budget_s: float | None) -> float | None:
         """Wait out this process's noted cooldown of ``model`` (or defer the first permit when
