@@ -146,22 +146,30 @@ def _toml_value(v: object) -> str:
     return json.dumps(v)
 
 
+DEFAULTS = {"requests_per_minute": "none", "connect_timeout_s": 5, "read_timeout_s": 30, "total_timeout_s": 30}
+RETRY = {"max_attempts": 3, "backoff_base_s": 0.05, "backoff_cap_s": 0.2}
+
+
 def write_campaign(
     directory: Path, name: str, base_url: str, models: Mapping[str, Mapping[str, object]], *, prompts: int, runs: int,
+    defaults: Mapping[str, object] | None = None, retry: Mapping[str, object] | None = None,
 ) -> Path:
     """A campaign TOML (plus ``prompts`` generated prompt files) crossing every model with every
-    prompt ``runs`` times; per-model fields (limits, timeouts) override the defaults."""
+    prompt ``runs`` times; per-model fields (limits, timeouts) override the defaults.
+    ``defaults``/``retry``: fields over ``DEFAULTS``/``RETRY`` (the tests' cluster uses shorter
+    timeouts and a concurrency cap)."""
     pdir = directory / "prompts"
     pdir.mkdir(parents=True, exist_ok=True)
     for i in range(prompts):
         (pdir / f"p{i:03d}.txt").write_text(PROMPT.format(i=i), encoding="utf-8")
     lines = [f'name = "{name}"', f"runs = {runs}", "[corpus]", 'paths = ["prompts"]',
-             "[endpoints.sim]", f'base_url = "{base_url}"', "[defaults]", 'endpoint = "sim"',
-             'requests_per_minute = "none"', "connect_timeout_s = 5", "read_timeout_s = 30", "total_timeout_s = 30"]
+             "[endpoints.sim]", f'base_url = "{base_url}"', "[defaults]", 'endpoint = "sim"']
+    lines += [f"{k} = {_toml_value(v)}" for k, v in {**DEFAULTS, **(defaults or {})}.items()]
     for model, fields in models.items():
         lines.append(f"[models.{model}]")
         lines += [f"{k} = {_toml_value(v)}" for k, v in fields.items()]
-    lines += ["[retry]", "max_attempts = 3", "backoff_base_s = 0.05", "backoff_cap_s = 0.2"]
+    lines.append("[retry]")
+    lines += [f"{k} = {_toml_value(v)}" for k, v in {**RETRY, **(retry or {})}.items()]
     path = directory / f"{name}.toml"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path

@@ -9,9 +9,11 @@ saw would be lost. It waits for Redis instead, and past ``redis_retry_s`` it rai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -30,14 +32,31 @@ from workers.runtask import ModelLimits
 LIMITS = ModelLimits(max_concurrency=2)
 
 
-def _limiter(srv: RedisServer, redis_retry_s: float) -> tuple[DeferringLimiter, aioredis.Redis, redis.Redis]:
-    client = aioredis.Redis.from_url(srv.url, socket_timeout=1.0, socket_connect_timeout=0.5)
-    sync = redis.Redis.from_url(srv.url, socket_timeout=1.0, socket_connect_timeout=0.5)
-    prefix = f"dl:{uuid.uuid4().hex[:8]}"
-    inner = RedisLimiter(client, key_prefix=prefix, lease_ttl_s=30, period_s=1.0, max_block_s=0.2)
-    gate = RedisGate(CampaignState(sync, f"dl-{uuid.uuid4().hex[:8]}"), async_client=client)
-    settings = WorkerSettings(redis_url=srv.url, redis_retry_s=redis_retry_s, min_defer_s=0.2)
-    return DeferringLimiter(inner, gate, PermitHolds(settings)), client, sync
+@contextlib.contextmanager
+def _limiters(srv: RedisServer) -> Iterator[tuple[asyncio.AbstractEventLoop, Callable[[float], DeferringLimiter]]]:
+    """An event loop and ``make(redis_retry_s)``: a ``DeferringLimiter`` on ``srv`` (its own
+    clients and key prefix); every client and limiter made is closed on exit."""
+    loop = asyncio.new_event_loop()
+    made: list[tuple[RedisLimiter, aioredis.Redis, redis.Redis]] = []
+
+    def make(redis_retry_s: float) -> DeferringLimiter:
+        client = aioredis.Redis.from_url(srv.url, socket_timeout=1.0, socket_connect_timeout=0.5)
+        sync = redis.Redis.from_url(srv.url, socket_timeout=1.0, socket_connect_timeout=0.5)
+        inner = RedisLimiter(client, key_prefix=f"dl:{uuid.uuid4().hex[:8]}", lease_ttl_s=30, period_s=1.0,
+                             max_block_s=0.2)
+        made.append((inner, client, sync))
+        gate = RedisGate(CampaignState(sync, f"dl-{uuid.uuid4().hex[:8]}"), async_client=client)
+        settings = WorkerSettings(redis_url=srv.url, redis_retry_s=redis_retry_s, min_defer_s=0.2)
+        return DeferringLimiter(inner, gate, PermitHolds(settings))
+
+    try:
+        yield loop, make
+    finally:
+        for inner, client, sync in made:
+            loop.run_until_complete(inner.aclose())  # its pub/sub listener task
+            loop.run_until_complete(client.aclose())
+            sync.close()
+        loop.close()
 
 
 async def _first_then_retry(lim: DeferringLimiter) -> None:
@@ -47,47 +66,29 @@ async def _first_then_retry(lim: DeferringLimiter) -> None:
 
 
 def test_a_retry_waits_for_redis_and_gets_its_permit_when_it_is_back() -> None:
-    with RedisServer() as srv:
-        lim, client, sync = _limiter(srv, redis_retry_s=30.0)
-        loop = asyncio.new_event_loop()
-        try:
-            loop.run_until_complete(_first_then_retry(lim))
-            srv.stop()
-            restart = threading.Timer(1.5, srv.start)  # Redis is back 1.5 s into the retry's wait
-            restart.start()
-            t0 = time.monotonic()
-            permit = loop.run_until_complete(lim.acquire("m", LIMITS, "run-1", 1))
-            waited_s = time.monotonic() - t0
-            restart.join()
-            assert permit.holder == "run-1" and waited_s >= 1.4  # waited, did not defer
-            loop.run_until_complete(lim.release(permit))
-            assert loop.run_until_complete(lim._inner.outstanding("m")) == 0
-        finally:
-            loop.run_until_complete(lim._inner.aclose())  # its pub/sub listener task
-            loop.run_until_complete(client.aclose())
-            sync.close()
-            loop.close()
+    with RedisServer() as srv, _limiters(srv) as (loop, make):
+        lim = make(30.0)
+        loop.run_until_complete(_first_then_retry(lim))
+        srv.stop()
+        restart = threading.Timer(1.5, srv.start)  # Redis is back 1.5 s into the retry's wait
+        restart.start()
+        t0 = time.monotonic()
+        permit = loop.run_until_complete(lim.acquire("m", LIMITS, "run-1", 1))
+        waited_s = time.monotonic() - t0
+        restart.join()
+        assert permit.holder == "run-1" and waited_s >= 1.4  # waited, did not defer
+        loop.run_until_complete(lim.release(permit))
+        assert loop.run_until_complete(lim._inner.outstanding("m")) == 0
 
 
 def test_a_retry_past_redis_retry_s_ends_with_limiter_unavailable_and_a_first_permit_defers() -> None:
-    with RedisServer() as srv:
-        lim, client, sync = _limiter(srv, redis_retry_s=1.0)
-        loop = asyncio.new_event_loop()
-        try:
-            loop.run_until_complete(_first_then_retry(lim))
-            srv.stop()
-            t0 = time.monotonic()
-            with pytest.raises(LimiterUnavailable):  # an IrbenchError: execute_run keeps the attempts
-                loop.run_until_complete(lim.acquire("m", LIMITS, "run-1", 1))
-            assert time.monotonic() - t0 >= 1.0  # it waited redis_retry_s for Redis first
-            fresh, client2, sync2 = _limiter(srv, redis_retry_s=1.0)
-            with pytest.raises(Deferred):  # nothing called yet: defer
-                loop.run_until_complete(fresh.acquire("m", LIMITS, "run-2", 1))
-            loop.run_until_complete(fresh._inner.aclose())
-            loop.run_until_complete(client2.aclose())
-            sync2.close()
-        finally:
-            loop.run_until_complete(lim._inner.aclose())  # its pub/sub listener task
-            loop.run_until_complete(client.aclose())
-            sync.close()
-            loop.close()
+    with RedisServer() as srv, _limiters(srv) as (loop, make):
+        lim = make(1.0)
+        loop.run_until_complete(_first_then_retry(lim))
+        srv.stop()
+        t0 = time.monotonic()
+        with pytest.raises(LimiterUnavailable):  # an IrbenchError: execute_run keeps the attempts
+            loop.run_until_complete(lim.acquire("m", LIMITS, "run-1", 1))
+        assert time.monotonic() - t0 >= 1.0  # it waited redis_retry_s for Redis first
+        with pytest.raises(Deferred):  # nothing called yet: defer
+            loop.run_until_complete(make(1.0).acquire("m", LIMITS, "run-2", 1))

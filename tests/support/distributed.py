@@ -24,6 +24,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from bench._cluster import write_campaign
 from deploy.celery_workers import CeleryWorkers
 from deploy.redis_server import RedisServer
 from orchestrator.campaign import PreparedCampaign
@@ -75,37 +76,16 @@ def live(cluster: Cluster) -> Iterator[Cluster]:
     yield cluster
 
 
-PROMPT = "// @rule RULE:r{i} priority=1\n// @step STEP:s{i}\nPrompt number {i}: do the thing {{ x }}.\n"
-
-
-def _toml_value(v: object) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    return json.dumps(v)
+#: the cluster's campaign defaults: short timeouts (a hang is cut fast), 4 calls per model at most
+TEST_DEFAULTS = {"max_concurrency": 4, "connect_timeout_s": 2, "read_timeout_s": 10, "total_timeout_s": 10}
 
 
 def make_campaign(
     tmp: Path, name: str, base_url: str, models: dict[str, dict], *, prompts: int = 4, runs: int = 3,
     retry: dict | None = None,
 ) -> Path:
-    (tmp / "prompts").mkdir(parents=True, exist_ok=True)
-    for i in range(prompts):
-        (tmp / "prompts" / f"p{i:02d}.txt").write_text(PROMPT.format(i=i), encoding="utf-8")
-    lines = [f'name = "{name}"', f"runs = {runs}", "[corpus]", 'paths = ["prompts"]',
-             "[endpoints.sim]", f'base_url = "{base_url}"', "[defaults]", 'endpoint = "sim"',
-             'requests_per_minute = "none"', "max_concurrency = 4", "connect_timeout_s = 2",
-             "read_timeout_s = 10", "total_timeout_s = 10"]
-    for m, fields in models.items():
-        lines.append(f"[models.{m}]")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in fields.items()]
-    lines.append("[retry]")
-    for k, v in ({"max_attempts": 3, "backoff_base_s": 0.05, "backoff_cap_s": 0.2} | (retry or {})).items():
-        lines.append(f"{k} = {_toml_value(v)}")
-    path = tmp / f"{name}.toml"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    """``bench._cluster.write_campaign`` with the test cluster's defaults."""
+    return write_campaign(tmp, name, base_url, models, prompts=prompts, runs=runs, defaults=TEST_DEFAULTS, retry=retry)
 
 
 def sim(models: dict[str, SimModel]) -> RunningSimulator:
