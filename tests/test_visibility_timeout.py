@@ -51,6 +51,8 @@ def test_the_knob_reaches_the_app_from_env_flag_and_options() -> None:
     flagged = worker_settings(url, visibility_timeout_s=9.0)  # the worker's flag over its environment
     assert _transport_s(make_celery_app(url, worker_settings=flagged, environ={})) == 9.0
     assert CeleryOptions().with_env({"IRBENCH_VISIBILITY_TIMEOUT_S": "11"}).visibility_timeout_s == 11.0
+    opts = make_celery_app(url, environ={"IRBENCH_ACK_FLUSH_S": "0.2"}).conf.broker_transport_options
+    assert opts["ack_flush_s"] == 0.2  # the other broker-side knob, read the same way
 
 
 def test_a_bad_value_is_one_line_and_exit_2(tmp_path: Path) -> None:
@@ -58,6 +60,7 @@ def test_a_bad_value_is_one_line_and_exit_2(tmp_path: Path) -> None:
     for argv, env in (
         (["worker", "--visibility-timeout-s", "0", "--broker", "redis://127.0.0.1:1/0"], {}),
         (["worker", "--broker", "redis://127.0.0.1:1/0"], {"IRBENCH_VISIBILITY_TIMEOUT_S": "soon"}),
+        (["worker", "--broker", "redis://127.0.0.1:1/0"], {"IRBENCH_ACK_FLUSH_S": "fast"}),
     ):
         p = subprocess.run(irbench + argv + ["--data", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
                            timeout=60, env={**_env(), **env})

@@ -40,8 +40,7 @@ from workers.celery.availability_tasks import (
 )
 from workers.celery.runtime import RuntimeHolder, WorkerSettings
 from workers.celery.tasks import register_tasks
-from workers.celery.transport import ACK_FLUSH_S, transport_for
-from workers.errors import ConfigError
+from workers.celery.transport import transport_for
 from workers.logs import configure_logging
 
 #: Registers more tasks on an app (e.g. ``orchestrator.analysis_tasks.register_analysis_tasks``).
@@ -73,10 +72,9 @@ def make_celery_app(
     (``workers.celery.availability_tasks.beat_settings_from_env``; a bad file is a ConfigError).
     """
     env = os.environ if environ is None else environ
+    transport = worker_settings or WorkerSettings.from_env(broker_url, env)  # its broker-side knobs
     if visibility_timeout_s is None:
-        visibility_timeout_s = (worker_settings or WorkerSettings.from_env(broker_url, env)).visibility_timeout_s
-    if visibility_timeout_s <= 0:  # an explicit value (the settings check their own)
-        raise ConfigError(f"visibility timeout must be > 0 s, got {visibility_timeout_s}")
+        visibility_timeout_s = transport.visibility_timeout_s
     app = Celery(main, broker=broker_url, backend=None, set_as_current=False)
     app.conf.update(
         task_serializer="json",
@@ -91,12 +89,12 @@ def make_celery_app(
         worker_pool="threads",
         broker_transport=transport_for(broker_url),  # one reused client per channel (transport.py)
         task_default_queue=default_queue,
-        # ack_flush_s: longest delay of a gathered ack (workers.celery.transport; env IRBENCH_ACK_FLUSH_S)
+        # ack_flush_s: longest delay of a gathered ack (workers.celery.transport)
         # kombu scans for expired unacked messages every unacked_restore_interval (10 s) but acts on
         # every unacked_restore_throttle-th scan only (10: ~100 s); 1 makes redelivery come within
         # visibility_timeout_s + 10 s (one ZRANGE per worker per 10 s)
         broker_transport_options={"visibility_timeout": visibility_timeout_s, "unacked_restore_throttle": 1,
-                                  "ack_flush_s": float(env.get("IRBENCH_ACK_FLUSH_S") or ACK_FLUSH_S)},
+                                  "ack_flush_s": transport.ack_flush_s},
         broker_connection_retry=True,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,  # a Redis restart must not stop a worker

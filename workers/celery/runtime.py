@@ -39,6 +39,7 @@ from storage.spool import RunSpool, SpoolConfig, recover_orphans
 from workers.celery.local_cooldowns import LocalCooldowns
 from workers.celery.claim_permit import ClaimPermits
 from workers.celery.redis_limiter import RedisLimiter
+from workers.celery.transport import ACK_FLUSH_S
 from workers.celery.deferring import Deferred, DeferringLimiter
 from workers.errors import ConfigError
 from workers.limits.base import Permit
@@ -73,7 +74,7 @@ class WorkerSettings:
     to be claimed before it is abandoned. ``redis_retry_s``: how long to keep retrying Redis for
     the done marker before giving up to the reconciler. ``visibility_timeout_s``: the broker
     redelivers a message unacknowledged this long (``workers.celery.app``'s rule says how long
-    it must be).
+    it must be). ``ack_flush_s``: longest delay of a gathered ack (``workers.celery.transport``).
     """
 
     redis_url: str
@@ -88,6 +89,7 @@ class WorkerSettings:
     reservation_grace_s: float = 30.0
     redis_retry_s: float = 30.0
     visibility_timeout_s: float = 10800.0
+    ack_flush_s: float = ACK_FLUSH_S
     key_prefix: str = "irbench"
     failure_backoff_s: float = 1.0
     max_regrants: int = 5
@@ -98,6 +100,8 @@ class WorkerSettings:
     def __post_init__(self) -> None:
         if self.visibility_timeout_s <= 0:
             raise ConfigError(f"visibility timeout must be > 0 s, got {self.visibility_timeout_s}")
+        if self.ack_flush_s < 0:
+            raise ConfigError(f"ack flush delay must be >= 0 s, got {self.ack_flush_s}")
 
     @property
     def heartbeat_s(self) -> float:
