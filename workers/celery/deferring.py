@@ -4,7 +4,8 @@ It waits at most ``max_wait_s`` for a permit and otherwise raises :class:`Deferr
 (deliberately NOT an ``IrbenchError``, so it leaves ``execute_run`` without becoming an attempt
 or a record); the task then parks the run in the campaign's delayed set. A rate denial reserves
 the run's slot in Redis (keyed by run_id), so the countdown is exactly the time to that slot and
-the re-sent run is granted without a second rate charge. A Redis outage also becomes a deferral.
+the re-sent run is granted without a second rate charge. A Redis outage also becomes a deferral
+for the first permit; a retry waits for Redis instead (its earlier attempts must be stored).
 
 Two round trips of a run's usual three limiter calls are made by the task thread instead of the
 shared event loop (``workers.celery.claim_permit``): the first permit may come with the claim
@@ -71,8 +72,8 @@ class DeferringLimiter:
     ``first``: a permit granted together with the run's claim (same holder), already held in
     ``runtime``; the first :meth:`acquire` returns it without a round trip of its own — no gate
     re-check either, the claim read the gate in the same atomic step — unless the grant is
-    already older than the jitter allowance (then it is given back and re-acquired, as any late
-    grant). ``release_later``: :meth:`release` only notes the permit; :meth:`take_unreleased`
+    already older than the jitter allowance or this process has noted a cooldown since (then it
+    is given back and re-acquired, as any late grant). ``release_later``: :meth:`release` only notes the permit; :meth:`take_unreleased`
     hands it to the caller (the task thread) once ``execute_run`` has returned. If the run goes
     on instead (a retry), the next :meth:`acquire` releases it first, and in any case it is
     released from the loop after ``release_grace_s`` (a retry's backoff never holds a slot).
