@@ -12,6 +12,7 @@ __all__ = [
     "broker_view",
     "campaign_state",
     "claim_permit",
+    "coalesce",
     "deferring",
     "gate",
     "local_cooldowns",
@@ -19,6 +20,7 @@ __all__ = [
     "redis_limiter",
     "redis_retry",
     "runtime",
+    "slots",
     "tasks",
     "transport",
 ]

@@ -115,6 +115,12 @@ def make_celery_app(
     )
     holder = RuntimeHolder(broker_url, worker_settings)
     app.irbench_runtime = holder  # type: ignore[attr-defined]  # per-process resources, created lazily
+
+    def _learn_threads(sender: Any = None, **_: Any) -> None:  # the worker's -c: its run slots by default
+        if getattr(sender, "app", None) is app and getattr(sender, "concurrency", None):
+            holder.set_threads(sender.concurrency)
+
+    worker_init.connect(_learn_threads, weak=False)
     register_tasks(app, holder)
     register_availability_tasks(app)
     for register in registrars:

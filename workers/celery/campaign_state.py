@@ -253,12 +253,24 @@ class CampaignState:
         return parse_claim(self._claim(keys=[self.base], args=claim_args(run_id, model, owner, ttl_s, pending)))
 
     def renew_claim(self, run_id: str, owner: str, ttl_s: float) -> bool:
-        return int(self._renew(keys=[self.base], args=[run_id, owner, max(int(ttl_s * 1000), 1)])) == 1
+        script, keys, args = self.renew_call(run_id, owner, ttl_s)
+        return int(script(keys=keys, args=args)) == 1
+
+    def renew_call(self, run_id: str, owner: str, ttl_s: float) -> tuple[Any, list[str], list[Any]]:
+        """The script, KEYS and ARGV :meth:`renew_claim` runs; its reply is 1 if still ours."""
+        return self._renew, [self.base], [run_id, owner, max(int(ttl_s * 1000), 1)]
 
     def defer(self, run_id: str, owner: str, defer_s: float, failure: str = "") -> int:
         """Release our claim and park the run for ``defer_s``; ``failure`` (text) also counts a
         task failure. Returns the run's failure count."""
-        return int(self._defer(keys=[self.base], args=[run_id, owner, max(defer_s, 0.0), failure]))
+        script, keys, args = self.defer_call(run_id, owner, defer_s, failure)
+        return int(script(keys=keys, args=args))
+
+    def defer_call(self, run_id: str, owner: str, defer_s: float, failure: str = ""
+                   ) -> tuple[Any, list[str], list[Any]]:
+        """The script, KEYS and ARGV :meth:`defer` runs (to pipeline it); its reply is the run's
+        failure count."""
+        return self._defer, [self.base], [run_id, owner, max(defer_s, 0.0), failure]
 
     def mark_done(self, run_id: str, model: str, outcome: str, failed: bool, attempts: int = 0) -> bool:
         """Record that an execution of ``run_id`` is durable; True the first time only."""

@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import redis
+import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
 from workers.celery.campaign_state import CLAIM_LUA, CLAIMED, CampaignState, GateView, claim_args, parse_claim
@@ -80,10 +81,12 @@ class ClaimPermits:
 
     ``client``: the worker's sync ``redis.Redis`` (the same Redis as ``limiter``'s client).
     ``limiter``: the process's ``RedisLimiter`` (its key prefix and rate configuration).
+    ``aclient``: the same Redis on the worker's event loop, for :meth:`run_calls_async`.
     """
 
-    def __init__(self, client: redis.Redis, limiter: RedisLimiter) -> None:
+    def __init__(self, client: redis.Redis, limiter: RedisLimiter, aclient: aioredis.Redis | None = None) -> None:
         self._client = client
+        self._aclient = aclient
         self._limiter = limiter
         self._claim = client.register_script(_CLAIM_ACQUIRE)
         self._release = client.register_script(script_source("release"))
@@ -99,7 +102,28 @@ class ClaimPermits:
             a_keys, a_args = self._limiter.acquire_call(task.model, task.limits, task.run_id, 0)
             keys += a_keys
         asked_at = time.monotonic()  # the grant happens after this: the grant-to-send delay's origin
-        reply = self._claim(keys=keys, args=[len(c_args), *c_args, *a_args])
+        return self._claimed(self._claim(keys=keys, args=[len(c_args), *c_args, *a_args]), task, asked_at)
+
+    def claim_many(self, wanted: Sequence[tuple[CampaignState, RunTask, str, bool]], ttl_s: float) -> list[Claimed]:
+        """Claim several runs in one pipeline: ``(state, task, owner, with_permit)`` each, as
+        :meth:`claim` does; ``with_permit`` False claims without deciding a first permit (the run
+        waits for a slot of this worker first, then asks the limiter itself)."""
+        calls, permit_asked = [], []
+        for state, task, owner, with_permit in wanted:
+            c_args = claim_args(task.run_id, task.model, owner, ttl_s)
+            keys, a_args = [state.base], []
+            ask = with_permit and not (task.limits.tokens_per_minute or task.limits.requests_per_minute)
+            if ask:
+                a_keys, a_args = self._limiter.acquire_call(task.model, task.limits, task.run_id, 0)
+                keys += a_keys
+            calls.append((self._claim, keys, [len(c_args), *c_args, *a_args]))
+            permit_asked.append(ask)
+        asked_at = time.monotonic()  # every grant happens after this
+        replies = self.run_calls(calls)
+        return [self._claimed(reply, task, asked_at) if ask else Claimed(*parse_claim(reply))
+                for reply, (_, task, _, _), ask in zip(replies, wanted, permit_asked)]
+
+    def _claimed(self, reply: Any, task: RunTask, asked_at: float) -> Claimed:
         status, view = parse_claim(reply)
         if status != CLAIMED or not isinstance(reply, list) or len(reply) < 5:
             return Claimed(status, view)
@@ -112,16 +136,20 @@ class ClaimPermits:
 
     def release(self, permits: Sequence[tuple[Permit, int | None]]) -> None:
         """Release ``(permit, actual_tokens)`` pairs now, one pipeline."""
-        self._run([(self._release, *self._limiter.release_call(p, t)) for p, t in permits])
+        self.run_calls(self.release_calls(permits))
 
     def done_and_release(self, state: CampaignState, run_id: str, model: str, outcome: str, failed: bool,
                          attempts: int, permits: Sequence[tuple[Permit, int | None]] = ()) -> bool:
         """``CampaignState.mark_done`` and the release of ``permits`` in one pipeline; True if
         the run is newly done."""
-        calls = [(self._release, *self._limiter.release_call(p, t)) for p, t in permits]
-        return int(self._run([state.done_call(run_id, model, outcome, failed, attempts), *calls])[0]) == 1
+        calls = self.release_calls(permits)
+        return int(self.run_calls([state.done_call(run_id, model, outcome, failed, attempts), *calls])[0]) == 1
 
-    def _run(self, calls: Sequence[tuple[Any, list[str], list[Any]]]) -> list[Any]:
+    def release_calls(self, permits: Sequence[tuple[Permit, int | None]]) -> list[tuple[Any, list[str], list[Any]]]:
+        """The release of each ``(permit, actual_tokens)`` as a ``(script, keys, args)`` call."""
+        return [(self._release, *self._limiter.release_call(p, t)) for p, t in permits]
+
+    def run_calls(self, calls: Sequence[tuple[Any, list[str], list[Any]]]) -> list[Any]:
         """EVALSHA each ``(script, keys, args)`` in one non-transactional pipeline. A script the
         server does not know (flushed by a restart) is loaded and run again on its own, so no
         call that did run is repeated."""
@@ -135,6 +163,24 @@ class ClaimPermits:
         for (script, keys, args), res in zip(calls, results):
             if isinstance(res, NoScriptError):
                 res = script(keys=keys, args=args)  # loads it, then runs it
+            elif isinstance(res, Exception):
+                raise res
+            out.append(res)
+        return out
+
+    async def run_calls_async(self, calls: Sequence[tuple[Any, list[str], list[Any]]]) -> list[Any]:
+        """:meth:`run_calls` on the event loop's client, one pipeline."""
+        if not calls:
+            return []
+        assert self._aclient is not None, "ClaimPermits made without an async client"
+        pipe = self._aclient.pipeline(transaction=False)
+        for script, keys, args in calls:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        results = await pipe.execute(raise_on_error=False)
+        out = []
+        for (script, keys, args), res in zip(calls, results):
+            if isinstance(res, NoScriptError):
+                res = await self._aclient.eval(script.script, len(keys), *keys, *args)  # loads it, runs it
             elif isinstance(res, Exception):
                 raise res
             out.append(res)

@@ -34,6 +34,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from storage.records import RunRecord
 from storage.runs import RunStore
 from storage.spool import RunSpool, SpoolConfig, recover_orphans
 from workers.celery.local_cooldowns import LocalCooldowns
@@ -41,6 +42,9 @@ from workers.celery.claim_permit import ClaimPermits
 from workers.celery.redis_limiter import RedisLimiter
 from workers.celery.transport import ACK_FLUSH_S
 from workers.celery.deferring import Deferred, DeferringLimiter
+from workers.celery.coalesce import Coalescer
+from workers.celery.redis_retry import with_retry_async
+from workers.celery.slots import RunSlots
 from workers.errors import ConfigError
 from workers.limits.base import Permit
 from workers.providers.base import Provider
@@ -52,6 +56,7 @@ __all__ = ["Deferred", "DeferringLimiter", "RuntimeHolder", "WorkerRuntime", "Wo
 
 log = structlog.get_logger("irbench.worker")
 T = TypeVar("T")
+Call = tuple[Any, list[str], list[Any]]  # (registered script, KEYS, ARGV) of one EVALSHA
 
 ENV_PREFIX = "IRBENCH_"
 
@@ -75,6 +80,8 @@ class WorkerSettings:
     the done marker before giving up to the reconciler. ``visibility_timeout_s``: the broker
     redelivers a message unacknowledged this long (``workers.celery.app``'s rule says how long
     it must be). ``ack_flush_s``: longest delay of a gathered ack (``workers.celery.transport``).
+    ``run_slots``: runs this process executes at once, whatever the messages carry
+    (``workers.celery.slots``); 0 = the worker's thread count (``--concurrency``).
     """
 
     redis_url: str
@@ -96,12 +103,15 @@ class WorkerSettings:
     spool_max_rows: int = 2000
     spool_max_age_s: float = 5.0
     spool_idle_s: float = 0.5
+    run_slots: int = 0
 
     def __post_init__(self) -> None:
         if self.visibility_timeout_s <= 0:
             raise ConfigError(f"visibility timeout must be > 0 s, got {self.visibility_timeout_s}")
         if self.ack_flush_s < 0:
             raise ConfigError(f"ack flush delay must be >= 0 s, got {self.ack_flush_s}")
+        if self.run_slots < 0:
+            raise ConfigError(f"run slots must be >= 0 (0: the worker's thread count), got {self.run_slots}")
 
     @property
     def heartbeat_s(self) -> float:
@@ -144,8 +154,9 @@ class _Claim:
 class WorkerRuntime:
     """Per-process shared resources. Create once per worker process; ``close()`` at shutdown."""
 
-    def __init__(self, settings: WorkerSettings) -> None:
+    def __init__(self, settings: WorkerSettings, threads: int = 8) -> None:
         self.settings = settings
+        self.slots = RunSlots(settings.run_slots or threads)
         self.redis = sync_redis(settings.redis_url)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="irbench-loop", daemon=True)
@@ -160,7 +171,10 @@ class WorkerRuntime:
         self._stop = threading.Event()
         self._tls = make_tls_context()  # one CA bundle load for every client of this process
         self.aredis, self.limiter = self.run(self._setup())
-        self.claims = ClaimPermits(self.redis, self.limiter)  # claim + first permit, done + last release
+        self.claims = ClaimPermits(self.redis, self.limiter, self.aredis)  # claim + first permit, done + last release
+        # done markers, deferrals and releases of the runs finishing together: one pipeline
+        self.finisher: Coalescer[list[Call], list[Any]] = Coalescer(self._finish_calls)
+        self._durable: dict[str, Coalescer[RunRecord, None]] = {}  # per store root: one group commit
         self._heartbeat = threading.Thread(target=self._beat, name="irbench-heartbeat", daemon=True)
         self._heartbeat.start()
 
@@ -182,6 +196,11 @@ class WorkerRuntime:
         """Run ``coro`` on the shared loop and wait for it from the calling (task) thread."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
 
+    def give_back_slots(self, count: int) -> None:
+        """Return ``count`` run slots taken with ``slots.take_now`` but not used (any thread)."""
+        for _ in range(count):
+            self._loop.call_soon_threadsafe(self.slots.give_back)
+
     # ----- shared objects -----------------------------------------------------------------------
     def provider_for(self, task: RunTask) -> Provider:
         """Provider of ``task``'s endpoint; the key is read from THIS process's environment."""
@@ -198,6 +217,31 @@ class WorkerRuntime:
                     wire_format=ep.wire_format,
                 )
             return self._providers[key]
+
+    async def _finish_calls(self, batches: list[list[Call]]) -> list[list[Any]]:
+        """Every run's calls in one pipeline (retried through a Redis restart for up to
+        ``redis_retry_s``); the replies split back per run."""
+        flat = [c for calls in batches for c in calls]
+        replies = await with_retry_async(lambda: self.claims.run_calls_async(flat), "marking runs done",
+                                         budget_s=self.settings.redis_retry_s)
+        out, i = [], 0
+        for calls in batches:
+            out.append(replies[i : i + len(calls)])
+            i += len(calls)
+        return out
+
+    async def make_durable(self, data_dir: str | None, record: RunRecord) -> None:
+        """Append ``record`` to this process's spool, returning once it is fsynced; records
+        finishing together share one append (a thread of the loop's executor waits on it)."""
+        spool = self.spool(data_dir)
+        key = str(spool.dataset.path)
+        if key not in self._durable:
+            async def append(records: list[RunRecord], spool: RunSpool = spool) -> list[None]:
+                await asyncio.to_thread(spool.append, records)
+                return [None] * len(records)
+
+            self._durable[key] = Coalescer(append)
+        await self._durable[key].submit(record)
 
     def store(self, data_dir: str | None) -> RunStore:
         root = self.settings.data_dir or data_dir
@@ -287,6 +331,11 @@ class RuntimeHolder:
         self._settings = settings
         self._lock = threading.Lock()
         self._runtime: WorkerRuntime | None = None
+        self.threads = 8  # the worker's thread count, set at worker start (``set_threads``)
+
+    def set_threads(self, threads: int) -> None:
+        """The worker's ``--concurrency``: its run slots when ``run_slots`` is 0."""
+        self.threads = max(int(threads), 1)
 
     @property
     def settings(self) -> WorkerSettings:
@@ -296,7 +345,7 @@ class RuntimeHolder:
     def get(self) -> WorkerRuntime:
         with self._lock:
             if self._runtime is None:
-                self._runtime = WorkerRuntime(self._settings or WorkerSettings.from_env(self._broker_url))
+                self._runtime = WorkerRuntime(self._settings or WorkerSettings.from_env(self._broker_url), self.threads)
             return self._runtime
 
     def close(self) -> None:

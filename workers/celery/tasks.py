@@ -1,38 +1,54 @@
-"""The Celery task: execute one run, store its execution, mark it done — idempotent by run_id.
+"""The Celery tasks: execute the runs of one message, store them, mark them done — idempotent by run_id.
 
-Arguments are JSON only: ``RunTask.model_dump(mode="json")`` and the store root (never a
-secret: the API key is read by the worker from its own environment). Order of effects:
+Arguments are JSON only: ``RunTask.model_dump(mode="json")`` per run and the store root (never
+a secret: the API key is read by the worker from its own environment). ``irbench.run`` carries
+one run, ``irbench.runs`` several (the orchestrator's ``runs_per_message``); both go through
+:func:`run_message`, whose order of effects is:
 
-claim (skip if done / live elsewhere; the same script reads the model's gate) → ``execute_run``
-on the process's loop → the process's spool (``storage.spool``: group commit, fsynced before we
-go on; published as few large Parquet files) → done marker and counters → return (ack). Nothing is acknowledged before it is durable.
-A crash between the write and the done marker makes the redelivery execute the run again: both
-executions are stored, readers use the latest (``storage.runs.EXECUTION_RULE``).
+claim every run of the message in one pipeline (skip those done / live elsewhere; each claim
+reads the model's gate; the runs that find a free run slot of this worker get their first permit
+with the claim) → the runs execute concurrently on the process's event loop, each holding one of
+the worker's run slots (``workers.celery.slots``) → every record into the process's spool in one
+append (``storage.spool``: group commit, fsynced before we go on) → the done markers, the
+deferrals and the permit releases of the whole message in one pipeline → return (ack). Nothing
+is acknowledged before it is durable. A crash between the write and the done markers makes the
+redelivery execute the runs again: both executions are stored, readers use the latest
+(``storage.runs.EXECUTION_RULE``).
+
+Why whole messages: a run's own work on the zero-latency simulator is ~0.5 ms of CPU, and each
+per-run round trip to Redis, thread hand-off and group-commit wait cost about as much again
+(bench/README.md); per message they are paid once.
 
 A permit that is not available within a second or two *defers* the run: it is parked in the
-campaign's delayed set in Redis (``CampaignState.defer``) and the message is acknowledged, so no
-deferred run waits inside a worker that can die; the orchestrator re-publishes it when due. When
-the limiter reserved a rate slot for the run, the delay is exactly the time to that slot;
-otherwise it is jittered so deferred runs do not return together. A task that raises is counted
-as a failure of the run (with its text) and parked the same way; the orchestrator stores a
-``worker_error`` record once a run has failed ``max_task_failures`` times (a poison run).
+campaign's delayed set in Redis and its claim dropped (the message is still acknowledged, so no
+deferred run waits inside a worker that can die); the orchestrator re-publishes it when due.
+When the limiter reserved a rate slot for the run, the delay is exactly the time to that slot;
+otherwise it is jittered so deferred runs do not return together. A run whose execution raises
+is counted as a failure of the run (with its text) and parked the same way; the orchestrator
+stores a ``worker_error`` record once a run has failed ``max_task_failures`` times (a poison
+run), and re-sends a failed or lost run alone, so a poison run cannot take its message-mates
+with it more than once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 from celery import Celery
 
-from storage.records import ERROR_TEXT_MAX_CHARS
-from workers.celery.campaign_state import BUSY, DONE, CampaignState
+from storage.records import ERROR_TEXT_MAX_CHARS, RunRecord
+from workers.celery.campaign_state import BUSY, CLAIMED, CampaignState
+from workers.celery.claim_permit import Claimed
+from workers.celery.deferring import Deferred, DeferringLimiter
 from workers.celery.gate import RedisGate
 from workers.celery.redis_retry import TRANSIENT, with_retry
-from workers.celery.deferring import Deferred, DeferringLimiter
 from workers.celery.runtime import RuntimeHolder, WorkerRuntime
 from workers.execute import RunContext, execute_run
 from workers.limits.base import Permit
@@ -45,6 +61,26 @@ DEFERRED, FAILED = "deferred", "failed"
 log = structlog.get_logger("irbench.task")
 
 
+@dataclass
+class _Run:
+    """One run of the message and what became of it on this delivery."""
+
+    task: RunTask
+    state: CampaignState
+    owner: str
+    slot: bool = False  # took a run slot before its claim (its first permit came with it)
+    claimed: Claimed | None = None
+    claimed_at: float = 0.0  # monotonic seconds
+    started: bool = False  # reached the loop (its slot and first permit are _execute's from then on)
+    lost: bool = False  # its claim expired while it waited for a slot: another delivery has it
+    record: RunRecord | None = None
+    countdown_s: float | None = None  # deferred: due again in this many seconds
+    defer_reason: str = ""
+    reserved: bool = False  # deferred to a rate slot reserved for it
+    failure: str | None = None  # the execution raised: the failure's text
+    held: list[tuple[Permit, int | None]] = field(default_factory=list)  # permits still to release
+
+
 def _countdown(rt: WorkerRuntime, exc: Exception) -> float:
     s = rt.settings
     if isinstance(exc, Deferred) and exc.reserved:
@@ -53,96 +89,176 @@ def _countdown(rt: WorkerRuntime, exc: Exception) -> float:
     return min(max(wait_s, s.min_defer_s) + random.uniform(0, s.min_defer_s), s.max_defer_s)
 
 
-def execute_one(rt: WorkerRuntime, state: CampaignState, task: RunTask, data_dir: str | None, owner: str,
-                pending: Sequence[str] = ()) -> str:
-    """Run ``task`` once for this delivery; returns what happened (for logs/tests): an outcome,
-    ``done``/``busy`` (nothing to do) or ``deferred`` (parked in the delayed set). ``pending``:
-    the runs after this one in the same message (the claim marks them as in live hands)."""
-    s = rt.settings
-    claimed = with_retry(lambda: rt.claims.claim(state, task, owner, s.claim_ttl_s, pending),
-                         "claiming a run", budget_s=s.redis_retry_s)
-    if claimed.status in (DONE, BUSY) or claimed.view is None:
-        return claimed.status
-    if claimed.permit is not None:
-        rt.hold_permit(claimed.permit)  # the heartbeat renews it from now on
-    gate = RedisGate(state, disable_after_consecutive=task.retry.disable_after_consecutive, async_client=rt.aredis)
-    limiter = DeferringLimiter(rt.limiter, gate, rt, first=claimed.permit, release_later=True)
-    ctx = RunContext(provider_for=rt.provider_for, limiter=limiter, gate=gate)
-    rt.hold_claim(state, task.run_id, owner)
-    try:
-        spool = rt.spool(data_dir)
-        gate.prime(task.model, claimed.view)  # read with the claim: execute_run's first check is answered off the loop
-        record = rt.run(execute_run(task, ctx))
-    except (Deferred, *TRANSIENT) as exc:
-        _release(rt, limiter.take_unreleased())
-        countdown = _countdown(rt, exc)
-        rt.drop_claim(task.run_id)
-        try:
-            with_retry(lambda: state.defer(task.run_id, owner, countdown), "deferring a run", budget_s=s.redis_retry_s)
-        except TRANSIENT:
-            pass  # the claim expires; the orchestrator's reconciler re-sends the run
-        reason = exc.reason if isinstance(exc, Deferred) else "redis unavailable"
-        log.info("run_deferred", countdown_s=round(countdown, 3), reason=reason,
-                 reserved=isinstance(exc, Deferred) and exc.reserved)
-        return DEFERRED
-    except BaseException:
-        _release(rt, limiter.take_unreleased())
-        raise
-    finally:
-        rt.drop_claim(task.run_id)
-    held = limiter.take_unreleased()  # the last attempt's permit: released with the done marker
-    try:
-        spool.append([record])  # durable (group commit) before the done marker and the ack
-    except BaseException:
-        _release(rt, held)
-        raise
-    with_retry(lambda: rt.claims.done_and_release(state, task.run_id, task.model, record.outcome.value,
-                                                  record.failed, len(record.attempts), held),
-               "marking a run done", budget_s=s.redis_retry_s)
-    for permit, _ in held:
-        rt.drop_permit(permit)
-    return record.outcome.value
-
-
-def _release(rt: WorkerRuntime, held: Sequence[tuple[Permit, int | None]]) -> None:
-    """Best effort: a permit not released here expires with its lease (no heartbeat renews it)."""
-    for permit, _ in held:
-        rt.drop_permit(permit)
-    if held:
-        try:
-            rt.claims.release(held)
-        except Exception as exc:  # noqa: BLE001 - the lease TTL frees it
-            log.warning("limiter_release_failed", model=held[0][0].model, error=str(exc))
-
-
 def _failure_text(exc: BaseException) -> str:
     """What the stored worker_error says: exception type and text, secrets scrubbed, bounded."""
     return Redactor().scrub(f"{type(exc).__name__}: {exc}")[:ERROR_TEXT_MAX_CHARS]
 
 
-def run_delivered(holder: RuntimeHolder, hostname: str, task_json: dict[str, Any], data_dir: str | None,
-                  pending: Sequence[str] = ()) -> str:
-    """One run of a delivered message: execute it, or count its task's exception as a failure of
-    the run (the orchestrator ends poison runs). Never raises for the run's own sake."""
-    task = RunTask.model_validate(task_json)
-    owner = f"{hostname}:{uuid.uuid4().hex[:12]}"
-    rt = holder.get()
-    state = CampaignState(rt.redis, task.campaign, prefix=f"{rt.settings.key_prefix}:camp")
-    with structlog.contextvars.bound_contextvars(campaign=task.campaign, run_id=task.run_id, model=task.model):
+async def _execute(rt: WorkerRuntime, run: _Run, data_dir: str | None, fresh_s: float = 0.5) -> None:
+    """One claimed run on the loop: a run slot, ``execute_run``, its record made durable (the
+    slot is held until then, so a SIGKILL loses at most ``run_slots`` answered calls), then its
+    done marker — or its deferral or failure — and its permits' releases, sent with the other
+    runs finishing at the same time."""
+    task, claimed = run.task, run.claimed
+    assert claimed is not None and claimed.view is not None
+    run.started = True
+    if not run.slot:
+        await rt.slots.wait()
+    gate = RedisGate(run.state, disable_after_consecutive=task.retry.disable_after_consecutive, async_client=rt.aredis)
+    limiter = DeferringLimiter(rt.limiter, gate, rt, first=claimed.permit, release_later=True)
+    gate.prime(task.model, claimed.view)  # read with the claim: execute_run's first check is answered here
+    if not run.slot and time.monotonic() - run.claimed_at > fresh_s:
+        # it waited for a slot: is the claim still ours (this process may have been stopped
+        # past its TTL, and the run re-sent elsewhere), and is the gate still open?
+        renew = run.state.renew_call(task.run_id, run.owner, rt.settings.claim_ttl_s)
         try:
-            result = execute_one(rt, state, task, data_dir, owner, pending)
-        except Exception as exc:  # noqa: BLE001 - counted; the orchestrator ends poison runs
-            text = _failure_text(exc)
-            try:
-                failures = with_retry(lambda: state.defer(task.run_id, owner, rt.settings.failure_backoff_s, text),
-                                      "recording a task failure", budget_s=rt.settings.redis_retry_s)
-            except TRANSIENT:
-                failures = None  # the claim expires; the reconciler counts the loss
-            log.warning("run_task_failed", failures=failures, error=text)
-            return FAILED
-        if result != DEFERRED:
-            log.info("run_stored", result=result)
-        return result
+            ours = (await rt.claims.run_calls_async([renew]))[0] == 1
+            if ours:
+                await gate.closed_reason_async(task.model)
+        except TRANSIENT:
+            ours = False  # unknown: leave it to its TTL and the reconciler, as a lost claim
+        if not ours:
+            rt.slots.give_back()
+            run.lost = True
+            log.info("run_claim_lost", campaign=task.campaign, run_id=task.run_id, model=task.model)
+            return
+    try:
+        run.record = await execute_run(task, RunContext(provider_for=rt.provider_for, limiter=limiter, gate=gate))
+        await rt.make_durable(data_dir, run.record)
+    except (Deferred, *TRANSIENT) as exc:
+        run.countdown_s = _countdown(rt, exc)
+        run.defer_reason = exc.reason if isinstance(exc, Deferred) else "redis unavailable"
+        run.reserved = isinstance(exc, Deferred) and exc.reserved
+    except Exception as exc:  # noqa: BLE001 - counted (a failed append too); the orchestrator ends poison runs
+        run.record, run.failure = None, _failure_text(exc)
+    finally:
+        rt.slots.give_back()
+        run.held = limiter.take_unreleased()
+    try:
+        replies = await rt.finisher.submit(_finish_calls(rt, run))
+    except TRANSIENT as exc:  # Redis away past redis_retry_s: the claim expires, the reconciler re-sends
+        log.warning("run_not_marked_done", run_id=task.run_id, error=str(exc))
+        replies = [None]
+    finally:
+        _drop_permits(rt, run)
+    _log_end(run, replies[0])
+
+
+async def _execute_all(rt: WorkerRuntime, runs: Sequence[_Run], data_dir: str | None) -> None:
+    await asyncio.gather(*(_execute(rt, r, data_dir) for r in runs))
+
+
+def run_message(holder: RuntimeHolder, hostname: str, task_jsons: Sequence[dict[str, Any]],
+                data_dir: str | None) -> list[str]:
+    """Execute the runs of one delivered message; returns what happened to each (for logs and
+    tests): an outcome, ``done``/``busy`` (nothing to do), ``deferred`` or ``failed``. Never
+    raises for a run's own sake: a run whose execution raised is counted as a failure of it."""
+    tasks = [RunTask.model_validate(t) for t in task_jsons]
+    rt = holder.get()
+    s = rt.settings
+    token = uuid.uuid4().hex[:12]
+    states: dict[str, CampaignState] = {}
+    runs = []
+    for i, task in enumerate(tasks):
+        if task.campaign not in states:
+            states[task.campaign] = CampaignState(rt.redis, task.campaign, prefix=f"{s.key_prefix}:camp")
+        runs.append(_Run(task, states[task.campaign], f"{hostname}:{token}.{i}"))
+    with_slot = rt.slots.take_now(len(runs))
+    for run in runs[:with_slot]:
+        run.slot = True
+    try:
+        claims = with_retry(lambda: rt.claims.claim_many([(r.state, r.task, r.owner, r.slot) for r in runs],
+                                                         s.claim_ttl_s),
+                            "claiming runs", budget_s=s.redis_retry_s)
+    except BaseException:
+        rt.give_back_slots(with_slot)
+        raise  # nothing was claimed that a TTL does not free; the reconciler re-sends
+    claimed_at = time.monotonic()
+    results = {}
+    for run, claimed in zip(runs, claims):
+        if claimed.status != CLAIMED or claimed.view is None:
+            results[run.task.run_id] = claimed.status
+            if run.slot:
+                rt.give_back_slots(1)
+            continue
+        run.claimed, run.claimed_at = claimed, claimed_at
+        if claimed.permit is not None:
+            rt.hold_permit(claimed.permit)  # the heartbeat renews it from now on
+        rt.hold_claim(run.state, run.task.run_id, run.owner)
+    live = [r for r in runs if r.claimed is not None]
+    try:
+        if live:
+            _execute_live(rt, live, data_dir)
+    finally:
+        for run in live:
+            rt.drop_claim(run.task.run_id)
+    for run in live:
+        results[run.task.run_id] = (BUSY if run.lost else run.record.outcome.value if run.record is not None
+                                    else DEFERRED if run.countdown_s is not None else FAILED)
+    return [results[t.run_id] for t in tasks]
+
+
+def _execute_live(rt: WorkerRuntime, runs: Sequence[_Run], data_dir: str | None) -> None:
+    """Execute the claimed ``runs`` on the loop. If that cannot even start (no data directory,
+    an unwritable store) the runs are task failures with the error's text, finished from here."""
+    try:
+        rt.spool(data_dir)  # a data dir problem raises here, before any call is made
+    except Exception as exc:  # noqa: BLE001 - counted per run
+        text = _failure_text(exc)
+        for r in runs:
+            r.failure = text
+            if r.slot:
+                rt.give_back_slots(1)
+            if r.claimed is not None and r.claimed.permit is not None:
+                r.held = [(r.claimed.permit, None)]
+        calls = [_finish_calls(rt, r) for r in runs]
+        try:
+            replies = with_retry(lambda: rt.claims.run_calls([c for cs in calls for c in cs]),
+                                 "recording task failures", budget_s=rt.settings.redis_retry_s)
+        except TRANSIENT:
+            replies = None  # the claims expire; the reconciler counts the loss
+        for r, reply in zip(runs, [None] * len(runs) if replies is None else _firsts(calls, replies)):
+            _drop_permits(rt, r)
+            _log_end(r, reply)
+        return
+    rt.run(_execute_all(rt, runs, data_dir))
+
+
+def _firsts(calls: Sequence[Sequence[Any]], replies: Sequence[Any]) -> list[Any]:
+    """The reply of each run's first call, from the flat replies of all of them."""
+    out, i = [], 0
+    for cs in calls:
+        out.append(replies[i])
+        i += len(cs)
+    return out
+
+
+def _finish_calls(rt: WorkerRuntime, r: _Run) -> list[tuple[Any, list[str], list[Any]]]:
+    """The run's done marker (stored), deferral or failure, then the release of every permit it
+    still holds; the first call's reply is the done flag or the failure count."""
+    if r.record is not None:
+        rec = r.record
+        first = r.state.done_call(rec.run_id, rec.model, rec.outcome.value, rec.failed, len(rec.attempts))
+    elif r.countdown_s is not None:
+        first = r.state.defer_call(r.task.run_id, r.owner, r.countdown_s)
+    else:
+        first = r.state.defer_call(r.task.run_id, r.owner, rt.settings.failure_backoff_s, r.failure or "failed")
+    return [first, *rt.claims.release_calls(r.held)]
+
+
+def _drop_permits(rt: WorkerRuntime, r: _Run) -> None:
+    for permit, _ in r.held:
+        rt.drop_permit(permit)
+
+
+def _log_end(r: _Run, reply: Any) -> None:
+    with structlog.contextvars.bound_contextvars(campaign=r.task.campaign, run_id=r.task.run_id, model=r.task.model):
+        if r.record is not None:
+            log.info("run_stored", result=r.record.outcome.value)
+        elif r.countdown_s is not None:
+            log.info("run_deferred", countdown_s=round(r.countdown_s, 3), reason=r.defer_reason, reserved=r.reserved)
+        else:
+            log.warning("run_task_failed", failures=reply, error=r.failure)
 
 
 def register_tasks(app: Celery, holder: RuntimeHolder) -> Any:
@@ -151,16 +267,13 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> Any:
 
     @app.task(name=RUN_TASK_NAME, bind=True, acks_late=True, ignore_result=True)
     def run(self: Any, task_json: dict[str, Any], data_dir: str | None = None) -> str:
-        return run_delivered(holder, self.request.hostname, task_json, data_dir)
+        return run_message(holder, self.request.hostname, [task_json], data_dir)[0]
 
     @app.task(name=RUNS_TASK_NAME, bind=True, acks_late=True, ignore_result=True)
     def runs(self: Any, task_jsons: list[dict[str, Any]], data_dir: str | None = None) -> list[str]:
-        """The runs one after the other in this thread (one run in flight per worker slot, as
-        with ``irbench.run``); each is claimed, stored and marked done on its own, and the message
-        is acknowledged after the last. A worker that dies part-way leaves the finished runs done,
-        the running one's claim to expire and the rest queued: the reconciler re-sends both."""
-        ids = [str(t.get("run_id")) for t in task_jsons]
-        return [run_delivered(holder, self.request.hostname, t, data_dir, ids[i + 1 :])
-                for i, t in enumerate(task_jsons)]
+        """The runs execute concurrently, each in one of the worker's run slots. A worker that
+        dies part-way leaves every claim of the message to expire: the reconciler re-sends
+        those runs, one per message."""
+        return run_message(holder, self.request.hostname, task_jsons, data_dir)
 
     return run
