@@ -20,7 +20,6 @@ __all__ = [
     "redis_limiter",
     "redis_retry",
     "runtime",
-    "slots",
     "tasks",
     "transport",
 ]

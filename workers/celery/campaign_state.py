@@ -79,12 +79,22 @@ redis.call('PEXPIRE', p .. ':claim:' .. ARGV[1], ARGV[3])
 return 1
 """
 
+# ARGV: run_ids still queued in a live worker's hands (delivered, waiting for a run slot): their
+# queued time is refreshed, so the reconciler does not take them for lost.
+_REFRESH_QUEUED = f"""
+local p = KEYS[1]
+{_NOW}
+for i = 1, #ARGV do redis.call('ZADD', p .. ':queued', 'XX', now, ARGV[i]) end
+return #ARGV
+"""
+
 # ARGV: run_id, owner, defer_s, failure text ('' = a deferral, not a failure).
 # Drops our claim and parks the run in the delayed set, due in defer_s; returns the failure count.
 _DEFER = f"""
 local p = KEYS[1]
 if redis.call('GET', p .. ':claim:' .. ARGV[1]) == ARGV[2] then redis.call('DEL', p .. ':claim:' .. ARGV[1]) end
 redis.call('HDEL', p .. ':running', ARGV[1])
+redis.call('ZREM', p .. ':queued', ARGV[1])  -- a run failed before its claim was queued still
 local fails = 0
 if ARGV[4] ~= '' then
   fails = redis.call('HINCRBY', p .. ':fails', ARGV[1], 1)
@@ -220,6 +230,7 @@ class CampaignState:
         self._pop_due = client.register_script(_POP_DUE)
         self._lost = client.register_script(_LOST)
         self._reopen = client.register_script(_REOPEN)
+        self._refresh_queued = client.register_script(_REFRESH_QUEUED)
 
     def key(self, name: str) -> str:
         return f"{self.base}:{name}"
@@ -259,6 +270,11 @@ class CampaignState:
     def renew_call(self, run_id: str, owner: str, ttl_s: float) -> tuple[Any, list[str], list[Any]]:
         """The script, KEYS and ARGV :meth:`renew_claim` runs; its reply is 1 if still ours."""
         return self._renew, [self.base], [run_id, owner, max(int(ttl_s * 1000), 1)]
+
+    def refresh_queued(self, run_ids: Sequence[str]) -> None:
+        """Runs delivered to a live worker, waiting there for a slot: still queued, not lost."""
+        for i in range(0, len(run_ids), 500):  # bounded script arguments
+            self._refresh_queued(keys=[self.base], args=list(run_ids[i : i + 500]))
 
     def defer(self, run_id: str, owner: str, defer_s: float, failure: str = "") -> int:
         """Release our claim and park the run for ``defer_s``; ``failure`` (text) also counts a

@@ -91,37 +91,34 @@ class ClaimPermits:
         self._claim = client.register_script(_CLAIM_ACQUIRE)
         self._release = client.register_script(script_source("release"))
 
+    def _claim_call(self, state: CampaignState, task: RunTask, owner: str, ttl_s: float,
+                    pending: Sequence[str] = ()) -> tuple[tuple[Any, list[str], list[Any]], bool]:
+        """The claim script's call for ``task``, and whether it asks for a first permit."""
+        c_args = claim_args(task.run_id, task.model, owner, ttl_s, pending)
+        keys, a_args = [state.base], []
+        ask = not (task.limits.tokens_per_minute or task.limits.requests_per_minute)
+        if ask:
+            a_keys, a_args = self._limiter.acquire_call(task.model, task.limits, task.run_id, 0)
+            keys += a_keys
+        return (self._claim, keys, [len(c_args), *c_args, *a_args]), ask
+
     def claim(self, state: CampaignState, task: RunTask, owner: str, ttl_s: float,
               pending: Sequence[str] = ()) -> Claimed:
         """Claim ``task``'s run for ``owner`` (``ttl_s`` seconds), read its model's gate and,
         if claimed with the gate open and no request or token limit, decide its first permit (holder =
         run_id, as ``execute_run`` asks). ``pending``: the runs after it in its message."""
-        c_args = claim_args(task.run_id, task.model, owner, ttl_s, pending)
-        keys, a_args = [state.base], []
-        if not (task.limits.tokens_per_minute or task.limits.requests_per_minute):
-            a_keys, a_args = self._limiter.acquire_call(task.model, task.limits, task.run_id, 0)
-            keys += a_keys
+        (script, keys, args), _ = self._claim_call(state, task, owner, ttl_s, pending)
         asked_at = time.monotonic()  # the grant happens after this: the grant-to-send delay's origin
-        return self._claimed(self._claim(keys=keys, args=[len(c_args), *c_args, *a_args]), task, asked_at)
+        return self._claimed(script(keys=keys, args=args), task, asked_at)
 
-    def claim_many(self, wanted: Sequence[tuple[CampaignState, RunTask, str, bool]], ttl_s: float) -> list[Claimed]:
-        """Claim several runs in one pipeline: ``(state, task, owner, with_permit)`` each, as
-        :meth:`claim` does; ``with_permit`` False claims without deciding a first permit (the run
-        waits for a slot of this worker first, then asks the limiter itself)."""
-        calls, permit_asked = [], []
-        for state, task, owner, with_permit in wanted:
-            c_args = claim_args(task.run_id, task.model, owner, ttl_s)
-            keys, a_args = [state.base], []
-            ask = with_permit and not (task.limits.tokens_per_minute or task.limits.requests_per_minute)
-            if ask:
-                a_keys, a_args = self._limiter.acquire_call(task.model, task.limits, task.run_id, 0)
-                keys += a_keys
-            calls.append((self._claim, keys, [len(c_args), *c_args, *a_args]))
-            permit_asked.append(ask)
+    async def claim_many_async(self, wanted: Sequence[tuple[CampaignState, RunTask, str]], ttl_s: float
+                               ) -> list[Claimed]:
+        """:meth:`claim` of several runs, ``(state, task, owner)`` each, in one pipeline on the
+        event loop's client."""
+        calls = [self._claim_call(state, task, owner, ttl_s)[0] for state, task, owner in wanted]
         asked_at = time.monotonic()  # every grant happens after this
-        replies = self.run_calls(calls)
-        return [self._claimed(reply, task, asked_at) if ask else Claimed(*parse_claim(reply))
-                for reply, (_, task, _, _), ask in zip(replies, wanted, permit_asked)]
+        replies = await self.run_calls_async(calls)
+        return [self._claimed(reply, task, asked_at) for reply, (_, task, _) in zip(replies, wanted)]
 
     def _claimed(self, reply: Any, task: RunTask, asked_at: float) -> Claimed:
         status, view = parse_claim(reply)

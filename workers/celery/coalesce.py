@@ -44,7 +44,7 @@ class Coalescer(Generic[T, R]):
                 self.flushes += 1
                 try:
                     results = await self._flush([item for item, _ in batch])
-                except BaseException as exc:  # noqa: BLE001 - handed to every waiter of the batch
+                except BaseException as exc:  # handed to every waiter of the batch
                     for _, future in batch:
                         if not future.done():
                             future.set_exception(exc)

@@ -38,13 +38,12 @@ from storage.records import RunRecord
 from storage.runs import RunStore
 from storage.spool import RunSpool, SpoolConfig, recover_orphans
 from workers.celery.local_cooldowns import LocalCooldowns
-from workers.celery.claim_permit import ClaimPermits
+from workers.celery.claim_permit import Claimed, ClaimPermits
 from workers.celery.redis_limiter import RedisLimiter
 from workers.celery.transport import ACK_FLUSH_S
 from workers.celery.deferring import Deferred, DeferringLimiter
 from workers.celery.coalesce import Coalescer
 from workers.celery.redis_retry import with_retry_async
-from workers.celery.slots import RunSlots
 from workers.errors import ConfigError
 from workers.limits.base import Permit
 from workers.providers.base import Provider
@@ -80,8 +79,9 @@ class WorkerSettings:
     the done marker before giving up to the reconciler. ``visibility_timeout_s``: the broker
     redelivers a message unacknowledged this long (``workers.celery.app``'s rule says how long
     it must be). ``ack_flush_s``: longest delay of a gathered ack (``workers.celery.transport``).
-    ``run_slots``: runs this process executes at once, whatever the messages carry
-    (``workers.celery.slots``); 0 = the worker's thread count (``--concurrency``).
+    ``run_slots``: runs this process executes at once, whatever the messages carry (a run
+    takes a slot before its claim and gives it back once its record is durable, so a SIGKILL
+    loses at most this many answered calls); 0 = the worker's thread count (``--concurrency``).
     """
 
     redis_url: str
@@ -156,13 +156,14 @@ class WorkerRuntime:
 
     def __init__(self, settings: WorkerSettings, threads: int = 8) -> None:
         self.settings = settings
-        self.slots = RunSlots(settings.run_slots or threads)
+        self.slots = asyncio.Semaphore(settings.run_slots or threads)  # used on the loop only
         self.redis = sync_redis(settings.redis_url)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="irbench-loop", daemon=True)
         self._thread.start()
         self._lock = threading.Lock()
         self._claims: dict[str, _Claim] = {}
+        self._waiting: dict[str, _Claim] = {}  # delivered runs waiting for a slot (owner unused)
         self._permits: dict[tuple[str, str], Permit] = {}
         self.cooldowns = LocalCooldowns()  # 429 cooldowns this process met, before Redis has them
         self._providers: dict[tuple[str, str, str, str | None], PooledProvider] = {}
@@ -172,6 +173,9 @@ class WorkerRuntime:
         self._tls = make_tls_context()  # one CA bundle load for every client of this process
         self.aredis, self.limiter = self.run(self._setup())
         self.claims = ClaimPermits(self.redis, self.limiter, self.aredis)  # claim + first permit, done + last release
+        # claims (with first permits) of the runs that got a slot together: one pipeline
+        self.claimer: Coalescer[tuple[Any, RunTask, str], Claimed] = Coalescer(
+            lambda wanted: self.claims.claim_many_async(wanted, self.settings.claim_ttl_s))
         # done markers, deferrals and releases of the runs finishing together: one pipeline
         self.finisher: Coalescer[list[Call], list[Any]] = Coalescer(self._finish_calls)
         self._durable: dict[str, Coalescer[RunRecord, None]] = {}  # per store root: one group commit
@@ -196,10 +200,6 @@ class WorkerRuntime:
         """Run ``coro`` on the shared loop and wait for it from the calling (task) thread."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
 
-    def give_back_slots(self, count: int) -> None:
-        """Return ``count`` run slots taken with ``slots.take_now`` but not used (any thread)."""
-        for _ in range(count):
-            self._loop.call_soon_threadsafe(self.slots.give_back)
 
     # ----- shared objects -----------------------------------------------------------------------
     def provider_for(self, task: RunTask) -> Provider:
@@ -279,6 +279,16 @@ class WorkerRuntime:
         with self._lock:
             self._claims.pop(run_id, None)
 
+    def hold_waiting(self, state: Any, run_id: str) -> None:
+        """A delivered run waits for a slot, unclaimed: the heartbeat refreshes its queued time
+        so the reconciler does not take it for lost."""
+        with self._lock:
+            self._waiting[run_id] = _Claim(state, run_id, "")
+
+    def drop_waiting(self, run_id: str) -> None:
+        with self._lock:
+            self._waiting.pop(run_id, None)
+
     def hold_permit(self, permit: Permit) -> None:
         with self._lock:
             self._permits[(permit.model, permit.holder)] = permit
@@ -291,6 +301,15 @@ class WorkerRuntime:
         while not self._stop.wait(self.settings.heartbeat_s):
             with self._lock:
                 claims, permits = list(self._claims.values()), list(self._permits.values())
+                waiting = list(self._waiting.values())
+            by_state: dict[int, tuple[Any, list[str]]] = {}
+            for w in waiting:
+                by_state.setdefault(id(w.state), (w.state, []))[1].append(w.run_id)
+            for state, run_ids in by_state.values():
+                try:
+                    state.refresh_queued(run_ids)
+                except RedisError as exc:
+                    log.warning("queued_refresh_failed", runs=len(run_ids), error=str(exc))
             for c in claims:
                 try:
                     c.state.renew_claim(c.run_id, c.owner, self.settings.claim_ttl_s)

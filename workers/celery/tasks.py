@@ -3,21 +3,25 @@
 Arguments are JSON only: ``RunTask.model_dump(mode="json")`` per run and the store root (never
 a secret: the API key is read by the worker from its own environment). ``irbench.run`` carries
 one run, ``irbench.runs`` several (the orchestrator's ``runs_per_message``); both go through
-:func:`run_message`, whose order of effects is:
+:func:`run_message`. The runs of a message execute concurrently on the process's event loop,
+each in this order:
 
-claim every run of the message in one pipeline (skip those done / live elsewhere; each claim
-reads the model's gate; the runs that find a free run slot of this worker get their first permit
-with the claim) → the runs execute concurrently on the process's event loop, each holding one of
-the worker's run slots (``workers.celery.slots``) → every record into the process's spool in one
-append (``storage.spool``: group commit, fsynced before we go on) → the done markers, the
-deferrals and the permit releases of the whole message in one pipeline → return (ack). Nothing
-is acknowledged before it is durable. A crash between the write and the done markers makes the
-redelivery execute the runs again: both executions are stored, readers use the latest
-(``storage.runs.EXECUTION_RULE``).
+a run slot of the worker (``run_slots``, by default its thread count: however many runs the
+messages carry, no more calls than that are in flight) → the claim (skip if done / live
+elsewhere; it reads the model's gate and decides the first permit in the same script) →
+``execute_run`` → the record into the process's spool (``storage.spool``: group commit, fsynced
+before we go on) → the slot back → the done marker and the permit releases → when every run of
+the message is through: return (ack). Nothing is acknowledged before it is durable. A crash
+between the write and the done marker makes the redelivery execute the run again: both
+executions are stored, readers use the latest (``storage.runs.EXECUTION_RULE``). A run waiting
+for a slot is not claimed yet; the heartbeat keeps its queued time fresh, so the reconciler
+does not take it for lost, and if the worker is stopped long enough for the run to be re-sent,
+its claim here finds it done or busy and steps aside.
 
-Why whole messages: a run's own work on the zero-latency simulator is ~0.5 ms of CPU, and each
-per-run round trip to Redis, thread hand-off and group-commit wait cost about as much again
-(bench/README.md); per message they are paid once.
+Why whole messages on one loop: a run's own work on a fast endpoint is ~0.5 ms of CPU, and each
+per-run Redis round trip, thread hand-off and fsync cost about as much again (bench/README.md).
+The claims of runs that get a slot together, their appends and their done markers go out
+together (``workers.celery.coalesce``): one round trip or fsync for many runs under load.
 
 A permit that is not available within a second or two *defers* the run: it is parked in the
 campaign's delayed set in Redis and its claim dropped (the message is still acknowledged, so no
@@ -34,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,7 +47,7 @@ import structlog
 from celery import Celery
 
 from storage.records import ERROR_TEXT_MAX_CHARS, RunRecord
-from workers.celery.campaign_state import BUSY, CLAIMED, CampaignState
+from workers.celery.campaign_state import CLAIMED, CampaignState
 from workers.celery.claim_permit import Claimed
 from workers.celery.deferring import Deferred, DeferringLimiter
 from workers.celery.gate import RedisGate
@@ -68,17 +71,21 @@ class _Run:
     task: RunTask
     state: CampaignState
     owner: str
-    slot: bool = False  # took a run slot before its claim (its first permit came with it)
-    claimed: Claimed | None = None
-    claimed_at: float = 0.0  # monotonic seconds
-    started: bool = False  # reached the loop (its slot and first permit are _execute's from then on)
-    lost: bool = False  # its claim expired while it waited for a slot: another delivery has it
+    status: str | None = None  # DONE / BUSY: the claim found nothing to do
     record: RunRecord | None = None
     countdown_s: float | None = None  # deferred: due again in this many seconds
     defer_reason: str = ""
     reserved: bool = False  # deferred to a rate slot reserved for it
     failure: str | None = None  # the execution raised: the failure's text
     held: list[tuple[Permit, int | None]] = field(default_factory=list)  # permits still to release
+
+    @property
+    def result(self) -> str:
+        if self.status is not None:
+            return self.status
+        if self.record is not None:
+            return self.record.outcome.value
+        return DEFERRED if self.countdown_s is not None else FAILED
 
 
 def _countdown(rt: WorkerRuntime, exc: Exception) -> float:
@@ -94,34 +101,43 @@ def _failure_text(exc: BaseException) -> str:
     return Redactor().scrub(f"{type(exc).__name__}: {exc}")[:ERROR_TEXT_MAX_CHARS]
 
 
-async def _execute(rt: WorkerRuntime, run: _Run, data_dir: str | None, fresh_s: float = 0.5) -> None:
-    """One claimed run on the loop: a run slot, ``execute_run``, its record made durable (the
-    slot is held until then, so a SIGKILL loses at most ``run_slots`` answered calls), then its
-    done marker — or its deferral or failure — and its permits' releases, sent with the other
-    runs finishing at the same time."""
-    task, claimed = run.task, run.claimed
-    assert claimed is not None and claimed.view is not None
-    run.started = True
-    if not run.slot:
-        await rt.slots.wait()
+async def _execute(rt: WorkerRuntime, run: _Run, data_dir: str | None) -> None:
+    """One run on the loop: a run slot, then its claim (with its first permit, coalesced with
+    the claims of the runs that got a slot together), ``execute_run``, its record made durable
+    (the slot is held until then, so a SIGKILL loses at most ``run_slots`` answered calls), then
+    its done marker — or deferral or failure — and its permits' releases, coalesced too."""
+    task = run.task
+    rt.hold_waiting(run.state, task.run_id)
+    try:
+        async with rt.slots:
+            rt.drop_waiting(task.run_id)
+            claimed = await rt.claimer.submit((run.state, task, run.owner))
+            if claimed.status != CLAIMED or claimed.view is None:
+                run.status = claimed.status
+                return
+            rt.hold_claim(run.state, task.run_id, run.owner)
+            if claimed.permit is not None:
+                rt.hold_permit(claimed.permit)  # the heartbeat renews it from now on
+            await _call_and_store(rt, run, claimed, data_dir)
+    finally:
+        rt.drop_waiting(task.run_id)
+    try:
+        replies = await rt.finisher.submit(_finish_calls(rt, run))
+    except TRANSIENT as exc:  # Redis away past redis_retry_s: the claim expires, the reconciler re-sends
+        log.warning("run_not_marked_done", run_id=task.run_id, error=str(exc))
+        replies = [None]
+    finally:
+        _drop_permits(rt, run)
+        rt.drop_claim(task.run_id)
+    _log_end(run, replies[0])
+
+
+async def _call_and_store(rt: WorkerRuntime, run: _Run, claimed: Claimed, data_dir: str | None) -> None:
+    task = run.task
+    assert claimed.view is not None
     gate = RedisGate(run.state, disable_after_consecutive=task.retry.disable_after_consecutive, async_client=rt.aredis)
-    limiter = DeferringLimiter(rt.limiter, gate, rt, first=claimed.permit, release_later=True)
     gate.prime(task.model, claimed.view)  # read with the claim: execute_run's first check is answered here
-    if not run.slot and time.monotonic() - run.claimed_at > fresh_s:
-        # it waited for a slot: is the claim still ours (this process may have been stopped
-        # past its TTL, and the run re-sent elsewhere), and is the gate still open?
-        renew = run.state.renew_call(task.run_id, run.owner, rt.settings.claim_ttl_s)
-        try:
-            ours = (await rt.claims.run_calls_async([renew]))[0] == 1
-            if ours:
-                await gate.closed_reason_async(task.model)
-        except TRANSIENT:
-            ours = False  # unknown: leave it to its TTL and the reconciler, as a lost claim
-        if not ours:
-            rt.slots.give_back()
-            run.lost = True
-            log.info("run_claim_lost", campaign=task.campaign, run_id=task.run_id, model=task.model)
-            return
+    limiter = DeferringLimiter(rt.limiter, gate, rt, first=claimed.permit, release_later=True)
     try:
         run.record = await execute_run(task, RunContext(provider_for=rt.provider_for, limiter=limiter, gate=gate))
         await rt.make_durable(data_dir, run.record)
@@ -132,16 +148,7 @@ async def _execute(rt: WorkerRuntime, run: _Run, data_dir: str | None, fresh_s: 
     except Exception as exc:  # noqa: BLE001 - counted (a failed append too); the orchestrator ends poison runs
         run.record, run.failure = None, _failure_text(exc)
     finally:
-        rt.slots.give_back()
         run.held = limiter.take_unreleased()
-    try:
-        replies = await rt.finisher.submit(_finish_calls(rt, run))
-    except TRANSIENT as exc:  # Redis away past redis_retry_s: the claim expires, the reconciler re-sends
-        log.warning("run_not_marked_done", run_id=task.run_id, error=str(exc))
-        replies = [None]
-    finally:
-        _drop_permits(rt, run)
-    _log_end(run, replies[0])
 
 
 async def _execute_all(rt: WorkerRuntime, runs: Sequence[_Run], data_dir: str | None) -> None:
@@ -155,73 +162,34 @@ def run_message(holder: RuntimeHolder, hostname: str, task_jsons: Sequence[dict[
     raises for a run's own sake: a run whose execution raised is counted as a failure of it."""
     tasks = [RunTask.model_validate(t) for t in task_jsons]
     rt = holder.get()
-    s = rt.settings
     token = uuid.uuid4().hex[:12]
     states: dict[str, CampaignState] = {}
     runs = []
     for i, task in enumerate(tasks):
         if task.campaign not in states:
-            states[task.campaign] = CampaignState(rt.redis, task.campaign, prefix=f"{s.key_prefix}:camp")
+            states[task.campaign] = CampaignState(rt.redis, task.campaign, prefix=f"{rt.settings.key_prefix}:camp")
         runs.append(_Run(task, states[task.campaign], f"{hostname}:{token}.{i}"))
-    with_slot = rt.slots.take_now(len(runs))
-    for run in runs[:with_slot]:
-        run.slot = True
     try:
-        claims = with_retry(lambda: rt.claims.claim_many([(r.state, r.task, r.owner, r.slot) for r in runs],
-                                                         s.claim_ttl_s),
-                            "claiming runs", budget_s=s.redis_retry_s)
-    except BaseException:
-        rt.give_back_slots(with_slot)
-        raise  # nothing was claimed that a TTL does not free; the reconciler re-sends
-    claimed_at = time.monotonic()
-    results = {}
-    for run, claimed in zip(runs, claims):
-        if claimed.status != CLAIMED or claimed.view is None:
-            results[run.task.run_id] = claimed.status
-            if run.slot:
-                rt.give_back_slots(1)
-            continue
-        run.claimed, run.claimed_at = claimed, claimed_at
-        if claimed.permit is not None:
-            rt.hold_permit(claimed.permit)  # the heartbeat renews it from now on
-        rt.hold_claim(run.state, run.task.run_id, run.owner)
-    live = [r for r in runs if r.claimed is not None]
-    try:
-        if live:
-            _execute_live(rt, live, data_dir)
-    finally:
-        for run in live:
-            rt.drop_claim(run.task.run_id)
-    for run in live:
-        results[run.task.run_id] = (BUSY if run.lost else run.record.outcome.value if run.record is not None
-                                    else DEFERRED if run.countdown_s is not None else FAILED)
-    return [results[t.run_id] for t in tasks]
+        rt.spool(data_dir)  # a data dir problem raises here, before anything is claimed or called
+    except Exception as exc:  # noqa: BLE001 - counted per run: poison after max_task_failures
+        _fail_unclaimed(rt, runs, _failure_text(exc))
+    else:
+        rt.run(_execute_all(rt, runs, data_dir))
+    return [r.result for r in runs]
 
 
-def _execute_live(rt: WorkerRuntime, runs: Sequence[_Run], data_dir: str | None) -> None:
-    """Execute the claimed ``runs`` on the loop. If that cannot even start (no data directory,
-    an unwritable store) the runs are task failures with the error's text, finished from here."""
+def _fail_unclaimed(rt: WorkerRuntime, runs: Sequence[_Run], text: str) -> None:
+    """Count a failure of each run (nothing of them was claimed or called), from the task thread."""
+    for r in runs:
+        r.failure = text
+    calls = [_finish_calls(rt, r) for r in runs]
     try:
-        rt.spool(data_dir)  # a data dir problem raises here, before any call is made
-    except Exception as exc:  # noqa: BLE001 - counted per run
-        text = _failure_text(exc)
-        for r in runs:
-            r.failure = text
-            if r.slot:
-                rt.give_back_slots(1)
-            if r.claimed is not None and r.claimed.permit is not None:
-                r.held = [(r.claimed.permit, None)]
-        calls = [_finish_calls(rt, r) for r in runs]
-        try:
-            replies = with_retry(lambda: rt.claims.run_calls([c for cs in calls for c in cs]),
-                                 "recording task failures", budget_s=rt.settings.redis_retry_s)
-        except TRANSIENT:
-            replies = None  # the claims expire; the reconciler counts the loss
-        for r, reply in zip(runs, [None] * len(runs) if replies is None else _firsts(calls, replies)):
-            _drop_permits(rt, r)
-            _log_end(r, reply)
-        return
-    rt.run(_execute_all(rt, runs, data_dir))
+        replies: Sequence[Any] = with_retry(lambda: rt.claims.run_calls([c for cs in calls for c in cs]),
+                                            "recording task failures", budget_s=rt.settings.redis_retry_s)
+    except TRANSIENT:
+        replies = [None] * sum(len(cs) for cs in calls)  # the runs stay queued; the reconciler re-sends
+    for r, reply in zip(runs, _firsts(calls, replies)):
+        _log_end(r, reply)
 
 
 def _firsts(calls: Sequence[Sequence[Any]], replies: Sequence[Any]) -> list[Any]:
