@@ -35,6 +35,7 @@ from workers.execute import ExecuteSettings, PendingRecord, RunContext, execute_
 from workers.gate import MemoryGate, ModelGate
 from workers.limits.base import Limiter
 from workers.limits.memory import MemoryLimiter
+from workers.loops import new_event_loop
 from workers.providers.base import Provider
 from workers.providers.pooled import PooledProvider
 from workers.providers.registry import make_provider, make_tls_context
@@ -45,14 +46,9 @@ T = TypeVar("T")
 
 
 def run_event_loop(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` to completion on a fresh uvloop event loop (asyncio's own when uvloop is not
-    installed). uvloop's transports and scheduling cost less CPU per call than asyncio's selector
-    loop (0.1-0.3 ms per run in one paired measurement; bench/README.md has the figures)."""
-    try:
-        import uvloop
-    except ImportError:  # e.g. Windows
-        return asyncio.run(coro)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+    """Run ``coro`` to completion on a fresh event loop (``workers.loops``: uvloop's when
+    installed, whose calls cost less CPU than asyncio's)."""
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
         return runner.run(coro)
 
 

@@ -15,6 +15,7 @@ __all__ = [
     "ir_extract",
     "limits",
     "logs",
+    "loops",
     "providers",
     "retry",
     "runtask",
