@@ -45,6 +45,7 @@ from storage.runs import RunStore
 from storage.spool import recover_orphans
 from workers.celery.broker_view import RUN_IDS_HEADER, unacked_ids, waiting_ids
 from workers.celery.campaign_state import META_FIELDS, CampaignState
+from workers.celery.message import encode_runs
 from workers.celery.redis_retry import with_retry
 from workers.celery.tasks import RUN_TASK_NAME, RUNS_TASK_NAME
 from workers.execute import worker_error_record
@@ -204,7 +205,7 @@ class DistributedCampaign:
             self.bundle.broker.send_task(RUN_TASK_NAME, args=(group[0].model_dump(mode="json"), root),
                                          task_id=group[0].run_id, **common)
         else:  # the run ids ride in a header too: the reconciler's broker listing reads them (broker_view)
-            self.bundle.broker.send_task(RUNS_TASK_NAME, args=([t.model_dump(mode="json") for t in group], root),
+            self.bundle.broker.send_task(RUNS_TASK_NAME, args=(encode_runs(group), root),
                                          task_id=f"{ids[0]}+{len(ids) - 1}", headers={RUN_IDS_HEADER: ids}, **common)
 
     def _store_closed(self, tasks: Sequence[RunTask], reason: str, by_model: dict[str, str] | None = None) -> None:

@@ -16,6 +16,7 @@ __all__ = [
     "deferring",
     "gate",
     "local_cooldowns",
+    "message",
     "presence",
     "redis_limiter",
     "redis_retry",

@@ -51,6 +51,7 @@ from workers.celery.campaign_state import CLAIMED, CampaignState
 from workers.celery.claim_permit import Claimed
 from workers.celery.deferring import Deferred, DeferringLimiter
 from workers.celery.gate import RedisGate
+from workers.celery.message import decode_runs
 from workers.celery.redis_retry import TRANSIENT, with_retry
 from workers.celery.runtime import RuntimeHolder, WorkerRuntime
 from workers.execute import RunContext, execute_run
@@ -155,12 +156,10 @@ async def _execute_all(rt: WorkerRuntime, runs: Sequence[_Run], data_dir: str | 
     await asyncio.gather(*(_execute(rt, r, data_dir) for r in runs))
 
 
-def run_message(holder: RuntimeHolder, hostname: str, task_jsons: Sequence[dict[str, Any]],
-                data_dir: str | None) -> list[str]:
+def run_message(holder: RuntimeHolder, hostname: str, tasks: Sequence[RunTask], data_dir: str | None) -> list[str]:
     """Execute the runs of one delivered message; returns what happened to each (for logs and
     tests): an outcome, ``done``/``busy`` (nothing to do), ``deferred`` or ``failed``. Never
     raises for a run's own sake: a run whose execution raised is counted as a failure of it."""
-    tasks = [RunTask.model_validate(t) for t in task_jsons]
     rt = holder.get()
     token = uuid.uuid4().hex[:12]
     states: dict[str, CampaignState] = {}
@@ -235,13 +234,14 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> Any:
 
     @app.task(name=RUN_TASK_NAME, bind=True, acks_late=True, ignore_result=True)
     def run(self: Any, task_json: dict[str, Any], data_dir: str | None = None) -> str:
-        return run_message(holder, self.request.hostname, [task_json], data_dir)[0]
+        return run_message(holder, self.request.hostname, [RunTask.model_validate(task_json)], data_dir)[0]
 
     @app.task(name=RUNS_TASK_NAME, bind=True, acks_late=True, ignore_result=True)
-    def runs(self: Any, task_jsons: list[dict[str, Any]], data_dir: str | None = None) -> list[str]:
-        """The runs execute concurrently, each in one of the worker's run slots. A worker that
-        dies part-way leaves every claim of the message to expire: the reconciler re-sends
-        those runs, one per message."""
-        return run_message(holder, self.request.hostname, task_jsons, data_dir)
+    def runs(self: Any, body: dict[str, Any] | list[dict[str, Any]], data_dir: str | None = None) -> list[str]:
+        """``body``: ``workers.celery.message.encode_runs`` of the runs. They execute
+        concurrently, each in one of the worker's run slots; a worker that dies part-way leaves
+        the claims of its running runs to expire and the rest queued: the reconciler re-sends
+        both, one run per message."""
+        return run_message(holder, self.request.hostname, decode_runs(body), data_dir)
 
     return run
