@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import os
 import threading
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,7 +34,6 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from storage.records import RunRecord
 from storage.runs import RunStore
 from storage.spool import RunSpool, SpoolConfig, recover_orphans
 from workers.celery.local_cooldowns import LocalCooldowns
@@ -43,7 +42,6 @@ from workers.celery.redis_limiter import RedisLimiter
 from workers.celery.transport import ACK_FLUSH_S
 from workers.celery.deferring import Deferred, DeferringLimiter
 from workers.celery.coalesce import Coalescer
-from workers.celery.redis_retry import with_retry_async
 from workers.errors import ConfigError
 from workers.loops import new_event_loop
 from workers.limits.base import Permit
@@ -177,9 +175,7 @@ class WorkerRuntime:
         # claims (with first permits) of the runs that got a slot together: one pipeline
         self.claimer: Coalescer[tuple[Any, RunTask, str], Claimed] = Coalescer(
             lambda wanted: self.claims.claim_many_async(wanted, self.settings.claim_ttl_s))
-        # done markers, deferrals and releases of the runs finishing together: one pipeline
-        self.finisher: Coalescer[list[Call], list[Any]] = Coalescer(self._finish_calls)
-        self._durable: dict[str, Coalescer[RunRecord, None]] = {}  # per store root: one group commit
+        self._batchers: dict[str, Coalescer[Any, Any]] = {}  # see ``batcher``
         self._heartbeat = threading.Thread(target=self._beat, name="irbench-heartbeat", daemon=True)
         self._heartbeat.start()
 
@@ -219,30 +215,12 @@ class WorkerRuntime:
                 )
             return self._providers[key]
 
-    async def _finish_calls(self, batches: list[list[Call]]) -> list[list[Any]]:
-        """Every run's calls in one pipeline (retried through a Redis restart for up to
-        ``redis_retry_s``); the replies split back per run."""
-        flat = [c for calls in batches for c in calls]
-        replies = await with_retry_async(lambda: self.claims.run_calls_async(flat), "marking runs done",
-                                         budget_s=self.settings.redis_retry_s)
-        out, i = [], 0
-        for calls in batches:
-            out.append(replies[i : i + len(calls)])
-            i += len(calls)
-        return out
-
-    async def make_durable(self, data_dir: str | None, record: RunRecord) -> None:
-        """Append ``record`` to this process's spool, returning once it is fsynced; records
-        finishing together share one append (a thread of the loop's executor waits on it)."""
-        spool = self.spool(data_dir)
-        key = str(spool.dataset.path)
-        if key not in self._durable:
-            async def append(records: list[RunRecord], spool: RunSpool = spool) -> list[None]:
-                await asyncio.to_thread(spool.append, records)
-                return [None] * len(records)
-
-            self._durable[key] = Coalescer(append)
-        await self._durable[key].submit(record)
+    def batcher(self, key: str, make: Callable[[], Coalescer[Any, Any]]) -> Coalescer[Any, Any]:
+        """The process's ``Coalescer`` named ``key``, made by ``make()`` on first use (call it
+        on the loop only): what the runs finishing together share (an fsync, a pipeline)."""
+        if key not in self._batchers:
+            self._batchers[key] = make()
+        return self._batchers[key]
 
     def store(self, data_dir: str | None) -> RunStore:
         root = self.settings.data_dir or data_dir

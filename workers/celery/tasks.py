@@ -9,9 +9,9 @@ each in this order:
 a run slot of the worker (``run_slots``, by default its thread count: however many runs the
 messages carry, no more calls than that are in flight) → the claim (skip if done / live
 elsewhere; it reads the model's gate and decides the first permit in the same script) →
-``execute_run`` → the record into the process's spool (``storage.spool``: group commit, fsynced
-before we go on) → the slot back → the done marker and the permit releases → when every run of
-the message is through: return (ack). Nothing is acknowledged before it is durable. A crash
+``execute_run`` → the record into the process's spool (``storage.spool``: fsynced before we go
+on), then the done marker and the permit releases → the slot back → when every run of the
+message is through: return (ack). Nothing is acknowledged before it is durable. A crash
 between the write and the done marker makes the redelivery execute the run again: both
 executions are stored, readers use the latest (``storage.runs.EXECUTION_RULE``). A run waiting
 for a slot is not claimed yet; the heartbeat keeps its queued time fresh, so the reconciler
@@ -20,8 +20,9 @@ its claim here finds it done or busy and steps aside.
 
 Why whole messages on one loop: a run's own work on a fast endpoint is ~0.5 ms of CPU, and each
 per-run Redis round trip, thread hand-off and fsync cost about as much again (bench/README.md).
-The claims of runs that get a slot together, their appends and their done markers go out
-together (``workers.celery.coalesce``): one round trip or fsync for many runs under load.
+The claims of runs that get a slot together go out together, and so do the appends and done
+markers of the runs that finish together (``workers.celery.coalesce``): under load, one round
+trip, one fsync and one thread hand-off for many runs.
 
 A permit that is not available within a second or two *defers* the run: it is parked in the
 campaign's delayed set in Redis and its claim dropped (the message is still acknowledged, so no
@@ -49,6 +50,7 @@ from celery import Celery
 from storage.records import ERROR_TEXT_MAX_CHARS, RunRecord
 from workers.celery.campaign_state import CLAIMED, CampaignState
 from workers.celery.claim_permit import Claimed
+from workers.celery.coalesce import Coalescer
 from workers.celery.deferring import Deferred, DeferringLimiter
 from workers.celery.gate import RedisGate
 from workers.celery.message import decode_runs
@@ -104,11 +106,13 @@ def _failure_text(exc: BaseException) -> str:
 
 async def _execute(rt: WorkerRuntime, run: _Run, data_dir: str | None) -> None:
     """One run on the loop: a run slot, then its claim (with its first permit, coalesced with
-    the claims of the runs that got a slot together), ``execute_run``, its record made durable
-    (the slot is held until then, so a SIGKILL loses at most ``run_slots`` answered calls), then
-    its done marker — or deferral or failure — and its permits' releases, coalesced too."""
+    the claims of the runs that got a slot together), ``execute_run``, then its record made
+    durable and its done marker — or deferral or failure — and its permits' releases sent, with
+    the runs finishing at the same time (:func:`_finish_batch`). The slot is held until then, so
+    a SIGKILL loses at most ``run_slots`` answered calls."""
     task = run.task
     rt.hold_waiting(run.state, task.run_id)
+    reply = None
     try:
         async with rt.slots:
             rt.drop_waiting(task.run_id)
@@ -119,21 +123,19 @@ async def _execute(rt: WorkerRuntime, run: _Run, data_dir: str | None) -> None:
             rt.hold_claim(run.state, task.run_id, run.owner)
             if claimed.permit is not None:
                 rt.hold_permit(claimed.permit)  # the heartbeat renews it from now on
-            await _call_and_store(rt, run, claimed, data_dir)
+            await _call(rt, run, claimed)
+            finisher = rt.batcher("finish", lambda: Coalescer(lambda items: asyncio.to_thread(_finish_batch, rt, items)))
+            reply = await finisher.submit((run, data_dir))
     finally:
         rt.drop_waiting(task.run_id)
-    try:
-        replies = await rt.finisher.submit(_finish_calls(rt, run))
-    except TRANSIENT as exc:  # Redis away past redis_retry_s: the claim expires, the reconciler re-sends
-        log.warning("run_not_marked_done", run_id=task.run_id, error=str(exc))
-        replies = [None]
-    finally:
         _drop_permits(rt, run)
         rt.drop_claim(task.run_id)
-    _log_end(run, replies[0])
+    _log_end(run, reply)
 
 
-async def _call_and_store(rt: WorkerRuntime, run: _Run, claimed: Claimed, data_dir: str | None) -> None:
+async def _call(rt: WorkerRuntime, run: _Run, claimed: Claimed) -> None:
+    """``execute_run`` under the run's claim; fills in its record, deferral or failure and the
+    permits it still holds."""
     task = run.task
     assert claimed.view is not None
     gate = RedisGate(run.state, disable_after_consecutive=task.retry.disable_after_consecutive, async_client=rt.aredis)
@@ -141,15 +143,41 @@ async def _call_and_store(rt: WorkerRuntime, run: _Run, claimed: Claimed, data_d
     limiter = DeferringLimiter(rt.limiter, gate, rt, first=claimed.permit, release_later=True)
     try:
         run.record = await execute_run(task, RunContext(provider_for=rt.provider_for, limiter=limiter, gate=gate))
-        await rt.make_durable(data_dir, run.record)
     except (Deferred, *TRANSIENT) as exc:
         run.countdown_s = _countdown(rt, exc)
         run.defer_reason = exc.reason if isinstance(exc, Deferred) else "redis unavailable"
         run.reserved = isinstance(exc, Deferred) and exc.reserved
-    except Exception as exc:  # noqa: BLE001 - counted (a failed append too); the orchestrator ends poison runs
-        run.record, run.failure = None, _failure_text(exc)
+    except Exception as exc:  # noqa: BLE001 - counted; the orchestrator ends poison runs
+        run.failure = _failure_text(exc)
     finally:
         run.held = limiter.take_unreleased()
+
+
+def _finish_batch(rt: WorkerRuntime, items: Sequence[tuple[_Run, str | None]]) -> list[Any]:
+    """In a thread: the records of ``items`` into the spool, durable (one append and fsync per
+    store; a failed append turns its runs into task failures, their calls not stored), then
+    every done marker, deferral, failure and permit release in one pipeline on the sync client.
+    Returns each run's first reply (its done flag or failure count; None when Redis stayed away
+    past ``redis_retry_s``: the claims expire and the reconciler re-sends those runs)."""
+    by_dir: dict[str | None, list[_Run]] = {}
+    for r, data_dir in items:
+        if r.record is not None:
+            by_dir.setdefault(data_dir, []).append(r)
+    for data_dir, stored in by_dir.items():
+        try:
+            rt.spool(data_dir).append([r.record for r in stored])  # type: ignore[misc]
+        except Exception as exc:  # noqa: BLE001 - counted per run; the runs go again
+            text = _failure_text(exc)
+            for r in stored:
+                r.record, r.failure = None, text
+    calls = [_finish_calls(rt, r) for r, _ in items]
+    try:
+        replies = with_retry(lambda: rt.claims.run_calls([c for cs in calls for c in cs]), "marking runs done",
+                             budget_s=rt.settings.redis_retry_s)
+    except TRANSIENT as exc:
+        log.warning("runs_not_marked_done", runs=len(items), error=str(exc))
+        return [None] * len(items)
+    return _firsts(calls, replies)
 
 
 async def _execute_all(rt: WorkerRuntime, runs: Sequence[_Run], data_dir: str | None) -> None:
