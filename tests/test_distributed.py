@@ -92,6 +92,30 @@ def test_crossed_campaign_three_workers(live: Cluster, tmp_path: Path) -> None:
     assert {m: p.done for m, p in status.progress.items()} == {m: 20 for m in models}
 
 
+def test_several_runs_per_message_never_exceed_the_workers_run_slots(live: Cluster, tmp_path: Path) -> None:
+    """A message's runs execute concurrently, but each worker calls at most ``run_slots`` (its
+    thread count) at once: 3 workers x 4 slots, however many 8-run messages they hold."""
+    model = "t1s"
+    with sim({model: SimModel(latency_ms_median=120, latency_sigma=0.05)}) as s:
+        prepared = prepare(load_campaign(make_campaign(tmp_path, "t1s", s.base_url, {model: {"max_concurrency": 200}},
+                                                       prompts=4, runs=12)))
+        store = RunStore(tmp_path / "data")
+        summary = run_campaign_celery(prepared, store, live.url, options=replace(FAST, runs_per_message=8),
+                                      timeout_s=60)
+        settle(store, live.url, "t1s")
+        st = stats(s.base_url)
+    assert not summary.interrupted and summary.executed == 48
+    assert_every_run_stored(store, prepared)
+    assert_calls_equal_attempts(store, "t1s", st, [model])
+    edges = sorted([(e[0], 1) for e in st[model]["exchanges"]] + [(e[1], -1) for e in st[model]["exchanges"]])
+    in_flight = peak = 0
+    for _, step in edges:
+        in_flight += step
+        peak = max(peak, in_flight)
+    slots = live.workers.count * live.workers.concurrency
+    assert 4 < peak <= slots, (peak, slots)  # unbounded, 12 messages of 8 would put ~48 in flight
+
+
 # ----- 2. kill -9 a worker mid-campaign ----------------------------------------------------------
 
 
