@@ -19,6 +19,7 @@ from orchestrator.distributed_cli import (
     ReconcileOpt,
     RunsPerMessageOpt,
     SpoolAgeOpt,
+    RunSlotsOpt,
     SpoolRowsOpt,
     VisibilityOpt,
     celery_options,
@@ -348,7 +349,8 @@ def cancel(
 def worker(
     broker: BrokerOpt = None,
     data: DataOpt = Path("data"),
-    concurrency: Annotated[int, typer.Option(help="Threads (concurrent calls) in this worker process.")] = 8,
+    concurrency: Annotated[int, typer.Option(help="Threads: broker messages in work at once in this worker "
+                                             "process, and its concurrent calls unless --run-slots says.")] = 8,
     queues: Annotated[str, typer.Option(help="Comma-separated queues to consume.")] = "irbench",
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
     claim_ttl_s: ClaimTtlOpt = None,
@@ -356,6 +358,7 @@ def worker(
     spool_max_rows: SpoolRowsOpt = None,
     spool_max_age_s: SpoolAgeOpt = None,
     visibility_timeout_s: VisibilityOpt = None,
+    run_slots: RunSlotsOpt = None,
 ) -> None:
     """Start a Celery worker that executes runs (wraps `celery worker -P threads`).
 
@@ -368,7 +371,7 @@ def worker(
         url = _broker_url(broker, None)
         settings = worker_settings(url, claim_ttl_s=claim_ttl_s, lease_ttl_s=lease_ttl_s,
                                    spool_max_rows=spool_max_rows, spool_max_age_s=spool_max_age_s,
-                                   visibility_timeout_s=visibility_timeout_s)
+                                   visibility_timeout_s=visibility_timeout_s, run_slots=run_slots)
     except IrbenchError as exc:
         fail(exc)
         return

@@ -22,8 +22,12 @@ MaxFailuresOpt = Annotated[Optional[int], typer.Option(
     "--max-task-failures", help="Task failures / worker deaths after which a run is stored as worker_error "
     "(env IRBENCH_MAX_TASK_FAILURES, default 3).")]
 RunsPerMessageOpt = Annotated[Optional[int], typer.Option(
-    "--runs-per-message", help="Runs carried by one broker message, executed one after the other by one worker "
-    "slot (env IRBENCH_RUNS_PER_MESSAGE, default 1). 4-8 divides the broker's per-run cost for fast endpoints.")]
+    "--runs-per-message", help="Runs carried by one broker message; a worker runs them concurrently in its run "
+    "slots (env IRBENCH_RUNS_PER_MESSAGE, default 1). Bigger divides the broker's per-run cost; a re-sent run "
+    "goes alone.")]
+RunSlotsOpt = Annotated[Optional[int], typer.Option(
+    "--run-slots", help="Runs this worker executes at once, whatever the messages carry; a SIGKILL loses at most "
+    "this many answered calls (env IRBENCH_RUN_SLOTS, default 0 = --concurrency).")]
 VisibilityOpt = Annotated[Optional[float], typer.Option(
     "--visibility-timeout-s", help="The broker redelivers a message left unacknowledged this long (env "
     "IRBENCH_VISIBILITY_TIMEOUT_S, default 10800). It must exceed a message's longest run time: attempts x "

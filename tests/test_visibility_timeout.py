@@ -61,6 +61,8 @@ def test_a_bad_value_is_one_line_and_exit_2(tmp_path: Path) -> None:
         (["worker", "--visibility-timeout-s", "0", "--broker", "redis://127.0.0.1:1/0"], {}),
         (["worker", "--broker", "redis://127.0.0.1:1/0"], {"IRBENCH_VISIBILITY_TIMEOUT_S": "soon"}),
         (["worker", "--broker", "redis://127.0.0.1:1/0"], {"IRBENCH_ACK_FLUSH_S": "fast"}),
+        (["worker", "--run-slots", "-1", "--broker", "redis://127.0.0.1:1/0"], {}),
+        (["worker", "--broker", "redis://127.0.0.1:1/0"], {"IRBENCH_RUN_SLOTS": "many"}),
     ):
         p = subprocess.run(irbench + argv + ["--data", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
                            timeout=60, env={**_env(), **env})
