@@ -42,6 +42,7 @@ from workers.celery.redis_limiter import RedisLimiter
 from workers.celery.transport import ACK_FLUSH_S
 from workers.celery.deferring import Deferred, DeferringLimiter
 from workers.celery.coalesce import Coalescer
+from workers.celery.redis_retry import with_retry_async
 from workers.errors import ConfigError
 from workers.loops import new_event_loop
 from workers.limits.base import Permit
@@ -174,7 +175,8 @@ class WorkerRuntime:
         self.claims = ClaimPermits(self.redis, self.limiter, self.aredis)  # claim + first permit, done + last release
         # claims (with first permits) of the runs that got a slot together: one pipeline
         self.claimer: Coalescer[tuple[Any, RunTask, str], Claimed] = Coalescer(
-            lambda wanted: self.claims.claim_many_async(wanted, self.settings.claim_ttl_s))
+            lambda wanted: with_retry_async(lambda: self.claims.claim_many_async(wanted, self.settings.claim_ttl_s),
+                                            "claiming runs", budget_s=self.settings.redis_retry_s))
         self._batchers: dict[str, Coalescer[Any, Any]] = {}  # see ``batcher``
         self._heartbeat = threading.Thread(target=self._beat, name="irbench-heartbeat", daemon=True)
         self._heartbeat.start()

@@ -63,7 +63,7 @@ from workers.runtask import RunTask
 
 RUN_TASK_NAME = "irbench.run"
 RUNS_TASK_NAME = "irbench.runs"  # several runs per message
-DEFERRED, FAILED = "deferred", "failed"
+DEFERRED, FAILED, UNCLAIMED = "deferred", "failed", "unclaimed"
 log = structlog.get_logger("irbench.task")
 
 
@@ -116,7 +116,12 @@ async def _execute(rt: WorkerRuntime, run: _Run, data_dir: str | None) -> None:
     try:
         async with rt.slots:
             rt.drop_waiting(task.run_id)
-            claimed = await rt.claimer.submit((run.state, task, run.owner))
+            try:
+                claimed = await rt.claimer.submit((run.state, task, run.owner))
+            except TRANSIENT as exc:  # Redis away past redis_retry_s: still queued, the reconciler re-sends
+                log.warning("run_not_claimed", run_id=task.run_id, error=str(exc))
+                run.status = UNCLAIMED
+                return
             if claimed.status != CLAIMED or claimed.view is None:
                 run.status = claimed.status
                 return
@@ -181,7 +186,11 @@ def _finish_batch(rt: WorkerRuntime, items: Sequence[tuple[_Run, str | None]]) -
 
 
 async def _execute_all(rt: WorkerRuntime, runs: Sequence[_Run], data_dir: str | None) -> None:
-    await asyncio.gather(*(_execute(rt, r, data_dir) for r in runs))
+    """Every run of the message; a bug in one never acks the message before the others end."""
+    results = await asyncio.gather(*(_execute(rt, r, data_dir) for r in runs), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
 
 
 def run_message(holder: RuntimeHolder, hostname: str, tasks: Sequence[RunTask], data_dir: str | None) -> list[str]:
