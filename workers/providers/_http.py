@@ -230,6 +230,10 @@ async def send(
         raise fail(ConnectTimeout, "no free connection in the client's pool") from None
     except httpx.ConnectError as exc:
         raise fail(ConnectFailed, f"cannot connect: {exc or type(exc).__name__}; check the endpoint's host and port") from None
+    except httpx.LocalProtocolError:
+        # our own request could not be written (a header value with a newline or NUL): h11
+        # quotes the value, which is the key's header, and escaped so that masking misses it
+        raise fail(ProtocolFailed, "request not sendable: a header value holds a newline or control byte") from None
     except (httpx.ProtocolError, httpx.DecodingError) as exc:
         raise fail(ProtocolFailed, f"malformed HTTP: {exc or type(exc).__name__}") from None
     except httpx.NetworkError as exc:
