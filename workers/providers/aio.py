@@ -203,14 +203,17 @@ class _Body(httpx.AsyncByteStream):
 
     async def __aiter__(self):  # type: ignore[no-untyped-def,override]
         content = self._response.content
+        error: httpx.HTTPError | None = None
         try:
             while chunk := await content.readany():
                 yield chunk
         except (aiohttp.ClientError, OSError, ValueError) as exc:
-            raise _translate(exc, self._request, self._response.wire) from None
+            error = _translate(exc, self._request, self._response.wire)
         wire = self._response.wire
-        if self._close_delimited and wire is not None and isinstance(wire.lost, OSError):
-            raise httpx.ReadError(_os_text(wire.lost), request=self._request)
+        if error is None and self._close_delimited and wire is not None and isinstance(wire.lost, OSError):
+            error = httpx.ReadError(_os_text(wire.lost), request=self._request)
+        if error is not None:
+            raise error  # outside the except: aiohttp's exception (request headers in its args) is not chained
 
     async def aclose(self) -> None:
         self._response.release()
@@ -294,11 +297,15 @@ class AioClient:
                 allow_redirects=False, timeout=self._timeout(request),
             )
         except (aiohttp.ClientError, OSError, ValueError) as exc:
-            raise _translate(exc, request, None) from None
-        refused = _refused_head(response)
-        if refused:
-            response.close()
-            raise httpx.RemoteProtocolError(refused, request=request)
+            error = _translate(exc, request, None)
+        else:
+            error = None
+            refused = _refused_head(response)
+            if refused:
+                response.close()
+                error = httpx.RemoteProtocolError(refused, request=request)
+        if error is not None:
+            raise error  # outside the except: aiohttp's exception (request headers in its args) is not chained
         return httpx.Response(
             response.status, headers=response.raw_headers, stream=_Body(response, request), request=request,
             extensions={"http_version": b"HTTP/1.1", "reason_phrase": (response.reason or "").encode("latin-1", "replace")},
