@@ -194,9 +194,10 @@ class WorkerRuntime:
                 api_key = os.environ.get(ep.api_key_env) if ep.api_key_env else None
                 # a free list of one-connection AioClients, as in the local executor
                 # (workers.providers.pooled): no pool walk per call, aiohttp's C parser instead
-                # of httpcore/h11 (0.15-0.22 against 0.33-0.50 ms of CPU per call,
-                # bench/http_clients.py). Its calls all run on this runtime's one event loop,
-                # as PooledProvider needs (the clients' sessions open on it, on first use).
+                # of httpcore/h11 (0.20-0.27 against 0.37-0.50 ms of CPU per call on this
+                # plain asyncio loop, bench/http_clients.py --loop asyncio). Its calls all run
+                # on this runtime's one event loop, as PooledProvider needs (the clients'
+                # sessions open on it, on first use).
                 self._providers[key] = PooledProvider(
                     lambda c, ep=ep, api_key=api_key: make_provider(ep, c, api_key), tls=self._tls,
                     wire_format=ep.wire_format,

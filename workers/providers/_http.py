@@ -59,8 +59,8 @@ from workers.secrets import mask_secrets
 Clock = Callable[[], float]  # monotonic seconds
 #: What ``send`` talks through: an ``AsyncClient`` (availability checks, injected clients), or
 #: one of ``PooledProvider``'s one-connection clients (both executors): ``AioClient`` (aiohttp
-#: underneath, the default: 0.15-0.22 ms of CPU per call on the simulator) or ``DirectClient``
-#: (httpx's transport, 0.33-0.50 ms; bench/http_clients.py). All three raise httpx exceptions.
+#: underneath, the default: 0.18-0.22 ms of CPU per call on the simulator) or ``DirectClient``
+#: (httpx's transport, 0.31-0.41 ms; bench/http_clients.py). All three raise httpx exceptions.
 HttpClient = httpx.AsyncClient | AioClient | DirectClient
 
 _RETIRED_ON_RE = re.compile(r"retire[ds]?\s+(?:on|at|since)?\s*:?\s*(\d{4}-\d{2}-\d{2})", re.I)

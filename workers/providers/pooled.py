@@ -9,8 +9,8 @@ walk is one connection long, and the endpoint never sees more connections than i
 concurrent calls. Idle pairs are reused last-in first-out, so the connections in use stay warm.
 
 The clients come from an injected factory: by default ``AioClient`` (``workers.providers.aio``:
-aiohttp underneath, about half the CPU per call of the alternative: 0.15-0.22 ms against
-0.33-0.50 ms on the zero-latency simulator, bench/http_clients.py), or ``DirectClient``
+aiohttp underneath, about half the CPU per call of the alternative: 0.18-0.22 ms against
+0.31-0.41 ms on the zero-latency simulator, uvloop, bench/http_clients.py), or ``DirectClient``
 (httpx's transport without ``AsyncClient``'s per-request layers; ``workers.providers.direct``).
 Both build the same request and raise the same httpx exceptions, so providers and ``_http.send``
 cannot tell them apart. Single event loop only (the local executor's uvloop, or the Celery
