@@ -6,8 +6,9 @@ loop (the Celery worker).
 Each case is a script played by ``serve_scripts`` and sent through ``_http.send`` (the layer
 that turns httpx exceptions into failures.md classes). The request carries an API key in its
 ``Authorization`` header that is *not* passed as a secret to mask, so a message that quoted a
-request header would show it. ``DIFFERENT`` pins what cannot be made to match: llhttp (aiohttp's
-parser) refuses framing h11 accepts; the reasons are in ``workers/providers/aio.py``.
+request header would show it. ``DIFFERENT`` pins what cannot be made to match: aiohttp's parsers
+(llhttp in C, and its pure-Python fallback) refuse framing h11 accepts; the reasons are in
+``workers/providers/aio.py``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
+from aiohttp.http_parser import HttpResponseParser, HttpResponseParserPy
 
 from storage.records import Outcome
 from tests.support.raw_http import CLOSE, HANG, RESET, Step, serve_scripts
@@ -91,21 +93,24 @@ SAME: dict[str, tuple[list[Step], str]] = {
     "head-then-silence": ([_head("HTTP/1.1 200 OK", "Content-Length: 100") + b"abc", HANG], "timeout_read"),
     "trickle-past-total": ([_head("HTTP/1.1 200 OK", "Content-Length: 100"), *[0.1, b"a"] * 40], "timeout_total"),
 }
-# name: (script, DirectClient's outcome, AioClient's): llhttp refuses what h11 takes
-DIFFERENT: dict[str, tuple[list[Step], str, str]] = {
+# name: (script, DirectClient's outcome, AioClient's with llhttp, AioClient's with aiohttp's
+# pure-Python parser (AIOHTTP_NO_EXTENSIONS=1, or no C extension for the platform))
+DIFFERENT: dict[str, tuple[list[Step], str, str, str]] = {
     "duplicate-content-length": ([_head("HTTP/1.1 200 OK", "Content-Length: 12", "Content-Length: 12") + _BODY],
-                                 OK, "protocol_error"),
-    "content-length-list": ([_head("HTTP/1.1 200 OK", "Content-Length: 12, 12") + _BODY], OK, "protocol_error"),
+                                 OK, "protocol_error", OK),
+    "content-length-list": ([_head("HTTP/1.1 200 OK", "Content-Length: 12, 12") + _BODY],
+                            OK, "protocol_error", "protocol_error"),
     "content-length-and-chunked": (
         [_head("HTTP/1.1 200 OK", "Content-Length: 100", "Transfer-Encoding: chunked") + b"2\r\nok\r\n0\r\n\r\n"],
-        OK, "protocol_error",
+        OK, "protocol_error", "protocol_error",
     ),
-    "http-1.2": ([_head("HTTP/1.2 200 OK", "Content-Length: 12") + _BODY], OK, "protocol_error"),
+    "http-1.2": ([_head("HTTP/1.2 200 OK", "Content-Length: 12") + _BODY], OK, "protocol_error", OK),
     # bytes after a whole answer, in the same read: h11 keeps them (and fails the next call on the
     # connection), llhttp fails the read that holds them
-    "trailing-bytes": ([_head("HTTP/1.1 200 OK", "Content-Length: 12") + _BODY + b"JUNK"], OK, "protocol_error"),
-    "204-with-body": ([_head("HTTP/1.1 204 No Content", "Content-Length: 12") + _BODY], OK, "protocol_error"),
+    "trailing-bytes": ([_head("HTTP/1.1 200 OK", "Content-Length: 12") + _BODY + b"JUNK"], OK, "protocol_error", OK),
+    "204-with-body": ([_head("HTTP/1.1 204 No Content", "Content-Length: 12") + _BODY], OK, "protocol_error", OK),
 }
+LLHTTP = HttpResponseParser is not HttpResponseParserPy  # aiohttp parses with its C extension
 SCRIPTS = {name: case[0] for name, case in {**SAME, **DIFFERENT}.items()}
 
 
@@ -152,10 +157,10 @@ def test_both_clients_classify_alike(name: str, client: str, loop: str) -> None:
 @pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
 @pytest.mark.parametrize("client", sorted(CLIENTS))
 @pytest.mark.parametrize("name", sorted(DIFFERENT))
-def test_what_llhttp_refuses_and_h11_takes(name: str, client: str, loop: str) -> None:
-    _, direct, aio = DIFFERENT[name]
+def test_what_aiohttp_refuses_and_h11_takes(name: str, client: str, loop: str) -> None:
+    _, direct, aio_llhttp, aio_python = DIFFERENT[name]
     outcome, text = _run(loop, _scripted(CLIENTS[client], name))
-    assert outcome == (aio if client == "aio" else direct), text
+    assert outcome == (direct if client == "direct" else aio_llhttp if LLHTTP else aio_python), text
 
 
 def test_messages_name_what_went_wrong() -> None:

@@ -41,11 +41,14 @@ a server streaming headers cannot grow memory; a head starting with a blank line
 coding other than chunked, a 101, a status under 100 or control bytes in the reason phrase are
 refused; a reset inside a body (which aiohttp reports like a short body, or not at all for a
 body delimited by the close) is a ``ReadError``; bytes arriving on an idle kept-alive connection
-(a late 408) close it instead of becoming the next request's answer. What stays different (llhttp is stricter than
-h11; tests/test_client_hostile.py pins each): a duplicated or listed ``Content-Length`` ("2, 2"),
-``Content-Length`` beside ``Transfer-Encoding: chunked``, an ``HTTP/1.2`` status line, and bytes
-after a complete response in the same read (a 204 with a body) are ``RemoteProtocolError`` here,
-where httpcore takes the answer (and, for the trailing bytes, fails the connection's next call).
+(a late 408) close it instead of becoming the next request's answer.
+
+What stays different (aiohttp's parser is stricter than h11; tests/test_client_hostile.py pins
+each): a listed ``Content-Length`` ("2, 2") and ``Content-Length`` beside ``Transfer-Encoding:
+chunked`` are ``RemoteProtocolError`` here, where httpcore takes the answer; with llhttp (aiohttp's C parser, what its wheels ship) so are a
+duplicated ``Content-Length``, an ``HTTP/1.2`` status line, and bytes after a complete response
+in the same read (a 204 with a body; httpcore takes the answer and fails the connection's next
+call instead). Under ``PYTHONASYNCIODEBUG``/``-X dev`` aiohttp parses strictly (no obs-fold).
 """
 
 from __future__ import annotations
