@@ -166,3 +166,56 @@ def test_pooled_provider_defaults_to_aio_client() -> None:
     import inspect
 
     assert inspect.signature(PooledProvider).parameters["client_factory"].default is AioClient
+
+
+def _self_signed(tmp_path: Any) -> tuple[str, str]:
+    """A certificate for ``localhost`` only (not 127.0.0.1) and its key, made by the openssl CLI."""
+    import subprocess
+
+    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", key, "-out", cert, "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost"], check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("client", sorted(CLIENTS))
+def test_tls_is_verified_with_the_shared_context(client: str, loop: str, tmp_path: Any) -> None:
+    """Over HTTPS the client verifies with the context it is given (certificate and host name):
+    a trusted certificate answers; an unknown one, or one for another name, is a connect_error."""
+    import ssl
+
+    cert, key = _self_signed(tmp_path)
+
+    async def main() -> list[str]:
+        served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        served.load_cert_chain(cert, key)
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                await reader.readuntil(b"\r\n\r\n")
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+                await writer.drain()
+            except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
+                pass
+            finally:
+                writer.transport.abort()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=served)
+        port = server.sockets[0].getsockname()[1]
+        trusting = make_tls_context()
+        trusting.load_verify_locations(cert)
+        outcomes = []
+        for tls, host in ((trusting, "localhost"), (make_tls_context(), "localhost"), (trusting, "127.0.0.1")):
+            async with CLIENTS[client](tls=tls) as c:
+                try:
+                    raw = await _http.send(c, "POST", f"https://{host}:{port}/x", timeouts=TimeoutPolicy(total_timeout_s=5),
+                                           clock=time.monotonic, json_body={})
+                    outcomes.append(f"ok {raw.status_code}")
+                except ConnectFailed as exc:
+                    outcomes.append(f"{exc.outcome.value} {'CERTIFICATE_VERIFY_FAILED' in str(exc)}")
+        server.close()
+        return outcomes
+
+    assert _run(loop, main()) == ["ok 200", "connect_error True", "connect_error True"]
