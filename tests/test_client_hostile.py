@@ -68,6 +68,12 @@ SAME: dict[str, tuple[list[Step], str]] = {
     "headers-200kb": ([_head("HTTP/1.1 200 OK", *[f"X-H{i}: " + "v" * 1000 for i in range(200)], "Content-Length: 12")],
                       "protocol_error"),
     "endless-headers": ([b"HTTP/1.1 200 OK\r\n", *[b"X-A: " + b"v" * 1000 + b"\r\n"] * 2000, HANG], "protocol_error"),
+    "endless-chunk-extension": ([_head("HTTP/1.1 200 OK", "Transfer-Encoding: chunked") + b"2;ext=",
+                                 *[b"a" * 65536] * 40, HANG], "protocol_error"),
+    "chunk-extension-200kb": ([_head("HTTP/1.1 200 OK", "Transfer-Encoding: chunked") + b"2;x=" + b"a" * 200_000
+                               + b"\r\nok\r\n0\r\n\r\n"], "protocol_error"),
+    "endless-trailers": ([_head("HTTP/1.1 200 OK", "Transfer-Encoding: chunked") + b"2\r\nok\r\n0\r\n",
+                          *[b"X-T: " + b"v" * 1000 + b"\r\n"] * 2000, HANG], "protocol_error"),
     "blank-line-before-status": ([b"\r\n" + _head("HTTP/1.1 200 OK", "Content-Length: 12") + _BODY], "protocol_error"),
     "transfer-encoding-gzip": ([_head("HTTP/1.1 200 OK", "Transfer-Encoding: gzip, chunked") + b"2\r\nok\r\n0\r\n\r\n"],
                                "protocol_error"),
@@ -91,6 +97,7 @@ SAME: dict[str, tuple[list[Step], str]] = {
     # deadlines
     "never-answers": ([HANG], "timeout_read"),
     "head-then-silence": ([_head("HTTP/1.1 200 OK", "Content-Length: 100") + b"abc", HANG], "timeout_read"),
+    "endless-100-continue": ([*[_head("HTTP/1.1 100 Continue"), 0.05] * 60], "timeout_total"),
     "trickle-past-total": ([_head("HTTP/1.1 200 OK", "Content-Length: 100"), *[0.1, b"a"] * 40], "timeout_total"),
 }
 # name: (script, DirectClient's outcome, AioClient's with llhttp, AioClient's with aiohttp's
@@ -167,12 +174,14 @@ def test_messages_name_what_went_wrong() -> None:
     """Spot checks of the texts a user reads (the classes are pinned above)."""
     async def main() -> dict[str, str]:
         async with serve_scripts(SCRIPTS) as base_url:
-            names = ("truncated-content-length", "headers-200kb", "reset-after-head", "transfer-encoding-gzip")
+            names = ("truncated-content-length", "headers-200kb", "endless-trailers", "reset-after-head",
+                     "transfer-encoding-gzip")
             return {n: (await _call(AioClient, f"{base_url}/{n}"))[1] for n in names}
 
     texts = _run("uvloop", main())
     assert "body shorter than its Content-Length" in texts["truncated-content-length"]
     assert "response head over 102400 bytes" in texts["headers-200kb"]
+    assert "chunk framing or trailers over 102400 bytes" in texts["endless-trailers"]
     assert "connection lost: [Errno 104]" in texts["reset-after-head"]
     assert "Only Transfer-Encoding: chunked is supported" in texts["transfer-encoding-gzip"]
 

@@ -36,8 +36,8 @@ writes; anything slower is bounded by ``_http.send``'s total deadline.
 
 Where aiohttp would part from httpcore on hostile bytes, ``_Protocol`` (aiohttp's connection
 protocol, swapped in through the connector's protocol factory) and ``_refused_head`` bring it
-back: the head (status line + headers) is bounded at h11's 100 KiB, counted as bytes arrive, so
-a server streaming headers cannot grow memory; a head starting with a blank line, a transfer
+back: the head (status line + headers), a chunk header and the trailers are each bounded at
+h11's 100 KiB, counted as bytes arrive, so a server streaming them cannot grow memory; a head starting with a blank line, a transfer
 coding other than chunked, a 101, a status under 100 or control bytes in the reason phrase are
 refused; a reset inside a body (which aiohttp reports like a short body, or not at all for a
 body delimited by the close) is a ``ReadError``; bytes arriving on an idle kept-alive connection
@@ -91,20 +91,22 @@ class _WriteStalled(aiohttp.ClientError):
 
 
 class _BadHead(aiohttp.ClientError):
-    """A response head h11 refuses and aiohttp's parser would take: one still incomplete past
-    ``MAX_HEAD_BYTES``, or one starting with a blank line."""
+    """HTTP framing h11 refuses and aiohttp's parser would take: a head starting with a blank
+    line, or a head, chunk header or trailer section still incomplete past ``MAX_HEAD_BYTES``."""
 
 
 class _Protocol(ResponseHandler):
     """aiohttp's connection protocol, plus what httpcore knows: how the connection ended
     (aiohttp ends a close-delimited body on a reset as if it were complete, and reports a reset
-    inside a sized body like a short body), how many bytes of a response head came, whether
-    the connection is idle, and how long writing has been paused."""
+    inside a sized body like a short body), how many bytes came that were not body, whether the
+    connection is idle, and how long writing has been paused."""
 
     lost: BaseException | None = None  # the error the connection ended with (None: open, or clean)
-    _head_bytes = -1  # bytes received while a response head is incomplete; -1: no head pending
+    # bytes of the answer in progress that were not body (head, chunk headers and extensions,
+    # trailers), counted by whole reads since its body last grew; -1: no answer in progress
+    _framing = -1
+    _body: Any = None  # the body reader (aiohttp StreamReader) of the answer in progress
     _idle = False  # the last answer was read whole and no request is out: bytes now are unsolicited
-
     _stalled: asyncio.TimerHandle | None = None  # the write-progress deadline while paused
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -133,21 +135,21 @@ class _Protocol(ResponseHandler):
         self._stalled = None
         self._fail(_WriteStalled("no write progress within the read timeout"), abort=True)
 
-    def set_response_params(self, **kwargs: Any) -> None:  # a request was sent: its head is next
-        self._head_bytes, self._idle = 0, False
+    def set_response_params(self, **kwargs: Any) -> None:  # a request was sent: its answer is next
+        self._framing, self._body, self._idle = 0, None, False
         super().set_response_params(**kwargs)
 
-    def feed_data(self, data: Any, size: int = 0) -> None:  # a parsed head (with its body reader)
+    def feed_data(self, data: Any, size: int = 0) -> None:  # a parsed head, with its body reader
         message, body = data
         if 100 <= message.code < 200 and message.code != 101:
-            self._head_bytes = 0  # an informational head: the real one follows, counted afresh (h11)
+            self._framing = 0  # an informational head: the real one follows, counted afresh (h11)
         else:
-            self._head_bytes = -1
+            self._body = body
             body.on_eof(self._answered)  # at once for an answer without a body
         super().feed_data(data, size)
 
     def _answered(self) -> None:
-        self._idle = True
+        self._framing, self._body, self._idle = -1, None, True
 
     def data_received(self, data: bytes) -> None:
         if self._idle and data:
@@ -158,21 +160,30 @@ class _Protocol(ResponseHandler):
             if self.transport is not None:
                 self.transport.close()
             return
-        if self._head_bytes == 0 and data[:1] in (b"\r", b"\n"):  # llhttp would skip blank lines
+        if self._framing < 0:
+            super().data_received(data)
+            return
+        body = self._body
+        if self._framing == 0 and body is None and data[:1] in (b"\r", b"\n"):  # llhttp would skip it
             self._fail(_BadHead("no response line received"))
             return
-        counting = self._head_bytes >= 0
-        if counting:
-            self._head_bytes += len(data)
+        before = body.total_bytes if body is not None else 0
         super().data_received(data)
-        # the head is still incomplete after these bytes (a head that ended inside them is fine
-        # whatever followed it): past the bound, fail as h11 does
-        if counting and self._head_bytes > MAX_HEAD_BYTES and self.exception() is None:
-            self._fail(_BadHead(f"response head over {MAX_HEAD_BYTES} bytes"))
+        if self._framing < 0:  # the answer ended in these bytes
+            return
+        grown = (self._body.total_bytes if self._body is not None else 0) - (before if self._body is body else 0)
+        self._framing = (0 if grown else self._framing) + len(data) - grown
+        # h11 refuses an event (head, chunk header, trailers) still incomplete past the bound;
+        # this counts whole reads, so it can bite a read earlier or later, never much later
+        if self._framing > MAX_HEAD_BYTES and self.exception() is None:
+            what = "response head" if self._body is None else "chunk framing or trailers"
+            self._fail(_BadHead(f"{what} over {MAX_HEAD_BYTES} bytes"))
 
     def _fail(self, exc: BaseException, *, abort: bool = False) -> None:
-        """End the exchange with ``exc`` as aiohttp does on a parse error (``abort``: drop the
-        unsent bytes too, or closing would wait for a peer that does not read)."""
+        """End the exchange with ``exc`` as aiohttp does on a parse error, the body's reader too
+        (``abort``: drop the unsent bytes, or closing would wait for a peer that does not read)."""
+        if self._body is not None:
+            self._body.set_exception(exc)
         if self.transport is not None:
             self.transport.abort() if abort else self.transport.close()
         self.set_exception(exc)
