@@ -68,8 +68,9 @@ from yarl import URL
 from workers.providers.direct import RequestBuilder
 
 MAX_HEAD_BYTES = 100 * 1024  # httpcore's h11 bound on a response's status line + headers
-# aiohttp's own bound on one status or header line, above anything the head bound lets through
-# (it fires once an incomplete head passes MAX_HEAD_BYTES after a read of at most 256 KiB)
+# aiohttp's own bound on one status or header line, set above anything the 100 KiB count lets
+# through (that count stops a head whose incomplete part passes it after a read, and asyncio and
+# uvloop read at most 256 KiB at a time), so the count is the bound that bites, as in h11
 MAX_LINE_BYTES = 1024 * 1024
 KEEPALIVE_S = 5.0  # idle connections closed after this, as httpx's default keepalive_expiry
 _NO_BODY = frozenset((204, 304, *range(100, 200)))  # statuses whose answers carry no body
@@ -90,7 +91,7 @@ class _WriteStalled(aiohttp.ClientError):
     """The request could not be written on for the read timeout (the peer stopped reading)."""
 
 
-class _BadHead(aiohttp.ClientError):
+class _BadFraming(aiohttp.ClientError):
     """HTTP framing h11 refuses and aiohttp's parser would take: a head starting with a blank
     line, or a head, chunk header or trailer section still incomplete past ``MAX_HEAD_BYTES``."""
 
@@ -165,7 +166,7 @@ class _Protocol(ResponseHandler):
             return
         body = self._body
         if self._framing == 0 and body is None and data[:1] in (b"\r", b"\n"):  # llhttp would skip it
-            self._fail(_BadHead("no response line received"))
+            self._fail(_BadFraming("no response line received"))
             return
         before = body.total_bytes if body is not None else 0
         super().data_received(data)
@@ -177,7 +178,7 @@ class _Protocol(ResponseHandler):
         # this counts whole reads, so it can bite a read earlier or later, never much later
         if self._framing > MAX_HEAD_BYTES and self.exception() is None:
             what = "response head" if self._body is None else "chunk framing or trailers"
-            self._fail(_BadHead(f"{what} over {MAX_HEAD_BYTES} bytes"))
+            self._fail(_BadFraming(f"{what} over {MAX_HEAD_BYTES} bytes"))
 
     def _fail(self, exc: BaseException, *, abort: bool = False) -> None:
         """End the exchange with ``exc`` as aiohttp does on a parse error, the body's reader too
@@ -385,7 +386,7 @@ def _translate(exc: BaseException, request: httpx.Request, protocol: _Protocol |
         return httpx.ReadTimeout("no bytes received in time", request=request)
     if isinstance(exc, aiohttp.ClientConnectorError):  # refused, unreachable, DNS, TLS handshake
         return httpx.ConnectError(_os_text(getattr(exc, "os_error", None) or exc), request=request)
-    if isinstance(exc, _BadHead):
+    if isinstance(exc, _BadFraming):
         return httpx.RemoteProtocolError(str(exc), request=request)
     if isinstance(exc, (aiohttp.ClientResponseError, aiohttp.ClientPayloadError)):
         if isinstance(lost, OSError):  # cut by a reset, not by a lying server
