@@ -3,9 +3,11 @@
 Each model gets its own pool of ``max_concurrency`` coroutines pulling from its own queue, so a
 model waiting on its rate limit never holds up another model. Each endpoint's calls go through a
 ``PooledProvider``: a call borrows an idle single-connection client of that endpoint (or makes
-one), so httpcore's per-request walk over its pool is one connection long (a shared pool of 64
-cost more CPU per call at 64 coroutines than the call itself, bench/README.md) and an endpoint
-sees no more connections than its peak of concurrent calls. Finished records go to a single
+one), so a client's per-request walk over its pool is one connection long (a shared httpx pool
+of 64 cost more CPU per call at 64 coroutines than the call itself, bench/README.md) and an
+endpoint sees no more connections than its peak of concurrent calls. The clients are
+``AioClient``s (aiohttp on this uvloop loop; half the CPU per call of httpx's transport,
+``workers.providers.aio``). Finished records go to a single
 writer that flushes a batch every ``flush_interval_s`` (or ``flush_max_records``): a crash loses
 at most the unflushed batch, and those runs simply execute again on the next ``irbench run``.
 From ``writer_process_min_runs`` runs on, that writer is a child process that also does the IR

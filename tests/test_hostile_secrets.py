@@ -2,7 +2,10 @@
 reaches the endpoint, and nothing we write holds it — Parquet bytes and decoded columns, JSON
 logs, stdout/stderr, and (distributed) everything Redis ever saw (its append-only file), on both
 executors and both wire formats. The same campaign carries the answers that used to kill a run
-(200k ``[`` in the body, 100k-deep answer): classified and stored on both executors too."""
+(200k ``[`` in the body, 100k-deep answer): classified and stored on both executors too.
+Both executors call through ``PooledProvider``'s ``AioClient`` (aiohttp); a key the client cannot
+send is never quoted by either client (``AioClient`` and ``DirectClient``). The same key in a
+header of every hostile exchange, unmasked, reaching no error text: tests/test_client_hostile.py."""
 
 from __future__ import annotations
 
@@ -132,3 +135,39 @@ def test_echoed_key_never_stored_distributed(server, tmp_path: Path) -> None:  #
     _check_store(data, 20)
     assert "run_finished" in worker_logs
     _no_key(_haystacks(data) + live + aof + [worker_logs, log.read_text(), proc.stdout, proc.stderr])
+
+
+@pytest.mark.parametrize("client", ["aio", "direct"])
+@pytest.mark.parametrize("suffix", ["\n", "\r\nX-Injected: 1", "\x00"])
+def test_a_key_no_client_can_send_is_never_quoted(client: str, suffix: str) -> None:
+    """A key with a newline or NUL (a stray ``.env`` quote): the request is refused before it
+    leaves (``protocol_error``), and the message names no part of the key. h11 used to quote the
+    header value escaped (``\\n``), which masking of the raw key missed."""
+    import asyncio
+
+    from tests.support.raw_http import serve_fixed
+    from workers.errors import ProtocolFailed
+    from workers.providers.aio import AioClient
+    from workers.providers.base import ChatRequest
+    from workers.providers.direct import DirectClient
+    from workers.providers.openai_compat import OpenAIProvider
+    from workers.providers.registry import make_tls_context
+    from workers.runtask import TimeoutPolicy
+
+    seen: list[bytes] = []
+
+    async def main() -> ProtocolFailed:
+        server = await serve_fixed(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", on_request=seen.append)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        try:
+            async with {"aio": AioClient, "direct": DirectClient}[client](tls=make_tls_context()) as c:
+                request = ChatRequest(model="m", user_message="hi", timeouts=TimeoutPolicy(total_timeout_s=5))
+                with pytest.raises(ProtocolFailed) as refused:
+                    await OpenAIProvider(c, url, KEY + suffix).complete(request)
+                return refused.value
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    error = asyncio.run(main())
+    assert "request not sendable" in str(error) and KEY[:12] not in str(error) and not seen

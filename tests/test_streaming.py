@@ -1,6 +1,8 @@
 """Streaming (``stream = true``) end to end on the simulator: its SSE / NDJSON as the official
 clients read them, the providers' reassembly, time to first token, the two kinds of timeout,
-the size bound, and what a streamed campaign stores."""
+the size bound, and what a streamed campaign stores. The provider tests run over each HTTP
+client a provider can be given: an ``AsyncClient``, and ``PooledProvider``'s ``AioClient`` and
+``DirectClient``."""
 
 from __future__ import annotations
 
@@ -24,15 +26,19 @@ from simulator.server import start_background
 from storage.records import Outcome
 from storage.runs import RunStore
 from workers import errors
+from workers.providers.aio import AioClient
 from workers.providers.base import ChatRequest, Reply
+from workers.providers.direct import DirectClient
 from workers.providers.ollama import OllamaProvider
 from workers.providers.openai_compat import OpenAIProvider
-from workers.providers.registry import make_http_client
+from workers.providers.registry import make_http_client, make_tls_context
 from workers.runtask import TimeoutPolicy
 
 from tests.test_simulator import PROMPT, message
 
 WIRES = ["openai", "ollama"]
+CLIENTS = {"httpx": lambda: make_http_client(), "aio": lambda: AioClient(tls=make_tls_context()),
+           "direct": lambda: DirectClient(tls=make_tls_context())}
 FAST = TimeoutPolicy(connect_timeout_s=2.0, read_timeout_s=5.0, total_timeout_s=20.0)
 CONFIG = SimConfig(seed=5, models={
     "steady": SimModel(stream_chunk_chars=8),
@@ -56,11 +62,12 @@ def fresh(sim):
     return sim
 
 
-def call(wire: str, base_url: str, model: str, timeouts: TimeoutPolicy = FAST, **kw: Any) -> Reply:
+def call(wire: str, base_url: str, model: str, timeouts: TimeoutPolicy = FAST, *, client: str = "httpx",
+         **kw: Any) -> Reply:
     async def go() -> Reply:
-        async with make_http_client() as client:
+        async with CLIENTS[client]() as client_:
             cls = OpenAIProvider if wire == "openai" else OllamaProvider
-            return await cls(client, base_url, None).complete(
+            return await cls(client_, base_url, None).complete(
                 ChatRequest(model=model, user_message=message()[0]["content"], timeouts=timeouts, **kw))
 
     return asyncio.run(go())
@@ -98,11 +105,12 @@ def test_ollama_client_reassembles_the_same_answer(fresh) -> None:
 
 # ------------------------------------------------------------------ the providers
 
+@pytest.mark.parametrize("client", sorted(CLIENTS))
 @pytest.mark.parametrize("wire", WIRES)
-def test_streamed_reply_equals_the_whole_one_and_has_its_timings(fresh, wire: str) -> None:
-    whole = call(wire, fresh.base_url, "paced", max_tokens=4000)
+def test_streamed_reply_equals_the_whole_one_and_has_its_timings(fresh, wire: str, client: str) -> None:
+    whole = call(wire, fresh.base_url, "paced", max_tokens=4000, client=client)
     httpx.post(f"{fresh.base_url}/_reset").raise_for_status()
-    streamed = call(wire, fresh.base_url, "paced", max_tokens=4000, stream=True)
+    streamed = call(wire, fresh.base_url, "paced", max_tokens=4000, stream=True, client=client)
     assert streamed.outcome is Outcome.OK and streamed.answer_text == whole.answer_text
     assert (streamed.prompt_tokens, streamed.completion_tokens) == (whole.prompt_tokens, whole.completion_tokens)
     assert streamed.completion_tokens and streamed.completion_tokens > 0  # usage from the final chunk
@@ -114,9 +122,10 @@ def test_streamed_reply_equals_the_whole_one_and_has_its_timings(fresh, wire: st
     assert streamed.first_token_ms + streamed.stream_duration_ms == pytest.approx(streamed.latency_ms)
 
 
+@pytest.mark.parametrize("client", sorted(CLIENTS))
 @pytest.mark.parametrize("wire", WIRES)
-def test_streamed_truncation_and_reasoning(fresh, wire: str) -> None:
-    reply = call(wire, fresh.base_url, "reasoner", max_tokens=150, stream=True)
+def test_streamed_truncation_and_reasoning(fresh, wire: str, client: str) -> None:
+    reply = call(wire, fresh.base_url, "reasoner", max_tokens=150, stream=True, client=client)
     assert reply.outcome is Outcome.TRUNCATED and reply.finish_reason == "length"
     assert len(reply.reasoning_text) > 100 and reply.completion_tokens == 150
     body = OpenAIProvider(make_http_client(), "http://x", None).build_body(
@@ -124,15 +133,16 @@ def test_streamed_truncation_and_reasoning(fresh, wire: str) -> None:
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
 
 
+@pytest.mark.parametrize("client", sorted(CLIENTS))
 @pytest.mark.parametrize("wire", WIRES)
-def test_no_first_token_is_told_from_a_stalled_stream(fresh, wire: str) -> None:
+def test_no_first_token_is_told_from_a_stalled_stream(fresh, wire: str, client: str) -> None:
     tight = TimeoutPolicy(connect_timeout_s=2.0, read_timeout_s=0.5, total_timeout_s=20.0)
     with pytest.raises(errors.ReadTimeout) as never:
-        call(wire, fresh.base_url, "slow-start", tight, stream=True)
+        call(wire, fresh.base_url, "slow-start", tight, stream=True, client=client)
     assert "no first token within read_timeout_s=0.5" in str(never.value)
     assert never.value.first_token_ms is None
     with pytest.raises(errors.ReadTimeout) as stalled:
-        call(wire, fresh.base_url, "staller", tight, stream=True)
+        call(wire, fresh.base_url, "staller", tight, stream=True, client=client)
     assert "stream stalled" in str(stalled.value) and "no first token" not in str(stalled.value)
     assert stalled.value.first_token_ms is not None and stalled.value.first_token_ms < 500
     assert 500 <= stalled.value.latency_ms < 3000
@@ -141,19 +151,21 @@ def test_no_first_token_is_told_from_a_stalled_stream(fresh, wire: str) -> None:
     assert seen["slow-start"]["requests"] == 1 and seen["staller"]["requests"] == 1
 
 
+@pytest.mark.parametrize("client", sorted(CLIENTS))
 @pytest.mark.parametrize("wire", WIRES)
-def test_total_deadline_on_a_running_stream(fresh, wire: str) -> None:
+def test_total_deadline_on_a_running_stream(fresh, wire: str, client: str) -> None:
     capped = TimeoutPolicy(connect_timeout_s=2.0, read_timeout_s=5.0, total_timeout_s=1.0)
     with pytest.raises(errors.TotalTimeout) as info:
-        call(wire, fresh.base_url, "trickle", capped, stream=True)
+        call(wire, fresh.base_url, "trickle", capped, stream=True, client=client)
     assert "stream still running at total_timeout_s=1.0" in str(info.value)
     assert info.value.first_token_ms is not None and 1000 <= info.value.latency_ms < 3000
 
 
+@pytest.mark.parametrize("client", sorted(CLIENTS))
 @pytest.mark.parametrize("wire", WIRES)
-def test_streamed_body_is_bounded(fresh, wire: str) -> None:
+def test_streamed_body_is_bounded(fresh, wire: str, client: str) -> None:
     with pytest.raises(errors.ProtocolFailed, match="exceeds max_response_bytes=300"):
-        call(wire, fresh.base_url, "steady", stream=True, max_response_bytes=300)
+        call(wire, fresh.base_url, "steady", stream=True, max_response_bytes=300, client=client)
 
 
 def _read_request(conn: socket.socket) -> None:
@@ -189,10 +201,11 @@ def cut_stream_server() -> Iterator[str]:
         sock.close()
 
 
-def test_cut_stream_is_a_protocol_error() -> None:
+@pytest.mark.parametrize("client", sorted(CLIENTS))
+def test_cut_stream_is_a_protocol_error(client: str) -> None:
     with cut_stream_server() as base_url:
         with pytest.raises(errors.ProtocolFailed, match="stream ended before its end marker") as info:
-            call("openai", base_url, "m", stream=True)
+            call("openai", base_url, "m", stream=True, client=client)
     assert info.value.first_token_ms is not None and info.value.status_code == 200
 
 

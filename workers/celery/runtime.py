@@ -3,8 +3,10 @@
 * one asyncio event loop in a background thread; task threads submit coroutines to it with
   ``asyncio.run_coroutine_threadsafe`` and block on the result (the threads pool's slot is the
   unit of worker concurrency, the loop multiplexes their HTTP calls);
-* per endpoint a ``PooledProvider`` (one-connection ``DirectClient``s, as many as calls in
-  flight) and one ``RedisLimiter`` (async Redis client), all living on that loop;
+* per endpoint a ``PooledProvider`` (one-connection ``AioClient``s, as many as calls in flight:
+  aiohttp, opened lazily on that plain asyncio loop; about half the CPU per call of httpx's
+  transport, ``workers.providers.aio``) and one ``RedisLimiter`` (async Redis client), all
+  living on that loop;
 * one sync Redis client for campaign state, the gate and ``ClaimPermits`` (a run's claim with
   its first permit, its done marker with its last release: ``workers.celery.claim_permit``);
 * a heartbeat thread renewing the claims and limiter leases of the runs executing here, so a
@@ -208,9 +210,12 @@ class WorkerRuntime:
         with self._lock:
             if key not in self._providers:
                 api_key = os.environ.get(ep.api_key_env) if ep.api_key_env else None
-                # a free list of one-connection DirectClients, as in the local executor
-                # (workers.providers.pooled): no pool walk per call, no AsyncClient layers.
-                # Its calls all run on this runtime's one event loop, as PooledProvider needs.
+                # a free list of one-connection AioClients, as in the local executor
+                # (workers.providers.pooled): no pool walk per call, aiohttp's C parser instead
+                # of httpcore/h11 (0.20-0.27 against 0.37-0.50 ms of CPU per call on this
+                # plain asyncio loop, bench/http_clients.py --loop asyncio). Its calls all run
+                # on this runtime's one event loop, as PooledProvider needs (the clients'
+                # sessions open on it, on first use).
                 self._providers[key] = PooledProvider(
                     lambda c, ep=ep, api_key=api_key: make_provider(ep, c, api_key), tls=self._tls,
                     wire_format=ep.wire_format,

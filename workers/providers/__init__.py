@@ -7,4 +7,4 @@ and reference) is the part other layers use.
 
 from workers.providers._http import parse_retirement
 
-__all__ = ["base", "direct", "ollama", "openai_compat", "parse_retirement", "pooled", "registry", "retry_after", "streaming"]
+__all__ = ["aio", "base", "direct", "ollama", "openai_compat", "parse_retirement", "pooled", "registry", "retry_after", "streaming"]

@@ -47,8 +47,8 @@ class Reply:
 
 
 class Provider(Protocol):
-    """One wire format. Implementations take an ``_http.HttpClient`` (an ``httpx.AsyncClient`` or a
-    ``DirectClient``) in their constructor."""
+    """One wire format. Implementations take an ``_http.HttpClient`` (an ``httpx.AsyncClient``, an
+    ``AioClient`` or a ``DirectClient``) in their constructor."""
 
     wire_format: str
 

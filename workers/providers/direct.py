@@ -11,10 +11,18 @@ handling, TLS, content decoding and the httpcore -> httpx exception mapping are 
 Differences from an ``AsyncClient`` made by ``registry.make_http_client``: no cookie jar (a
 cookie set by one answer is never sent with another run's call), no redirects (as there), no
 proxy variables (``trust_env=False`` there too). The default headers are the same.
+
+``PooledProvider`` (both executors) now defaults to ``aio.AioClient``, which has this surface
+over aiohttp and about half the CPU per call again (httpcore's anyio cancel scopes and h11's
+pure-Python parsing were ~85 % of the local executor's event-loop CPU): 0.18-0.22 ms against
+0.31-0.41 ms here on uvloop (bench/http_clients.py, 2026-12-02). ``DirectClient`` stays the other choice
+(``PooledProvider(..., client_factory=DirectClient)``) and the reference ``AioClient``'s
+classification of failures is tested against (tests/test_pooled_clients.py).
 """
 
 from __future__ import annotations
 
+import json as _json
 import ssl
 from typing import Any
 
@@ -28,6 +36,58 @@ DEFAULT_HEADERS = {
 }
 
 
+class RequestBuilder:
+    """The ``httpx.Request`` of a provider call, as ``httpx.Request(method, url, json=...,
+    headers=...)`` builds it: ``Host``, ``DEFAULT_HEADERS`` under the call's headers,
+    ``Content-Length`` and ``Content-Type: application/json``, the body as httpx encodes JSON
+    (compact, UTF-8, no NaN), and ``timeout`` as the transport reads it (the ``timeout``
+    extension). Shared by ``DirectClient`` and ``aio.AioClient``, so both put the same bytes on
+    the wire.
+
+    A provider sends the same URL and header set on every call: parsing and merging them once
+    saves ~10 % of a call's CPU (a profile of the local executor, bench/README.md), and handing
+    httpx the finished header list skips its per-request header merge (another ~10 µs a call).
+    The caches stay tiny (one entry per route and per header set a provider uses).
+    """
+
+    def __init__(self) -> None:
+        self.headers = httpx.Headers(DEFAULT_HEADERS)
+        self._urls: dict[str, httpx.URL] = {}
+        self._merged: dict[tuple[tuple[str, str], ...], httpx.Headers] = {}
+        # per (URL, header set): the header list before the body's, whether that set names
+        # its own Content-Length / Content-Type (then httpx does not add them)
+        self._heads: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[list[tuple[bytes, bytes]], bool, bool]] = {}
+
+    def build(
+        self, method: str, url: str, *, json: Any = None, headers: dict[str, str] | None = None,
+        timeout: httpx.Timeout,
+    ) -> httpx.Request:
+        parsed = self._urls.get(url)
+        if parsed is None:
+            parsed = self._urls[url] = httpx.URL(url)
+        key = tuple(headers.items()) if headers else ()
+        merged = self._merged.get(key)
+        if merged is None:
+            merged = self.headers.copy()
+            merged.update(dict(key))
+            self._merged[key] = merged
+        extensions = {"timeout": timeout.as_dict()}
+        if json is None:
+            return httpx.Request(method, parsed, headers=merged, extensions=extensions)
+        head = self._heads.get((url, key))
+        if head is None:
+            host = [] if "Host" in merged else [(b"Host", parsed.netloc)]
+            head = self._heads[(url, key)] = (host + merged.raw, "Content-Length" in merged, "Content-Type" in merged)
+        fields, has_length, has_type = head
+        body = _json.dumps(json, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        fields = fields + ([] if has_length else [(b"Content-Length", str(len(body)).encode("ascii"))]) + (
+            [] if has_type else [(b"Content-Type", b"application/json")]
+        )
+        request = httpx.Request(method, parsed, headers=fields, stream=httpx.ByteStream(body), extensions=extensions)
+        request.read()  # the body is in hand: ``request.content``, as httpx's own JSON requests have it
+        return request
+
+
 class DirectClient:
     """``build_request``/``send``/``aclose`` of an ``AsyncClient``, minus its per-request layers.
 
@@ -38,12 +98,8 @@ class DirectClient:
     def __init__(self, max_connections: int = 1, *, tls: ssl.SSLContext) -> None:
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._transport = httpx.AsyncHTTPTransport(verify=tls, limits=limits, trust_env=False)
-        self.headers = httpx.Headers(DEFAULT_HEADERS)
-        # A provider sends the same URL and header set on every call: parsing and merging them
-        # once saves ~10 % of a call's CPU (a profile of the local executor, bench/README.md).
-        # Both stay tiny (one entry per route and per header set a provider uses).
-        self._urls: dict[str, httpx.URL] = {}
-        self._merged: dict[tuple[tuple[str, str], ...], httpx.Headers] = {}
+        self._requests = RequestBuilder()
+        self.headers = self._requests.headers
 
     def build_request(
         self, method: str, url: str, *, json: Any = None, headers: dict[str, str] | None = None,
@@ -51,16 +107,7 @@ class DirectClient:
     ) -> httpx.Request:
         """The request with the default headers under ``headers`` and ``timeout`` as the
         transport reads it (the ``timeout`` extension)."""
-        parsed = self._urls.get(url)
-        if parsed is None:
-            parsed = self._urls[url] = httpx.URL(url)
-        key = tuple(headers.items()) if headers else ()
-        merged = self._merged.get(key)
-        if merged is None:
-            merged = self.headers.copy()
-            merged.update(dict(key))
-            self._merged[key] = merged
-        return httpx.Request(method, parsed, json=json, headers=merged, extensions={"timeout": timeout.as_dict()})
+        return self._requests.build(method, url, json=json, headers=headers, timeout=timeout)
 
     async def send(self, request: httpx.Request, *, stream: bool = True) -> httpx.Response:
         """Send ``request``; the response's body is still to be read (``stream`` must be True:
