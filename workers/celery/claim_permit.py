@@ -34,7 +34,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import redis
-import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
 from workers.celery.campaign_state import CLAIM_LUA, CLAIMED, CampaignState, GateView, claim_args, parse_claim
@@ -81,19 +80,18 @@ class ClaimPermits:
 
     ``client``: the worker's sync ``redis.Redis`` (the same Redis as ``limiter``'s client).
     ``limiter``: the process's ``RedisLimiter`` (its key prefix and rate configuration).
-    ``aclient``: the same Redis on the worker's event loop, for :meth:`run_calls_async`.
     """
 
-    def __init__(self, client: redis.Redis, limiter: RedisLimiter, aclient: aioredis.Redis | None = None) -> None:
+    def __init__(self, client: redis.Redis, limiter: RedisLimiter) -> None:
         self._client = client
-        self._aclient = aclient
         self._limiter = limiter
         self._claim = client.register_script(_CLAIM_ACQUIRE)
         self._release = client.register_script(script_source("release"))
 
-    def _claim_call(self, state: CampaignState, task: RunTask, owner: str, ttl_s: float,
+    def claim_call(self, state: CampaignState, task: RunTask, owner: str, ttl_s: float,
                     pending: Sequence[str] = ()) -> tuple[tuple[Any, list[str], list[Any]], bool]:
-        """The claim script's call for ``task``, and whether it asks for a first permit."""
+        """The claim script's call for ``task`` (to pipeline it), and whether it asks for a first
+        permit; :meth:`claimed_from` reads its reply."""
         c_args = claim_args(task.run_id, task.model, owner, ttl_s, pending)
         keys, a_args = [state.base], []
         ask = not (task.limits.tokens_per_minute or task.limits.requests_per_minute)
@@ -107,20 +105,13 @@ class ClaimPermits:
         """Claim ``task``'s run for ``owner`` (``ttl_s`` seconds), read its model's gate and,
         if claimed with the gate open and no request or token limit, decide its first permit (holder =
         run_id, as ``execute_run`` asks). ``pending``: the runs after it in its message."""
-        (script, keys, args), _ = self._claim_call(state, task, owner, ttl_s, pending)
+        (script, keys, args), _ = self.claim_call(state, task, owner, ttl_s, pending)
         asked_at = time.monotonic()  # the grant happens after this: the grant-to-send delay's origin
-        return self._claimed(script(keys=keys, args=args), task, asked_at)
+        return self.claimed_from(script(keys=keys, args=args), task, asked_at)
 
-    async def claim_many_async(self, wanted: Sequence[tuple[CampaignState, RunTask, str]], ttl_s: float
-                               ) -> list[Claimed]:
-        """:meth:`claim` of several runs, ``(state, task, owner)`` each, in one pipeline on the
-        event loop's client."""
-        calls = [self._claim_call(state, task, owner, ttl_s)[0] for state, task, owner in wanted]
-        asked_at = time.monotonic()  # every grant happens after this
-        replies = await self.run_calls_async(calls)
-        return [self._claimed(reply, task, asked_at) for reply, (_, task, _) in zip(replies, wanted)]
-
-    def _claimed(self, reply: Any, task: RunTask, asked_at: float) -> Claimed:
+    def claimed_from(self, reply: Any, task: RunTask, asked_at: float) -> Claimed:
+        """What a claim call's ``reply`` says; ``asked_at``: this process's monotonic clock just
+        before the call was sent (the origin of its permit's grant-to-send delay)."""
         status, view = parse_claim(reply)
         if status != CLAIMED or not isinstance(reply, list) or len(reply) < 5:
             return Claimed(status, view)
@@ -160,24 +151,6 @@ class ClaimPermits:
         for (script, keys, args), res in zip(calls, results):
             if isinstance(res, NoScriptError):
                 res = script(keys=keys, args=args)  # loads it, then runs it
-            elif isinstance(res, Exception):
-                raise res
-            out.append(res)
-        return out
-
-    async def run_calls_async(self, calls: Sequence[tuple[Any, list[str], list[Any]]]) -> list[Any]:
-        """:meth:`run_calls` on the event loop's client, one pipeline."""
-        if not calls:
-            return []
-        assert self._aclient is not None, "ClaimPermits made without an async client"
-        pipe = self._aclient.pipeline(transaction=False)
-        for script, keys, args in calls:
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
-        results = await pipe.execute(raise_on_error=False)
-        out = []
-        for (script, keys, args), res in zip(calls, results):
-            if isinstance(res, NoScriptError):
-                res = await self._aclient.eval(script.script, len(keys), *keys, *args)  # loads it, runs it
             elif isinstance(res, Exception):
                 raise res
             out.append(res)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TypeVar
 
 import structlog
@@ -44,24 +43,3 @@ def with_retry(
             sleep(wait)
             wait = min(wait * 2, max_backoff_s)
 
-
-async def with_retry_async(
-    fn: Callable[[], Awaitable[T]],
-    what: str,
-    *,
-    budget_s: float | None,
-    max_backoff_s: float = 2.0,
-    clock: Callable[[], float] = time.monotonic,
-) -> T:
-    """:func:`with_retry` for a coroutine function, sleeping on the event loop."""
-    deadline = None if budget_s is None else clock() + budget_s
-    wait = 0.1
-    while True:
-        try:
-            return await fn()
-        except TRANSIENT as exc:
-            if deadline is not None and clock() + wait > deadline:
-                raise
-            log.warning("redis_unavailable_retrying", what=what, error=str(exc), retry_in_s=round(wait, 2))
-            await asyncio.sleep(wait)
-            wait = min(wait * 2, max_backoff_s)

@@ -39,12 +39,11 @@ from redis.retry import Retry
 from storage.runs import RunStore
 from storage.spool import RunSpool, SpoolConfig, recover_orphans
 from workers.celery.local_cooldowns import LocalCooldowns
-from workers.celery.claim_permit import Claimed, ClaimPermits
+from workers.celery.claim_permit import ClaimPermits
 from workers.celery.redis_limiter import RedisLimiter
 from workers.celery.transport import ACK_FLUSH_S
 from workers.celery.deferring import Deferred, DeferringLimiter
 from workers.celery.coalesce import Coalescer
-from workers.celery.redis_retry import with_retry_async
 from workers.errors import ConfigError
 from workers.loops import new_event_loop
 from workers.limits.base import Permit
@@ -174,11 +173,7 @@ class WorkerRuntime:
         self._stop = threading.Event()
         self._tls = make_tls_context()  # one CA bundle load for every client of this process
         self.aredis, self.limiter = self.run(self._setup())
-        self.claims = ClaimPermits(self.redis, self.limiter, self.aredis)  # claim + first permit, done + last release
-        # claims (with first permits) of the runs that got a slot together: one pipeline
-        self.claimer: Coalescer[tuple[Any, RunTask, str], Claimed] = Coalescer(
-            lambda wanted: with_retry_async(lambda: self.claims.claim_many_async(wanted, self.settings.claim_ttl_s),
-                                            "claiming runs", budget_s=self.settings.redis_retry_s))
+        self.claims = ClaimPermits(self.redis, self.limiter)  # claim + first permit, done + last release
         self._batchers: dict[str, Coalescer[Any, Any]] = {}  # see ``batcher``
         self._heartbeat = threading.Thread(target=self._beat, name="irbench-heartbeat", daemon=True)
         self._heartbeat.start()

@@ -20,9 +20,9 @@ its claim here finds it done or busy and steps aside.
 
 Why whole messages on one loop: a run's own work on a fast endpoint is ~0.5 ms of CPU, and each
 per-run Redis round trip, thread hand-off and fsync cost about as much again (bench/README.md).
-The claims of runs that get a slot together go out together, and so do the appends and done
-markers of the runs that finish together (``workers.celery.coalesce``): under load, one round
-trip, one fsync and one thread hand-off for many runs.
+The claims of the runs that get a slot together, and the appends and done markers of the runs
+that finish together, go out together (``workers.celery.coalesce``): under load, one thread
+hand-off, one fsync and one pipeline for many runs.
 
 A permit that is not available within a second or two *defers* the run: it is parked in the
 campaign's delayed set in Redis and its claim dropped (the message is still acknowledged, so no
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -104,22 +105,38 @@ def _failure_text(exc: BaseException) -> str:
     return Redactor().scrub(f"{type(exc).__name__}: {exc}")[:ERROR_TEXT_MAX_CHARS]
 
 
+@dataclass(frozen=True)
+class _Claim:
+    """A run asking for its claim (and first permit) in the next Redis batch."""
+
+    run: _Run
+
+
+@dataclass(frozen=True)
+class _Finish:
+    """A run whose record is to be made durable and whose done marker (or deferral or failure)
+    and permit releases go out in the next batch."""
+
+    run: _Run
+    data_dir: str | None
+
+
 async def _execute(rt: WorkerRuntime, run: _Run, data_dir: str | None) -> None:
-    """One run on the loop: a run slot, then its claim (with its first permit, coalesced with
-    the claims of the runs that got a slot together), ``execute_run``, then its record made
-    durable and its done marker — or deferral or failure — and its permits' releases sent, with
-    the runs finishing at the same time (:func:`_finish_batch`). The slot is held until then, so
-    a SIGKILL loses at most ``run_slots`` answered calls."""
+    """One run on the loop: a run slot, then its claim (with its first permit), ``execute_run``,
+    then its record made durable and its done marker — or deferral or failure — and its permits'
+    releases sent. Claims and finishes of the runs that reach them together share one thread
+    hand-off, one fsync and one pipeline (:func:`_redis_batch`). The slot is held until the
+    finish is through, so a SIGKILL loses at most ``run_slots`` answered calls."""
     task = run.task
+    batcher = rt.batcher("redis", lambda: Coalescer(lambda items: asyncio.to_thread(_redis_batch, rt, items)))
     rt.hold_waiting(run.state, task.run_id)
     reply = None
     try:
         async with rt.slots:
             rt.drop_waiting(task.run_id)
-            try:
-                claimed = await rt.claimer.submit((run.state, task, run.owner))
-            except TRANSIENT as exc:  # Redis away past redis_retry_s: still queued, the reconciler re-sends
-                log.warning("run_not_claimed", run_id=task.run_id, error=str(exc))
+            claimed = await batcher.submit(_Claim(run))
+            if isinstance(claimed, Exception):  # Redis away past redis_retry_s: still queued, reconciled
+                log.warning("run_not_claimed", run_id=task.run_id, error=str(claimed))
                 run.status = UNCLAIMED
                 return
             if claimed.status != CLAIMED or claimed.view is None:
@@ -129,8 +146,7 @@ async def _execute(rt: WorkerRuntime, run: _Run, data_dir: str | None) -> None:
             if claimed.permit is not None:
                 rt.hold_permit(claimed.permit)  # the heartbeat renews it from now on
             await _call(rt, run, claimed)
-            finisher = rt.batcher("finish", lambda: Coalescer(lambda items: asyncio.to_thread(_finish_batch, rt, items)))
-            reply = await finisher.submit((run, data_dir))
+            reply = await batcher.submit(_Finish(run, data_dir))
     finally:
         rt.drop_waiting(task.run_id)
         _drop_permits(rt, run)
@@ -158,16 +174,41 @@ async def _call(rt: WorkerRuntime, run: _Run, claimed: Claimed) -> None:
         run.held = limiter.take_unreleased()
 
 
-def _finish_batch(rt: WorkerRuntime, items: Sequence[tuple[_Run, str | None]]) -> list[Any]:
-    """In a thread: the records of ``items`` into the spool, durable (one append and fsync per
-    store; a failed append turns its runs into task failures, their calls not stored), then
-    every done marker, deferral, failure and permit release in one pipeline on the sync client.
-    Returns each run's first reply (its done flag or failure count; None when Redis stayed away
-    past ``redis_retry_s``: the claims expire and the reconciler re-sends those runs)."""
+def _redis_batch(rt: WorkerRuntime, items: Sequence[_Claim | _Finish]) -> list[Any]:
+    """In a thread: the records of the finishing runs into the spool, durable (one append and
+    fsync per store; a failed append turns its runs into task failures, their calls not stored),
+    then one pipeline on the sync client: every finishing run's done marker, deferral or
+    failure and permit releases first (so a permit freed here can go to a claim of the same
+    pipeline), then the claims. Returns per item: a finish's first reply (done flag or failure
+    count), a claim's ``Claimed``; if Redis stays away past ``redis_retry_s``, None for a finish
+    (its claim expires and the reconciler re-sends the run) and the error for a claim."""
+    finishes = [it for it in items if isinstance(it, _Finish)]
+    _append(rt, finishes)
+    ttl_s = rt.settings.claim_ttl_s
+    calls: list[tuple[Any, list[str], list[Any]]] = []
+    first: dict[int, int] = {}  # item -> index of its first call
+    for i in sorted(range(len(items)), key=lambda i: isinstance(items[i], _Claim)):
+        it = items[i]
+        first[i] = len(calls)
+        calls += (_finish_calls(rt, it.run) if isinstance(it, _Finish)
+                  else [rt.claims.claim_call(it.run.state, it.run.task, it.run.owner, ttl_s)[0]])
+    asked_at = time.monotonic()  # every grant happens after this
+    try:
+        replies = with_retry(lambda: rt.claims.run_calls(calls), "claiming and marking runs done",
+                             budget_s=rt.settings.redis_retry_s)
+    except TRANSIENT as exc:
+        if finishes:
+            log.warning("runs_not_marked_done", runs=len(finishes), error=str(exc))
+        return [None if isinstance(it, _Finish) else exc for it in items]
+    return [replies[first[i]] if isinstance(it, _Finish)
+            else rt.claims.claimed_from(replies[first[i]], it.run.task, asked_at) for i, it in enumerate(items)]
+
+
+def _append(rt: WorkerRuntime, finishes: Sequence[_Finish]) -> None:
     by_dir: dict[str | None, list[_Run]] = {}
-    for r, data_dir in items:
-        if r.record is not None:
-            by_dir.setdefault(data_dir, []).append(r)
+    for f in finishes:
+        if f.run.record is not None:
+            by_dir.setdefault(f.data_dir, []).append(f.run)
     for data_dir, stored in by_dir.items():
         try:
             rt.spool(data_dir).append([r.record for r in stored])  # type: ignore[misc]
@@ -175,14 +216,6 @@ def _finish_batch(rt: WorkerRuntime, items: Sequence[tuple[_Run, str | None]]) -
             text = _failure_text(exc)
             for r in stored:
                 r.record, r.failure = None, text
-    calls = [_finish_calls(rt, r) for r, _ in items]
-    try:
-        replies = with_retry(lambda: rt.claims.run_calls([c for cs in calls for c in cs]), "marking runs done",
-                             budget_s=rt.settings.redis_retry_s)
-    except TRANSIENT as exc:
-        log.warning("runs_not_marked_done", runs=len(items), error=str(exc))
-        return [None] * len(items)
-    return _firsts(calls, replies)
 
 
 async def _execute_all(rt: WorkerRuntime, runs: Sequence[_Run], data_dir: str | None) -> None:
