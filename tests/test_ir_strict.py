@@ -121,6 +121,48 @@ def test_what_the_fast_path_accepts_it_gives_as_irdocument_does(value: dict[str,
     assert isinstance(fast.ir_json, str) and json.loads(fast.ir_json) is not None
 
 
+def _typed(value: Any) -> Any:
+    """``value`` with every scalar's type beside it and dict keys in order (1 == 1.0 == True otherwise)."""
+    if isinstance(value, dict):
+        return [(k, _typed(v)) for k, v in value.items()]
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    return type(value).__name__, repr(value)
+
+
+JSON_TEXTS = jsonish() | DOCUMENT.map(json.dumps) | st.builds(
+    lambda value, tail, ascii_: json.dumps(value, ensure_ascii=ascii_) + tail,
+    DOCUMENT, st.sampled_from(["", " ", "\n```", "}", " }", "\x0c", "\u00a0", ", {}"]), st.booleans(),
+) | st.text(st.sampled_from(list('{}[]":,0123456789.eE+-tru\\ nlfsaNI\ud800\x00\u00e9')), max_size=60).map(lambda t: "{" + t)
+
+
+@settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck))
+@given(text=JSON_TEXTS, data=st.data())
+@example(text='{"a":"\\ud800"}', data=None)
+@example(text='{"a":1,"a":2,"b":1e400}', data=None)
+@example(text='{"a":NaN} }', data=None)
+def test_decode_at_is_raw_decode(text: str, data: st.DataObject | None) -> None:
+    """msgspec's decode, where ``_decode_at`` takes it, gives what ``json``'s raw_decode does."""
+    starts = [i for i, c in enumerate(text) if c in "{["] or [0]
+    start = data.draw(st.sampled_from(starts)) if data is not None else starts[0]
+    try:
+        expected = json.JSONDecoder().raw_decode(text, start)
+    except (json.JSONDecodeError, RecursionError):
+        expected = None
+    try:
+        got = ir_extract._decode_at(text, start)
+    except (json.JSONDecodeError, RecursionError):
+        got = None
+    try:  # which decoder answered (--hypothesis-show-statistics)
+        msgspec.json.decode(text[start : text.rfind("}") + 1])
+        event("msgspec decoded")
+    except (msgspec.DecodeError, ValueError, RecursionError):
+        event("json decoded" if got is not None else "refused")
+    assert (got is None) == (expected is None)
+    if got is not None:
+        assert (_typed(got[0]), got[1]) == (_typed(expected[0]), expected[1])
+
+
 def test_the_fast_path_takes_plain_irs_and_refuses_what_needs_leniency() -> None:
     assert strict_ir(CLEAN) is not None
     for odd in ({**CLEAN, "extra": 1}, {**CLEAN, "version": "1"}, {**CLEAN, "meta": None},
@@ -130,9 +172,11 @@ def test_the_fast_path_takes_plain_irs_and_refuses_what_needs_leniency() -> None
 
 
 def _extractions(text: str, budget: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
+    """``extract_ir`` as it is, and with neither fast path (msgspec's decode, the strict twin)."""
     fast = extract_ir(text, budget_exhausted=budget)
     with monkeypatch.context() as patch:
         patch.setattr(ir_extract, "strict_ir", lambda _value: None)
+        patch.setattr(ir_extract, "_decode_at", lambda text, start: json.JSONDecoder().raw_decode(text, start))
         slow = extract_ir(text, budget_exhausted=budget)
     return fast, slow
 
