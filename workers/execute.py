@@ -132,7 +132,7 @@ class PendingRecord:
     picklable parts, so ``finish()`` can run in another process. ``finish()`` gives the same
     record ``execute_run`` would have returned (``finished_at`` was taken when the run ended)."""
 
-    base: dict[str, Any]
+    base: dict[str, Any]  # RunRecord fields; its ``attempts`` are ``Attempt``s, or their dicts once unpickled
     reply: Reply
     bounds: ResponseLimits
 
@@ -142,6 +142,15 @@ class PendingRecord:
 
     def finish(self) -> RunRecord:
         return _answered_record(self.base, self.reply, self.bounds)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled with the attempts as dicts: an ``Attempt`` pickles through pydantic's
+        Python-level ``__getstate__``/``__setstate__`` on both ends of the writer process's pipe
+        (bench/README.md, 2026-12-03); the record validates the dicts back into the same
+        ``Attempt``s. The rest unpickles in C (``__dict__`` restored, no ``__init__``)."""
+        base = dict(self.base)
+        base["attempts"] = [a if isinstance(a, dict) else dict(a.__dict__) for a in base["attempts"]]
+        return {"base": base, "reply": self.reply, "bounds": self.bounds}
 
 
 async def _execute(task: RunTask, ctx: RunContext, defer_extraction: bool = False) -> RunRecord | PendingRecord:
