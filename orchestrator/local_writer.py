@@ -265,13 +265,18 @@ def _read_frame(fd: int) -> Any:
 
 
 class _Child:
+    """Runs arrive a frame (a few runs) every ``send_interval_s``; they are finished (IR extraction,
+    record validation) only when their batch is written. Finishing a batch in one go keeps the
+    code and data it touches in the CPU's caches: finished as each frame arrived, between the
+    parent's and the simulator's turns on the same cores, the same work cost ~25 % more CPU
+    (bench/README.md, 2026-12-03)."""
+
     def __init__(self, config: WriterConfig, ack_fd: int) -> None:
         self.config = config
         self.ack_fd = ack_fd
         self.parent_gone = False
         self.failed = False
-        self.pending: list[RunRecord] = []
-        self.finished: list[FinishedRun] = []
+        self.pending: list[RunRecord | PendingRecord] = []
         self.deadline: float | None = None
 
     def send(self, message: object) -> None:
@@ -287,25 +292,28 @@ class _Child:
     def take(self, items: list[RunRecord | PendingRecord]) -> None:
         if self.failed:
             return
-        for item in items:
-            if isinstance(item, PendingRecord):
-                record = item.finish()
-                self.finished.append(FinishedRun(
-                    record.campaign, record.run_id, record.model, finished_fields(record),
-                    record.failed and record.outcome is Outcome.OK,  # other outcomes were counted there
-                ))
-            else:
-                record = item
-            self.pending.append(record)
+        self.pending += items
         if self.deadline is None and self.pending:
             self.deadline = time.monotonic() + self.config.flush_interval_s
         if len(self.pending) >= self.config.flush_max_records:
             self.flush()
 
     def flush(self) -> None:
-        batch, finished, self.pending, self.finished, self.deadline = self.pending, self.finished, [], [], None
-        if not batch or self.failed:
+        items, self.pending, self.deadline = self.pending, [], None
+        if not items or self.failed:
             return
+        batch: list[RunRecord] = []
+        finished: list[FinishedRun] = []
+        for item in items:
+            if isinstance(item, PendingRecord):
+                record = item.finish()
+                finished.append(FinishedRun(
+                    record.campaign, record.run_id, record.model, finished_fields(record),
+                    record.failed and record.outcome is Outcome.OK,  # other outcomes were counted there
+                ))
+            else:
+                record = item
+            batch.append(record)
         try:
             self.config.store.write(batch)
         except (StorageError, OSError) as exc:
