@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import errno as errno_codes
 import gc
+import itertools
 import os
 import pickle
 import select
@@ -52,7 +53,7 @@ from storage.runs import RunStore
 from workers.execute import PendingRecord, finished_fields
 
 log = structlog.get_logger("irbench.local")
-_HEADER = struct.Struct("!I")
+_HEADER = struct.Struct("!II")  # body length, runs in it (0 in acknowledgements)
 
 
 @dataclass(frozen=True)
@@ -88,9 +89,9 @@ def write_error(root: object, failure: Exception | None, written: int, lost: int
     )
 
 
-def _frame(obj: object) -> bytes:
+def _frame(obj: object, runs: int = 0) -> bytes:
     body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(body)) + body
+    return _HEADER.pack(len(body), runs) + body
 
 
 class ProcessWriter:
@@ -178,7 +179,7 @@ class ProcessWriter:
             batch, self._buffer = self._buffer, []
             if batch and self.failure is None:
                 try:
-                    stream.write(_frame(batch))
+                    stream.write(_frame(batch, len(batch)))
                     await stream.drain()
                     self._sent += len(batch)
                 except (BrokenPipeError, ConnectionResetError):
@@ -256,27 +257,31 @@ def _read_exactly(fd: int, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _read_frame(fd: int) -> Any:
+def _read_frame(fd: int) -> tuple[int, bytes] | None:
+    """``(runs, pickled body)`` of the next frame, or None at end of file (unpickled when its
+    batch is written: see ``_Child``)."""
     head = _read_exactly(fd, _HEADER.size)
     if head is None:
         return None
-    body = _read_exactly(fd, _HEADER.unpack(head)[0])
-    return None if body is None else pickle.loads(body)
+    length, runs = _HEADER.unpack(head)
+    body = _read_exactly(fd, length)
+    return None if body is None else (runs, body)
 
 
 class _Child:
-    """Runs arrive a frame (a few runs) every ``send_interval_s``; they are finished (IR extraction,
-    record validation) only when their batch is written. Finishing a batch in one go keeps the
-    code and data it touches in the CPU's caches: finished as each frame arrived, between the
-    parent's and the simulator's turns on the same cores, the same work cost ~25 % more CPU
-    (bench/README.md, 2026-12-03)."""
+    """Runs arrive a frame (a few runs) every ``send_interval_s``; they are unpickled and finished
+    (IR extraction, record validation) only when their batch is written. Doing a batch in one
+    go keeps the code and data it touches in the CPU's caches: done as each frame arrived,
+    between the parent's and the simulator's turns on the same cores, the same work cost
+    ~25 % more CPU (bench/README.md, 2026-12-03)."""
 
     def __init__(self, config: WriterConfig, ack_fd: int) -> None:
         self.config = config
         self.ack_fd = ack_fd
         self.parent_gone = False
         self.failed = False
-        self.pending: list[RunRecord | PendingRecord] = []
+        self.frames: list[bytes] = []  # pickled lists of RunRecord | PendingRecord
+        self.runs = 0  # in ``frames``
         self.deadline: float | None = None
 
     def send(self, message: object) -> None:
@@ -289,22 +294,23 @@ class _Child:
         except OSError:  # the parent is gone: keep storing what it sent
             self.parent_gone = True
 
-    def take(self, items: list[RunRecord | PendingRecord]) -> None:
+    def take(self, runs: int, frame: bytes) -> None:
         if self.failed:
             return
-        self.pending += items
-        if self.deadline is None and self.pending:
+        self.frames.append(frame)
+        self.runs += runs
+        if self.deadline is None:
             self.deadline = time.monotonic() + self.config.flush_interval_s
-        if len(self.pending) >= self.config.flush_max_records:
+        if self.runs >= self.config.flush_max_records:
             self.flush()
 
     def flush(self) -> None:
-        items, self.pending, self.deadline = self.pending, [], None
-        if not items or self.failed:
+        frames, self.frames, self.runs, self.deadline = self.frames, [], 0, None
+        if not frames or self.failed:
             return
         batch: list[RunRecord] = []
         finished: list[FinishedRun] = []
-        for item in items:
+        for item in itertools.chain.from_iterable(map(pickle.loads, frames)):
             if isinstance(item, PendingRecord):
                 record = item.finish()
                 finished.append(FinishedRun(
@@ -352,10 +358,10 @@ def _child(config: WriterConfig, records_fd: int, acks_fd: int) -> int:
             if not ready:
                 child.flush()
                 continue
-            items = _read_frame(records_fd)
-            if items is None:
+            frame = _read_frame(records_fd)
+            if frame is None:
                 break
-            child.take(items)
+            child.take(*frame)
         child.flush()
     except Exception as exc:  # a bug: say it to the parent (it raises), then fail loudly here too
         child.send(("failed", None, f"the writer process failed: {type(exc).__name__}: {exc}"))
