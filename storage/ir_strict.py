@@ -18,8 +18,7 @@ twin's fields are pinned to ``IRDocument``'s there too.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -73,8 +72,7 @@ TWINS: dict[str, type[msgspec.Struct]] = {
 }
 
 
-@dataclass(frozen=True)
-class StrictIR:
+class StrictIR(NamedTuple):
     """What ``IRDocument.model_validate(value)`` would have given: its ``canonical_json()``, its
     ``node_ids()`` (distinct, sorted) and its node count."""
 
