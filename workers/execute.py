@@ -162,7 +162,7 @@ class PendingRecord:
     def __getstate__(self) -> dict[str, Any]:
         """Pickled with the attempts as dicts: an ``Attempt`` pickles through pydantic's
         Python-level ``__getstate__``/``__setstate__`` on both ends of the writer process's pipe
-        (bench/README.md, 2026-12-03); the record validates the dicts back into the same
+        (bench/README.md, 2026-12-02 writer-cpu); the record validates the dicts back into the same
         ``Attempt``s. The rest unpickles in C (``__dict__`` restored, no ``__init__``)."""
         base = dict(self.base)
         base["attempts"] = [a if isinstance(a, dict) else dict(a.__dict__) for a in base["attempts"]]
