@@ -24,7 +24,8 @@ raises one ``StorageError`` (like a full disk): runs sent but not acknowledged w
 published before the death (resume skips them) or not (resume runs them again). If the parent
 dies, the child reads end-of-file, writes every record it had received and exits; it ignores
 SIGINT (a Ctrl-C reaches the whole process group) for the same reason: the parent closes the
-pipe on its way out and the child drains it. Frames are a 4-byte big-endian length and a pickle.
+pipe on its way out and the child drains it. Frames are two 4-byte big-endian integers (the
+body's length, the runs in it; 0 in acknowledgements) and a pickle.
 """
 
 from __future__ import annotations
