@@ -131,12 +131,18 @@ class ProcessWriter:
         acks_r, acks_w = os.pipe()
         # The child's garbage collections would walk every object it inherited, and so copy
         # (copy-on-write) most of the parent's heap: ~5 page faults per run over 1,000 runs,
-        # 0.05-0.1 ms of the child's CPU per run (bench/README.md, 2026-12-02 writer-cpu). Frozen, the
-        # inherited objects are never walked there; the parent unfreezes its own at once.
-        already_frozen = gc.get_freeze_count()
+        # 0.05-0.1 ms of the child's CPU per run (bench/README.md, 2026-12-02 writer-cpu).
+        # Frozen, the inherited objects are never walked there; the parent unfreezes them at
+        # once (unless something else of this process had frozen objects: then they stay).
+        thaw = gc.get_freeze_count() == 0
         gc.freeze()
-        pid = os.fork()
-        if pid != 0 and not already_frozen:
+        try:
+            pid = os.fork()
+        except BaseException:
+            if thaw:
+                gc.unfreeze()
+            raise
+        if pid != 0 and thaw:
             gc.unfreeze()
         if pid == 0:  # the child: never returns
             code = 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import errno
+import gc
 import json
 import os
 import pickle
@@ -23,6 +24,7 @@ import pytest
 
 from orchestrator.instruction import load_instruction
 from orchestrator.local import LocalOptions, run_local
+from orchestrator.local_writer import ProcessWriter, WriterConfig
 from simulator.config import SimConfig, SimModel
 from simulator.server import start_background
 from storage.errors import StorageError
@@ -254,3 +256,24 @@ def test_a_pending_record_comes_out_of_the_pipe_as_the_same_record() -> None:
     here, there = pending.finish(), piped.finish()
     assert there.model_dump(exclude={"execution_id"}) == here.model_dump(exclude={"execution_id"})
     assert there.attempts == attempts and there.parse_outcome.value == "truncated"
+
+
+def test_the_writer_process_leaves_the_parents_garbage_collector_as_it_was(tmp_path: Path) -> None:
+    """The fork happens with every object frozen (so the child's collections never copy the
+    parent's heap); the parent is thawed at once, and the records still arrive."""
+    store = RunStore(tmp_path / "data", fsync=False)
+    stored: list[str] = []
+
+    async def run() -> int:
+        writer = ProcessWriter(store, WriterConfig(store, 60.0, 512), lambda run: stored.append(run.run_id))
+        await writer.start()
+        assert gc.get_freeze_count() == 0
+        runner = asyncio.create_task(writer.run())
+        for i in range(3):
+            writer.add(make_record(i))
+        writer.close()
+        await runner
+        return writer.written
+
+    assert asyncio.run(run()) == 3 and gc.get_freeze_count() == 0
+    assert store.completed_run_ids() == {"run-000000", "run-000001", "run-000002"} and stored == []
