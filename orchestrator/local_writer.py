@@ -24,7 +24,8 @@ raises one ``StorageError`` (like a full disk): runs sent but not acknowledged w
 published before the death (resume skips them) or not (resume runs them again). If the parent
 dies, the child reads end-of-file, writes every record it had received and exits; it ignores
 SIGINT (a Ctrl-C reaches the whole process group) for the same reason: the parent closes the
-pipe on its way out and the child drains it. Frames are a 4-byte big-endian length and a pickle.
+pipe on its way out and the child drains it. Frames are two 4-byte big-endian integers (the
+body's length, the runs in it; 0 in acknowledgements) and a pickle.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno as errno_codes
+import gc
+import itertools
 import os
 import pickle
 import select
@@ -51,7 +54,7 @@ from storage.runs import RunStore
 from workers.execute import PendingRecord, finished_fields
 
 log = structlog.get_logger("irbench.local")
-_HEADER = struct.Struct("!I")
+_HEADER = struct.Struct("!II")  # body length, runs in it (0 in acknowledgements)
 
 
 @dataclass(frozen=True)
@@ -87,9 +90,9 @@ def write_error(root: object, failure: Exception | None, written: int, lost: int
     )
 
 
-def _frame(obj: object) -> bytes:
+def _frame(obj: object, runs: int = 0) -> bytes:
     body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(body)) + body
+    return _HEADER.pack(len(body), runs) + body
 
 
 class ProcessWriter:
@@ -126,7 +129,21 @@ class ProcessWriter:
         loop = asyncio.get_running_loop()
         records_r, records_w = os.pipe()
         acks_r, acks_w = os.pipe()
-        pid = os.fork()
+        # The child's garbage collections would walk every object it inherited, and so copy
+        # (copy-on-write) most of the parent's heap: ~5 page faults per run over 1,000 runs,
+        # 0.05-0.1 ms of the child's CPU per run (bench/README.md, 2026-12-02 writer-cpu).
+        # Frozen, the inherited objects are never walked there; the parent unfreezes them at
+        # once (unless something else of this process had frozen objects: then they stay).
+        thaw = gc.get_freeze_count() == 0
+        gc.freeze()
+        try:
+            pid = os.fork()
+        except BaseException:
+            if thaw:
+                gc.unfreeze()
+            raise
+        if pid != 0 and thaw:
+            gc.unfreeze()
         if pid == 0:  # the child: never returns
             code = 1
             try:
@@ -169,7 +186,7 @@ class ProcessWriter:
             batch, self._buffer = self._buffer, []
             if batch and self.failure is None:
                 try:
-                    stream.write(_frame(batch))
+                    stream.write(_frame(batch, len(batch)))
                     await stream.drain()
                     self._sent += len(batch)
                 except (BrokenPipeError, ConnectionResetError):
@@ -247,22 +264,31 @@ def _read_exactly(fd: int, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _read_frame(fd: int) -> Any:
+def _read_frame(fd: int) -> tuple[int, bytes] | None:
+    """``(runs, pickled body)`` of the next frame, or None at end of file (unpickled when its
+    batch is written: see ``_Child``)."""
     head = _read_exactly(fd, _HEADER.size)
     if head is None:
         return None
-    body = _read_exactly(fd, _HEADER.unpack(head)[0])
-    return None if body is None else pickle.loads(body)
+    length, runs = _HEADER.unpack(head)
+    body = _read_exactly(fd, length)
+    return None if body is None else (runs, body)
 
 
 class _Child:
+    """Runs arrive a frame (a few runs) every ``send_interval_s``; they are unpickled and finished
+    (IR extraction, record validation) only when their batch is written. Doing a batch in one
+    go keeps the code and data it touches in the CPU's caches: done as each frame arrived,
+    between the parent's and the simulator's turns on the same cores, the same work cost
+    ~25 % more CPU (bench/README.md, 2026-12-02 writer-cpu)."""
+
     def __init__(self, config: WriterConfig, ack_fd: int) -> None:
         self.config = config
         self.ack_fd = ack_fd
         self.parent_gone = False
         self.failed = False
-        self.pending: list[RunRecord] = []
-        self.finished: list[FinishedRun] = []
+        self.frames: list[bytes] = []  # pickled lists of RunRecord | PendingRecord
+        self.runs = 0  # in ``frames``
         self.deadline: float | None = None
 
     def send(self, message: object) -> None:
@@ -275,28 +301,32 @@ class _Child:
         except OSError:  # the parent is gone: keep storing what it sent
             self.parent_gone = True
 
-    def take(self, items: list[RunRecord | PendingRecord]) -> None:
+    def take(self, runs: int, frame: bytes) -> None:
         if self.failed:
             return
-        for item in items:
+        self.frames.append(frame)
+        self.runs += runs
+        if self.deadline is None:
+            self.deadline = time.monotonic() + self.config.flush_interval_s
+        if self.runs >= self.config.flush_max_records:
+            self.flush()
+
+    def flush(self) -> None:
+        frames, self.frames, self.runs, self.deadline = self.frames, [], 0, None
+        if not frames or self.failed:
+            return
+        batch: list[RunRecord] = []
+        finished: list[FinishedRun] = []
+        for item in itertools.chain.from_iterable(map(pickle.loads, frames)):
             if isinstance(item, PendingRecord):
                 record = item.finish()
-                self.finished.append(FinishedRun(
+                finished.append(FinishedRun(
                     record.campaign, record.run_id, record.model, finished_fields(record),
                     record.failed and record.outcome is Outcome.OK,  # other outcomes were counted there
                 ))
             else:
                 record = item
-            self.pending.append(record)
-        if self.deadline is None and self.pending:
-            self.deadline = time.monotonic() + self.config.flush_interval_s
-        if len(self.pending) >= self.config.flush_max_records:
-            self.flush()
-
-    def flush(self) -> None:
-        batch, finished, self.pending, self.finished, self.deadline = self.pending, self.finished, [], [], None
-        if not batch or self.failed:
-            return
+            batch.append(record)
         try:
             self.config.store.write(batch)
         except (StorageError, OSError) as exc:
@@ -335,10 +365,10 @@ def _child(config: WriterConfig, records_fd: int, acks_fd: int) -> int:
             if not ready:
                 child.flush()
                 continue
-            items = _read_frame(records_fd)
-            if items is None:
+            frame = _read_frame(records_fd)
+            if frame is None:
                 break
-            child.take(items)
+            child.take(*frame)
         child.flush()
     except Exception as exc:  # a bug: say it to the parent (it raises), then fail loudly here too
         child.send(("failed", None, f"the writer process failed: {type(exc).__name__}: {exc}"))

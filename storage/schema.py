@@ -15,6 +15,8 @@ Conversions:
 from __future__ import annotations
 
 import datetime as dt
+import itertools
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -114,6 +116,8 @@ RUN_SCHEMA: pa.Schema = pa.schema(
 )
 
 _DATETIME_FIELDS = ("measured_at",)
+_ATTEMPTS_TYPE = RUN_SCHEMA.field("attempts").type
+_TZINFO = operator.attrgetter("tzinfo")
 
 
 def schema_version_of(schema: pa.Schema) -> int | None:
@@ -136,24 +140,57 @@ def _check_aware(record: RunRecord) -> None:
             )
 
 
+def _check(records: Sequence[RunRecord], columns: dict[str, list[Any]], attempts: list[Any]) -> None:
+    """Every record of this schema version, every timestamp timezone-aware; the first record
+    that is not is named (a check per column: the records are walked only to name it)."""
+    if any(version != SCHEMA_VERSION for version in columns["schema_version"]):
+        record = next(r for r in records if r.schema_version != SCHEMA_VERSION)
+        raise StorageError(
+            f"run {record.run_id!r} has schema_version={record.schema_version}, but this "
+            f"writer produces version {SCHEMA_VERSION}; rebuild the record with the current "
+            "storage.records.RunRecord"
+        )
+    finished = [stamp for stamp in columns["finished_at"] if stamp is not None]
+    zones = {*map(_TZINFO, columns["measured_at"]), *map(_TZINFO, finished), *(a.started_at.tzinfo for a in attempts)}
+    if not all(isinstance(zone, dt.timezone) for zone in zones):  # a fixed offset is never naive
+        for record in records:
+            _check_aware(record)
+
+
+def _columns(models: Sequence[Any], schema: pa.Schema | pa.StructType) -> dict[str, list[Any]]:
+    """One list per field of ``schema``: each model's field values (pydantic keeps them in its
+    ``__dict__``) taken with one ``itemgetter`` call and transposed by ``zip``, both in C."""
+    names = [field.name for field in schema]
+    rows = list(map(operator.itemgetter(*names), map(vars, models)))
+    return {name: list(column) for name, column in zip(names, zip(*rows))} if rows else {n: [] for n in names}
+
+
+def _attempts_array(per_record: list[list[Any]], attempts: list[Any]) -> pa.Array:
+    offsets = [0, *itertools.accumulate(map(len, per_record))]
+    columns = _columns(attempts, ATTEMPT_STRUCT)
+    fields = [pa.array(columns[f.name], type=f.type) for f in ATTEMPT_STRUCT]
+    structs = pa.StructArray.from_arrays(fields, fields=list(ATTEMPT_STRUCT))
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), structs, type=_ATTEMPTS_TYPE)
+
+
 def records_to_table(records: Sequence[RunRecord]) -> pa.Table:
     """Convert records to a table with exactly :data:`RUN_SCHEMA` (row order preserved).
 
+    Built a column at a time (one list and one ``pa.array`` per field): ~5 us per record less
+    than dumping every record to a dict and converting the rows (bench/README.md, 2026-12-02 writer-cpu).
     Raises StorageError for naive datetimes or records from another schema version.
     """
-    rows: list[dict[str, Any]] = []
-    for record in records:
-        if record.schema_version != SCHEMA_VERSION:
-            raise StorageError(
-                f"run {record.run_id!r} has schema_version={record.schema_version}, but this "
-                f"writer produces version {SCHEMA_VERSION}; rebuild the record with the current "
-                "storage.records.RunRecord"
-            )
-        _check_aware(record)
-        rows.append(record.model_dump(mode="python"))
+    columns = _columns(records, RUN_SCHEMA)
+    attempts = [a for per_record in columns["attempts"] for a in per_record]
+    _check(records, columns, attempts)
     try:
-        return pa.Table.from_pylist(rows, schema=RUN_SCHEMA)
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:  # a field the schema does not describe
+        arrays = [
+            _attempts_array(columns["attempts"], attempts) if field.name == "attempts"
+            else pa.array(columns[field.name], type=field.type)
+            for field in RUN_SCHEMA
+        ]
+        return pa.Table.from_arrays(arrays, schema=RUN_SCHEMA)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:  # a value the schema does not describe
         raise StorageError(
             f"cannot convert RunRecord to the Arrow schema (version {SCHEMA_VERSION}): {exc}; "
             "update storage/schema.py to match storage/records.py"

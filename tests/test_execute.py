@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 import urllib.request
 from pathlib import Path
@@ -16,6 +17,12 @@ from simulator.config import SimConfig, SimModel
 from simulator.server import start_background
 from storage.records import Outcome
 from storage.runs import RunStore
+from workers.clock import SystemClock
+from workers.errors import ServerFailed
+from workers.execute import RunContext, execute_run
+from workers.gate import MemoryGate
+from workers.limits.memory import MemoryLimiter
+from workers.providers.base import ChatRequest, Reply
 from workers.runtask import EndpointRef, ModelLimits, RetryPolicy, RunTask, TimeoutPolicy
 
 PROMPT = """// @rule RULE:GREETING category=style priority=1
@@ -150,3 +157,40 @@ def test_total_latency_covers_every_attempt_and_the_backoff_waits(tmp_path: Path
     waits_ms = sum(r.total_latency_ms - sum(a.latency_ms for a in r.attempts) for r in retried)
     assert waits_ms > 100
     assert sum(r.total_latency_ms for r in retried) > sum(r.latency_ms for r in retried) + waits_ms
+
+
+class _SleepRecorder(SystemClock):
+    """The system clock, except that sleeps are recorded and return at once."""
+
+    def __init__(self) -> None:
+        self.slept: list[float] = []
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+
+
+class _FailTwice:
+    """A provider whose first two calls fail with a server error and whose third answers."""
+
+    wire_format = "openai"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def complete(self, request: ChatRequest) -> Reply:
+        self.calls += 1
+        if self.calls <= 2:
+            raise ServerFailed("model=m: HTTP 500", status_code=500)
+        return Reply(Outcome.OK, '{"nodes": []}', "", 1.0)
+
+
+def test_the_backoff_waits_are_the_jitter_seeded_by_the_run_id() -> None:
+    """The retry waits are full jitter drawn from ``random.Random(run_id)``: the same run waits
+    the same whatever ran before it (the generator is made on the run's first failure)."""
+    task = _tasks("m", "http://127.0.0.1:9", 1, retry=RetryPolicy(max_attempts=3, backoff_base_s=0.5, backoff_cap_s=4))[0]
+    clock, provider = _SleepRecorder(), _FailTwice()
+    ctx = RunContext(provider_for=lambda _t: provider, limiter=MemoryLimiter(), gate=MemoryGate(10), clock=clock)
+    record = asyncio.run(execute_run(task, ctx))
+    assert [a.outcome for a in record.attempts] == [Outcome.SERVER_ERROR, Outcome.SERVER_ERROR, Outcome.OK]
+    rng = random.Random(task.run_id)
+    assert clock.slept == [rng.uniform(0.0, 0.5), rng.uniform(0.0, 1.0)]

@@ -6,9 +6,12 @@ run again."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import errno
+import gc
 import json
 import os
+import pickle
 import re
 import signal
 import subprocess
@@ -21,11 +24,16 @@ import pytest
 
 from orchestrator.instruction import load_instruction
 from orchestrator.local import LocalOptions, run_local
+from orchestrator.local_writer import ProcessWriter, WriterConfig
 from simulator.config import SimConfig, SimModel
 from simulator.server import start_background
 from storage.errors import StorageError
+from storage.records import Attempt, Outcome, RunRecord
 from storage.runs import RunStore
-from workers.runtask import EndpointRef, ModelLimits, RetryPolicy, RunTask
+from tests.support.run_records import make_record
+from workers.execute import PendingRecord
+from workers.providers.base import Reply
+from workers.runtask import EndpointRef, ModelLimits, ResponseLimits, RetryPolicy, RunTask
 
 MODEL = "sim-mild"
 # structure and formatting vary run by run; some calls fail (a RunRecord built on the loop)
@@ -223,3 +231,49 @@ def test_ctrl_c_stores_every_finished_run_through_the_writer_process(tmp_path: P
     stored = RunStore(tmp_path / "data").completed_run_ids()
     # a 60 s flush interval: everything stored was written by the drain after the Ctrl-C
     assert len(stored) >= 50 and logged == stored
+
+
+def test_a_pending_record_comes_out_of_the_pipe_as_the_same_record() -> None:
+    """``PendingRecord`` pickles its attempts as dicts: finished in the writer process, it is the
+    record the event loop would have finished (but for the fresh execution id)."""
+    at = dt.datetime(2026, 3, 1, 12, tzinfo=dt.timezone.utc)
+    attempts = [
+        Attempt(attempt=1, outcome=Outcome.SERVER_ERROR, started_at=at, latency_ms=3.5, status_code=500,
+                retry_after_s=1.5, error="boom ü"),
+        Attempt(attempt=2, outcome=Outcome.TRUNCATED, started_at=at, latency_ms=4.0, status_code=200, bytes_received=99),
+    ]
+    answered = {"outcome", "finish_reason", "response_text", "reasoning_text", "answer_chars", "reasoning_chars",
+                "prompt_tokens", "completion_tokens", "reasoning_tokens", "first_token_ms", "stream_duration_ms",
+                "parse_outcome", "parse_repairs", "ir_json", "node_ids", "node_count", "duplicate_id_count",
+                "execution_id"}
+    record = make_record(1, attempts=attempts, finished_at=at, latency_ms=4.0, total_latency_ms=9.0)
+    base = {name: getattr(record, name) for name in RunRecord.model_fields if name not in answered}
+    reply = Reply(Outcome.TRUNCATED, '```json\n{"nodes": [{"id": "a", "kind": "Rule"}', "hm", 4.0,
+                  finish_reason="length", completion_tokens=7)
+    pending = PendingRecord(base, reply, ResponseLimits())
+    piped = pickle.loads(pickle.dumps([pending], protocol=pickle.HIGHEST_PROTOCOL))[0]
+    assert piped.outcome is Outcome.TRUNCATED
+    here, there = pending.finish(), piped.finish()
+    assert there.model_dump(exclude={"execution_id"}) == here.model_dump(exclude={"execution_id"})
+    assert there.attempts == attempts and there.parse_outcome.value == "truncated"
+
+
+def test_the_writer_process_leaves_the_parents_garbage_collector_as_it_was(tmp_path: Path) -> None:
+    """The fork happens with every object frozen (so the child's collections never copy the
+    parent's heap); the parent is thawed at once, and the records still arrive."""
+    store = RunStore(tmp_path / "data", fsync=False)
+    stored: list[str] = []
+
+    async def run() -> int:
+        writer = ProcessWriter(store, WriterConfig(store, 60.0, 512), lambda run: stored.append(run.run_id))
+        await writer.start()
+        assert gc.get_freeze_count() == 0
+        runner = asyncio.create_task(writer.run())
+        for i in range(3):
+            writer.add(make_record(i))
+        writer.close()
+        await runner
+        return writer.written
+
+    assert asyncio.run(run()) == 3 and gc.get_freeze_count() == 0
+    assert store.completed_run_ids() == {"run-000000", "run-000001", "run-000002"} and stored == []

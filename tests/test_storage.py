@@ -55,6 +55,36 @@ def test_naive_datetime_is_rejected() -> None:
         records_to_table([rec])
 
 
+def test_column_wise_conversion_is_the_row_wise_one() -> None:
+    """``records_to_table`` builds columns; the table is the one each record's dict gives."""
+    at = dt.datetime(2026, 3, 1, 1, tzinfo=UTC)
+    many = [Attempt(attempt=n, outcome=Outcome.SERVER_ERROR, started_at=at, latency_ms=n, error="é" * n)
+            for n in range(1, 4)]
+    records = [
+        full_record(), make_record(2, attempts=[]), make_record(3, attempts=many, latency_ms=0, finished_at=at),
+        make_record(4, day=DAY2, response_text="ünï\x00code", ir_json='{"nodes":[]}', node_ids=["a", "b"],
+                    parse_repairs=["stripped_fence"], temperature=1, execution_id=None),
+        make_record(5, outcome=Outcome.CANCELLED, attempts=[], cancel_reason="model disabled"),
+    ]
+    for batch in (records, records[1:2], []):
+        rows = pa.Table.from_pylist([r.model_dump(mode="python") for r in batch], schema=RUN_SCHEMA)
+        assert records_to_table(batch).equals(rows, check_metadata=True)
+
+
+@pytest.mark.parametrize("naive", ["finished_at", "attempt"])
+def test_a_naive_datetime_anywhere_is_rejected_naming_its_run(naive: str) -> None:
+    stamp = dt.datetime(2026, 3, 1, 12)
+    bad = (make_record(2, finished_at=stamp) if naive == "finished_at" else
+           make_record(2, attempts=[Attempt(attempt=1, outcome=Outcome.OK, started_at=stamp, latency_ms=1)]))
+    with pytest.raises(StorageError, match="run 'run-000002'.*no timezone"):
+        records_to_table([make_record(1), bad, make_record(3)])
+
+
+def test_a_record_of_another_version_is_rejected_naming_its_run() -> None:
+    with pytest.raises(StorageError, match="run 'run-000002' has schema_version=1"):
+        records_to_table([make_record(1), make_record(2, schema_version=1)])
+
+
 # ---------------------------------------------------------------------------- writes
 
 
