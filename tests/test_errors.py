@@ -16,8 +16,11 @@ from workers import errors as worker_errors
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("storage", "workers", "orchestrator", "analysis", "viewer", "simulator")
-# Control-flow signals, not errors: they never reach a user.
-SIGNALS = {"workers.celery.deferring.Deferred", "simulator.app._Reject"}
+# Control-flow signals, not errors: they never reach a user. AioClient's two are aiohttp errors
+# its connection protocol raises inside aiohttp; ``aio._translate`` turns them into the httpx
+# exceptions ``_http.send`` classifies before anything leaves ``workers/providers/aio.py``.
+SIGNALS = {"workers.celery.deferring.Deferred", "simulator.app._Reject",
+           "workers.providers.aio._WriteStalled", "workers.providers.aio._BadFraming"}
 
 
 def _exception_classes() -> list[str]:
