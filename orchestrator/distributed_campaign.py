@@ -25,7 +25,6 @@ Side effects go through an injected :class:`Bundle` (clock, Redis, broker, store
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -183,17 +182,14 @@ class DistributedCampaign:
     def _messages(self, batch: list[RunTask], why: str | None, countdown_s: dict[str, float]
                   ) -> list[tuple[list[RunTask], float]]:
         """``batch`` as broker messages: first sends in groups of up to ``runs_per_message`` runs
-        of one model; a re-sent run, or one with a countdown, alone."""
+        in dispatch order; a re-sent run, or one with a countdown, alone. The plan interleaves
+        the models, so a message holds runs of several models, whose permits do not compete,
+        and the worker runs them concurrently: a model waiting on its limit holds one run slot
+        per waiting run, never the others' runs."""
         k = self.options.runs_per_message if why is None else 1
         alone = [([t], countdown_s[t.run_id]) for t in batch if countdown_s.get(t.run_id, 0.0) > 0.001]
-        by_model: dict[str, list[RunTask]] = {}
-        for t in batch:
-            if countdown_s.get(t.run_id, 0.0) <= 0.001:
-                by_model.setdefault(t.model, []).append(t)
-        # one model per message (a rate-limited model's waits never hold another model's runs),
-        # the models' messages interleaved
-        chunks = [[(ts[i : i + k], 0.0) for i in range(0, len(ts), k)] for ts in by_model.values()]
-        return alone + [c for row in itertools.zip_longest(*chunks) for c in row if c is not None]
+        rest = [t for t in batch if countdown_s.get(t.run_id, 0.0) <= 0.001]
+        return alone + [(rest[i : i + k], 0.0) for i in range(0, len(rest), k)]
 
     def _send(self, producer: Any, group: list[RunTask], root: str, wait_s: float) -> None:
         # argsrepr: Celery's default is a saferepr of the whole task JSON, ~a quarter of the
