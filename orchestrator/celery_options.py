@@ -38,12 +38,14 @@ class CeleryOptions:
     ``poll_interval_s``: the loop's sleep. ``verify_grace_s``: how long a run marked done may
     take to appear in the store (spool publication, a killed worker's spool) before it is
     considered lost and sent again. ``queue``: the Celery queue workers consume (``-Q``).
-    ``runs_per_message``: runs carried by one broker message (``irbench.runs``), executed one
-    after the other by the worker thread that receives it, each claimed, stored and marked done
-    on its own; the message is acknowledged after the last. kombu's per-message cost (delivery
-    bookkeeping, late ack: most of a worker's CPU at zero latency) is paid once per message.
-    Default 1; 4 gives most of k=8's gain over k=1 (``bench/distributed_throughput.py``) but
-    the rate-limit storm test was not reliably green with it yet. Re-sent runs and runs with a
+    ``runs_per_message``: runs carried by one broker message (``irbench.runs``), taken in
+    dispatch order (models interleaved); the worker runs them concurrently in its run slots and
+    acknowledges the message after the last. kombu's per-message cost (delivery bookkeeping,
+    late ack) and the claim, fsync and done round trips are then shared: on the zero-latency
+    simulator 16 runs per message gave 1.8x the runs/s of 1 (bench/README.md, 2026-12-02 20:13).
+    Default 1: for endpoints that take seconds per call that cost is noise, and a worker holding
+    several runs per thread can leave the campaign a longer tail while other workers idle. Use
+    8-16 for fast endpoints (a simulator, a local model server). Re-sent runs and runs with a
     countdown travel alone. ``visibility_timeout_s``: the broker's redelivery horizon of an
     unacknowledged message; it must cover a whole message (``workers.celery.app``), and workers
     read the same variable; a redelivery inside it is harmless anyway.
@@ -60,7 +62,7 @@ class CeleryOptions:
     redis_backoff_max_s: float = 5.0
     honour_availability: bool = True  # skip models the availability dataset says are gone
     analyze_on_complete: bool = True  # enqueue the campaign's analysis when every run is stored
-    runs_per_message: int = 1  # 4 measured best (bench/README.md 2026-12-02 04:30) but not yet the default: see there
+    runs_per_message: int = 1  # 8-16 for fast endpoints: see the docstring
     visibility_timeout_s: float = 10800.0
 
     def __post_init__(self) -> None:

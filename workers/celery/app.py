@@ -13,9 +13,9 @@ idempotent by run_id (``workers.celery.tasks``). **Visibility timeout rule**: an
 re-delivered after ``visibility_timeout_s``, so it must exceed the longest fetch-to-ack time:
 ``visibility_timeout_s > max_attempts * max(total_timeout_s) + (max_attempts - 1) * backoff_cap_s
 + max deferral countdown (IRBENCH_MAX_DEFER_S) + margin``, times the orchestrator's
-``runs_per_message`` (a message's runs execute one after the other) — with the defaults (4
-attempts × 600 s + 3 × 60 s + 30 s = 2610 s per run, 4 runs per message: 10440 s) the default
-10800 s holds. A redelivery inside that window is harmless anyway
+``runs_per_message`` when the worker's run slots are all taken by other messages' runs (a
+message's runs then take turns) — with the defaults (4 attempts × 600 s + 3 × 60 s + 30 s = 2610
+s per run, 4 runs per message: 10440 s) the default 10800 s holds. A redelivery inside that window is harmless anyway
 (claims and done markers), and a lost message is re-dispatched by the orchestrator's reconciler.
 """
 

@@ -1,16 +1,20 @@
 """What one Celery worker process shares between its task threads.
 
-* one asyncio event loop in a background thread; task threads submit coroutines to it with
-  ``asyncio.run_coroutine_threadsafe`` and block on the result (the threads pool's slot is the
-  unit of worker concurrency, the loop multiplexes their HTTP calls);
+* one event loop (uvloop where installed, ``workers.loops``) in a background thread; a task
+  thread hands its message's runs to it with ``asyncio.run_coroutine_threadsafe`` and blocks
+  until all of them are through (``workers.celery.tasks``). The loop runs at most
+  ``run_slots`` of them at once (``slots``, an ``asyncio.Semaphore``), and its ``batcher``s
+  let the runs that claim or finish together share one thread hand-off, fsync and pipeline;
 * per endpoint a ``PooledProvider`` (one-connection ``AioClient``s, as many as calls in flight:
-  aiohttp, opened lazily on that plain asyncio loop; about half the CPU per call of httpx's
+  aiohttp, opened lazily on that loop; about half the CPU per call of httpx's
   transport, ``workers.providers.aio``) and one ``RedisLimiter`` (async Redis client), all
   living on that loop;
 * one sync Redis client for campaign state, the gate and ``ClaimPermits`` (a run's claim with
   its first permit, its done marker with its last release: ``workers.celery.claim_permit``);
-* a heartbeat thread renewing the claims and limiter leases of the runs executing here, so a
-  killed worker's runs and slots come back within a TTL instead of a call's worst-case duration.
+* a heartbeat thread renewing the claims and limiter leases of the runs executing here (so a
+  killed worker's runs and slots come back within a TTL instead of a call's worst-case
+  duration), and the queued time of the runs waiting here for a slot (so the reconciler does
+  not take them for lost).
 
 ``workers.celery.deferring.DeferringLimiter`` (re-exported here) wraps the Redis limiter for
 ``execute_run``: bounded waits, deferral, the gate re-check after a grant.
