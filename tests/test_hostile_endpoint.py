@@ -81,6 +81,19 @@ def test_broken_answers_are_classified_and_stored(server, tmp_path: Path, wire: 
 
 
 @pytest.mark.parametrize("wire", WIRES)
+def test_unpaired_surrogate_escapes_are_stored_not_a_crash(server, tmp_path: Path, wire: str) -> None:  # type: ignore[no-untyped-def]
+    """An unpaired ``\\ud800`` escape is valid JSON but decodes to a lone surrogate, which no UTF-8
+    store holds: it used to fail the whole Parquet batch (and every resume). Now the texts keep
+    U+FFFD in its place and an IR holding one is schema_invalid."""
+    records = _run(server, tmp_path, "lone-surrogate", wire, n=3)
+    assert _run.requests == 3  # type: ignore[attr-defined]
+    for record in records:
+        assert record.outcome is Outcome.OK and record.parse_outcome is ParseOutcome.SCHEMA_INVALID
+        assert record.response_text is not None and record.response_text.startswith("x\ufffd")
+        assert record.reasoning_text == "think \ufffd" and record.ir_json is None
+
+
+@pytest.mark.parametrize("wire", WIRES)
 def test_deeply_nested_answer_is_invalid_json_not_a_crash(server, tmp_path: Path, wire: str) -> None:  # type: ignore[no-untyped-def]
     t0 = time.monotonic()
     records = _run(server, tmp_path, "deep-answer", wire, n=2)

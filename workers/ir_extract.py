@@ -128,9 +128,23 @@ def extract_ir(
             error=f"answer of {len(raw_text)} chars exceeds max_answer_chars={max_chars}; not parsed",
         )
     try:
-        return _extract(raw_text, budget_exhausted, max_start_candidates, max_depth, max_nodes)
+        found = _extract(raw_text, budget_exhausted, max_start_candidates, max_depth, max_nodes)
     except (RecursionError, MemoryError) as exc:
         return IRExtraction(ParseOutcome.INVALID_JSON, error=f"answer could not be parsed ({type(exc).__name__})")
+    if found.ir_json is not None and not _is_unicode(found.ir_json):
+        # a "\ud800" escape without its pair decodes to a lone surrogate, which no UTF-8 store
+        # can hold (it failed the whole Parquet batch): not an IR we can keep
+        return IRExtraction(ParseOutcome.SCHEMA_INVALID, found.repairs,
+                            error="IR holds a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape)")
+    return found
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _extract(

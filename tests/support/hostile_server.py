@@ -24,6 +24,8 @@ nul                      200, NUL bytes and invalid UTF-8
 empty-choices            200, ``choices: []``
 choices-not-list         200, ``choices: "nope"``
 content-null             200, ``message.content: null``
+lone-surrogate           200, content, reasoning and an error-free IR whose id hold unpaired
+                         ``\ud800`` escapes (valid JSON, not valid Unicode once decoded)
 wrong-length             200, ``Content-Length: 5000`` then 40 bytes and a close
 endless-chunked          200, chunked, 64 KiB chunks forever (until the client hangs up)
 =======================  ==========================================================
@@ -121,6 +123,10 @@ def _response(model: str, key: str, ollama: bool) -> bytes | None:
         return _simple(200, b'{"choices": "nope"}' if not ollama else b'{"message": "nope"}')
     if model == "content-null":
         return _simple(200, _wire(model, None, ollama=ollama))
+    if model == "lone-surrogate":
+        # json.dumps writes the escapes as they are: ASCII bytes a strict decoder turns into \ud800
+        text = 'x\ud800 {"nodes": [{"id": "RULE:\\ud800", "kind": "Rule"}]}'
+        return _simple(200, _wire(model, text, ollama=ollama, reasoning="think \udfff"))
     if model == "wrong-length":
         return _head(200, {"Content-Type": "application/json", "Content-Length": "5000", "Connection": "close"}) + (
             b'{"choices": [{"message": {"content": "abc'

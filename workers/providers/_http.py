@@ -135,9 +135,20 @@ def check_base_url(base_url: str) -> str:
     return url
 
 
+def storable(text: str) -> str:
+    """``text`` as valid Unicode: a lone UTF-16 surrogate (a JSON ``\\ud800`` escape without its
+    pair, which ``json`` decodes as is) becomes U+FFFD. No UTF-8 store can hold one: a single
+    such answer failed the whole Parquet batch it was written in, and again on every resume."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
 def clip(text: str, secrets: Iterable[str | None] = ()) -> str:
-    """Redact secrets, then bound the text to ``ERROR_TEXT_MAX_CHARS``."""
-    text = mask_secrets(text, secrets)
+    """Redact secrets, then bound the text to ``ERROR_TEXT_MAX_CHARS`` (valid Unicode, ``storable``)."""
+    text = storable(mask_secrets(text, secrets))
     if len(text) > ERROR_TEXT_MAX_CHARS:
         text = text[: ERROR_TEXT_MAX_CHARS - 1] + "…"
     return text

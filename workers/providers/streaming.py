@@ -177,9 +177,9 @@ def answer_reply(
     ``<think>`` blocks of ``content`` join ``reasoning``; token counts are kept only when they
     are integers. An endpoint may echo the key inside a 200 answer: it is masked before
     anything keeps the text."""
-    answer, think = _http.split_think(content)
-    reasoning = "\n".join(part for part in (reasoning, think) if part)
-    finish = finish_reason if isinstance(finish_reason, str) else None
+    answer, think = _http.split_think(_http.storable(content))
+    reasoning = _http.storable("\n".join(part for part in (reasoning, think) if part))
+    finish = _http.storable(finish_reason) if isinstance(finish_reason, str) else None
     return Reply(
         outcome=_http.answer_outcome(finish, answer),
         answer_text=mask_secrets(answer, secrets),
