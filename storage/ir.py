@@ -21,6 +21,7 @@ the stored form (sorted keys, compact separators, UTF-8 rather than ``\\uXXXX`` 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -49,6 +50,17 @@ def _int_or_none(value: Any) -> Any:
             except ValueError:
                 return value
             return int(as_float) if as_float.is_integer() else value
+    return value
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
     return value
 
 
@@ -152,10 +164,14 @@ class IRDocument(BaseModel):
         return {} if value is None else value
 
     def canonical_json(self) -> str:
-        """Sorted keys, compact separators, non-ASCII kept as UTF-8; stable across runs."""
-        return json.dumps(
-            self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
-        )
+        """Sorted keys, compact separators, non-ASCII kept as UTF-8; stable across runs. A NaN or
+        infinite number (Python's ``json`` reads ``NaN``/``Infinity``) is written as ``null``, as
+        the strict fast path (``storage.ir_strict``, msgspec) writes it: stored IRs stay JSON."""
+        data = self.model_dump(mode="json")
+        try:
+            return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        except ValueError:  # only when a non-finite number is in there
+            return json.dumps(_finite(data), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
     @classmethod
     def from_json(cls, text: str) -> IRDocument:

@@ -305,3 +305,20 @@ def test_depth_shortcut_accepts_at_the_limit_and_refuses_past_it() -> None:
     assert extract_ir(text, max_depth=3).node_count == 1
     refused = extract_ir(text, max_depth=2)
     assert refused.parse_outcome == ParseOutcome.INVALID_JSON and "max_json_depth=2" in (refused.error or "")
+
+
+@pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity"])
+@pytest.mark.parametrize("where", ["meta_confidence", "extra_field", "node_extra"])
+def test_non_finite_numbers_are_stored_as_null_valid_json(token: str, where: str) -> None:
+    """Python's json reads NaN/Infinity; a stored ir_json must be JSON any parser reads (it held a
+    bare NaN), and both validation paths write the same null."""
+    node = '{"id": "a", "kind": "Rule"' + (f', "score": {token}' if where == "node_extra" else "") + "}"
+    meta = f'"meta": {{"confidence": {token}}}, ' if where == "meta_confidence" else ""
+    extra = f'"x": {token}, ' if where == "extra_field" else ""
+    got = extract_ir("{" + meta + extra + '"nodes": [' + node + "]}")
+    assert got.ir_json is not None and got.node_ids == ("a",)
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} in stored ir_json")
+
+    json.loads(got.ir_json, parse_constant=refuse)
