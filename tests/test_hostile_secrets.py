@@ -138,7 +138,7 @@ def test_echoed_key_never_stored_distributed(server, tmp_path: Path) -> None:  #
 
 
 @pytest.mark.parametrize("client", ["aio", "direct"])
-@pytest.mark.parametrize("suffix", ["\n", "\r\nX-Injected: 1", "\x00"])
+@pytest.mark.parametrize("suffix", ["\n", "\r\nX-Injected: 1", "\x00", "é"])
 def test_a_key_no_client_can_send_is_never_quoted(client: str, suffix: str) -> None:
     """A key with a newline or NUL (a stray ``.env`` quote): the request is refused before it
     leaves (``protocol_error``), and the message names no part of the key. h11 used to quote the
