@@ -248,12 +248,8 @@ async def send(
     except httpx.LocalProtocolError:
         # our own request could not be written (a header value with a newline or NUL): h11
         # quotes the value, which is the key's header, and escaped so that masking misses it
-        raise fail(ProtocolFailed, "request not sendable: a header value holds a newline or control byte") from None
-    except UnicodeEncodeError:
-        # a header value (the key, from the environment) that is not ASCII: raised by httpx
-        # while building the request, unclassified; its text quotes the value
-        raise fail(ProtocolFailed, "request not sendable: a header value holds a non-ASCII character; "
-                                   "check the API key variable") from None
+        raise fail(ProtocolFailed, "request not sendable: a header value holds a newline, a control byte "
+                                   "or a non-ASCII character; check the API key variable") from None
     except (httpx.ProtocolError, httpx.DecodingError) as exc:
         raise fail(ProtocolFailed, f"malformed HTTP: {exc or type(exc).__name__}") from None
     except httpx.NetworkError as exc:

@@ -69,7 +69,10 @@ class RequestBuilder:
         merged = self._merged.get(key)
         if merged is None:
             merged = self.headers.copy()
-            merged.update(dict(key))
+            try:
+                merged.update(dict(key))
+            except UnicodeEncodeError:  # a non-ASCII key: httpx's text would quote the value
+                raise httpx.LocalProtocolError("a header value is not ASCII") from None
             self._merged[key] = merged
         extensions = {"timeout": timeout.as_dict()}
         if json is None:
