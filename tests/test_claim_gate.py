@@ -76,10 +76,12 @@ def test_a_streak_seen_at_the_claim_or_made_by_the_run_is_reset(client) -> None:
     assert client.hget(st.key("gate"), "m").decode().startswith("disabled after 3")
 
 
-def test_claim_refreshes_the_queued_time_of_the_rest_of_its_message(client) -> None:
+def test_runs_waiting_in_a_worker_keep_a_fresh_queued_time(client) -> None:
+    """What the heartbeat does for the delivered runs waiting for a slot (unclaimed)."""
     st = CampaignState(client, "cg4", prefix="t")
     client.zadd(st.key("queued"), {"r1": 1.0, "r2": 1.0, "r3": 1.0})
-    st.claim_with_gate("r1", "m", "w1", 30, pending=["r2", "r3", "gone"])
+    st.claim_with_gate("r1", "m", "w1", 30)
+    st.refresh_queued(["r2", "r3", "gone"])
     queued = st.queued()
     assert set(queued) == {"r2", "r3"}  # r1 claimed; a run not queued is not added
     assert min(queued.values()) > st.now_s() - 5

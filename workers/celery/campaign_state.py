@@ -40,11 +40,12 @@ EXECUTIONS_FIELD = "_executions"
 ATTEMPTS_FIELD = "_attempts"
 META_FIELDS = (FAILED_FIELD, EXECUTIONS_FIELD, ATTEMPTS_FIELD)
 CLAIMED, DONE, BUSY = "ok", "done", "busy"
+#: One script call to pipeline: (the registered script, KEYS, ARGV).
+Call = tuple[Any, list[str], list[Any]]
 
 _NOW = "local t = redis.call('TIME') local now = tonumber(t[1]) + tonumber(t[2]) / 1e6"
 
-# ARGV: run_id, model, owner, ttl_ms, with_gate, then the run_ids still to come in the same message
-# (their queued time is refreshed: the reconciler sees them in live hands). Done -> 'done' (re-announced); a live claim -> 'busy'.
+# ARGV: run_id, model, owner, ttl_ms, with_gate. Done -> 'done' (re-announced); a live claim -> 'busy'.
 # Claimed -> 'ok', or with_gate = '1': {'ok', cancel, gate, streak} of the run's model ('+value' or '-').
 _CLAIM = f"""
 local p = KEYS[1]
@@ -61,10 +62,6 @@ end
 redis.call('ZREM', p .. ':queued', ARGV[1])
 redis.call('ZREM', p .. ':delayed', ARGV[1])
 redis.call('HSET', p .. ':running', ARGV[1], ARGV[2])
-if #ARGV > 5 then  -- the runs still to come in this run's message: in live hands, not lost
-  {_NOW}
-  for i = 6, #ARGV do redis.call('ZADD', p .. ':queued', 'XX', now, ARGV[i]) end
-end
 if ARGV[5] ~= '1' then return 'ok' end
 local function opt(v) if v then return '+' .. v end return '-' end
 return {{'ok', opt(redis.call('GET', p .. ':cancel')), opt(redis.call('HGET', p .. ':gate', ARGV[2])),
@@ -79,8 +76,8 @@ redis.call('PEXPIRE', p .. ':claim:' .. ARGV[1], ARGV[3])
 return 1
 """
 
-# ARGV: run_ids still queued in a live worker's hands (delivered, waiting for a run slot): their
-# queued time is refreshed, so the reconciler does not take them for lost.
+# ARGV: run_ids still queued in a live worker's hands (delivered, waiting there for a run slot,
+# unclaimed): their queued time is refreshed, so the reconciler does not take them for lost.
 _REFRESH_QUEUED = f"""
 local p = KEYS[1]
 {_NOW}
@@ -203,9 +200,9 @@ def _s(x: Any) -> str:
 CLAIM_LUA = _CLAIM
 
 
-def claim_args(run_id: str, model: str, owner: str, ttl_s: float, pending: Sequence[str] = ()) -> list[Any]:
+def claim_args(run_id: str, model: str, owner: str, ttl_s: float) -> list[Any]:
     """ARGV of a gate-reading claim of ``run_id`` by ``owner`` for ``ttl_s`` seconds."""
-    return [run_id, model, owner, max(int(ttl_s * 1000), 1), "1", *pending]
+    return [run_id, model, owner, max(int(ttl_s * 1000), 1), "1"]
 
 
 def parse_claim(reply: Any) -> tuple[str, GateView | None]:
@@ -257,17 +254,15 @@ class CampaignState:
         """``CLAIMED`` (execute it), ``DONE`` (already stored) or ``BUSY`` (live elsewhere)."""
         return _s(self._claim(keys=[self.base], args=[run_id, model, owner, max(int(ttl_s * 1000), 1), "0"]))
 
-    def claim_with_gate(self, run_id: str, model: str, owner: str, ttl_s: float, pending: Sequence[str] = ()
-                        ) -> tuple[str, GateView | None]:
-        """:meth:`claim`, plus (when ``CLAIMED``) the model's gate as read in the same script.
-        ``pending``: runs of the same message still to come; their queued time is refreshed."""
-        return parse_claim(self._claim(keys=[self.base], args=claim_args(run_id, model, owner, ttl_s, pending)))
+    def claim_with_gate(self, run_id: str, model: str, owner: str, ttl_s: float) -> tuple[str, GateView | None]:
+        """:meth:`claim`, plus (when ``CLAIMED``) the model's gate as read in the same script."""
+        return parse_claim(self._claim(keys=[self.base], args=claim_args(run_id, model, owner, ttl_s)))
 
     def renew_claim(self, run_id: str, owner: str, ttl_s: float) -> bool:
         script, keys, args = self.renew_call(run_id, owner, ttl_s)
         return int(script(keys=keys, args=args)) == 1
 
-    def renew_call(self, run_id: str, owner: str, ttl_s: float) -> tuple[Any, list[str], list[Any]]:
+    def renew_call(self, run_id: str, owner: str, ttl_s: float) -> Call:
         """The script, KEYS and ARGV :meth:`renew_claim` runs; its reply is 1 if still ours."""
         return self._renew, [self.base], [run_id, owner, max(int(ttl_s * 1000), 1)]
 
@@ -283,7 +278,7 @@ class CampaignState:
         return int(script(keys=keys, args=args))
 
     def defer_call(self, run_id: str, owner: str, defer_s: float, failure: str = ""
-                   ) -> tuple[Any, list[str], list[Any]]:
+                   ) -> Call:
         """The script, KEYS and ARGV :meth:`defer` runs (to pipeline it); its reply is the run's
         failure count."""
         return self._defer, [self.base], [run_id, owner, max(defer_s, 0.0), failure]
@@ -294,7 +289,7 @@ class CampaignState:
         return int(script(keys=keys, args=args)) == 1
 
     def done_call(self, run_id: str, model: str, outcome: str, failed: bool, attempts: int = 0
-                  ) -> tuple[Any, list[str], list[Any]]:
+                  ) -> Call:
         """The script, KEYS and ARGV :meth:`mark_done` runs (to pipeline it with other calls);
         its reply is 1 if the run is newly done."""
         return self._done, [self.base], [run_id, model, outcome, "1" if failed else "0", int(attempts)]

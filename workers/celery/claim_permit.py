@@ -36,7 +36,7 @@ from typing import Any
 import redis
 from redis.exceptions import NoScriptError
 
-from workers.celery.campaign_state import CLAIM_LUA, CLAIMED, CampaignState, GateView, claim_args, parse_claim
+from workers.celery.campaign_state import CLAIM_LUA, CLAIMED, Call, CampaignState, GateView, claim_args, parse_claim
 from workers.celery.redis_limiter import RedisLimiter, script_source
 from workers.errors import ModelDisabled
 from workers.limits.base import Permit
@@ -88,11 +88,10 @@ class ClaimPermits:
         self._claim = client.register_script(_CLAIM_ACQUIRE)
         self._release = client.register_script(script_source("release"))
 
-    def claim_call(self, state: CampaignState, task: RunTask, owner: str, ttl_s: float,
-                    pending: Sequence[str] = ()) -> tuple[tuple[Any, list[str], list[Any]], bool]:
+    def claim_call(self, state: CampaignState, task: RunTask, owner: str, ttl_s: float) -> tuple[Call, bool]:
         """The claim script's call for ``task`` (to pipeline it), and whether it asks for a first
         permit; :meth:`claimed_from` reads its reply."""
-        c_args = claim_args(task.run_id, task.model, owner, ttl_s, pending)
+        c_args = claim_args(task.run_id, task.model, owner, ttl_s)
         keys, a_args = [state.base], []
         ask = not (task.limits.tokens_per_minute or task.limits.requests_per_minute)
         if ask:
@@ -100,12 +99,11 @@ class ClaimPermits:
             keys += a_keys
         return (self._claim, keys, [len(c_args), *c_args, *a_args]), ask
 
-    def claim(self, state: CampaignState, task: RunTask, owner: str, ttl_s: float,
-              pending: Sequence[str] = ()) -> Claimed:
+    def claim(self, state: CampaignState, task: RunTask, owner: str, ttl_s: float) -> Claimed:
         """Claim ``task``'s run for ``owner`` (``ttl_s`` seconds), read its model's gate and,
         if claimed with the gate open and no request or token limit, decide its first permit (holder =
-        run_id, as ``execute_run`` asks). ``pending``: the runs after it in its message."""
-        (script, keys, args), _ = self.claim_call(state, task, owner, ttl_s, pending)
+        run_id, as ``execute_run`` asks)."""
+        (script, keys, args), _ = self.claim_call(state, task, owner, ttl_s)
         asked_at = time.monotonic()  # the grant happens after this: the grant-to-send delay's origin
         return self.claimed_from(script(keys=keys, args=args), task, asked_at)
 
@@ -133,11 +131,11 @@ class ClaimPermits:
         calls = self.release_calls(permits)
         return int(self.run_calls([state.done_call(run_id, model, outcome, failed, attempts), *calls])[0]) == 1
 
-    def release_calls(self, permits: Sequence[tuple[Permit, int | None]]) -> list[tuple[Any, list[str], list[Any]]]:
+    def release_calls(self, permits: Sequence[tuple[Permit, int | None]]) -> list[Call]:
         """The release of each ``(permit, actual_tokens)`` as a ``(script, keys, args)`` call."""
         return [(self._release, *self._limiter.release_call(p, t)) for p, t in permits]
 
-    def run_calls(self, calls: Sequence[tuple[Any, list[str], list[Any]]]) -> list[Any]:
+    def run_calls(self, calls: Sequence[Call]) -> list[Any]:
         """EVALSHA each ``(script, keys, args)`` in one non-transactional pipeline. A script the
         server does not know (flushed by a restart) is loaded and run again on its own, so no
         call that did run is repeated."""

@@ -60,7 +60,6 @@ __all__ = ["Deferred", "DeferringLimiter", "RuntimeHolder", "WorkerRuntime", "Wo
 
 log = structlog.get_logger("irbench.worker")
 T = TypeVar("T")
-Call = tuple[Any, list[str], list[Any]]  # (registered script, KEYS, ARGV) of one EVALSHA
 
 ENV_PREFIX = "IRBENCH_"
 
@@ -200,7 +199,6 @@ class WorkerRuntime:
         """Run ``coro`` on the shared loop and wait for it from the calling (task) thread."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
 
-
     # ----- shared objects -----------------------------------------------------------------------
     def provider_for(self, task: RunTask) -> Provider:
         """Provider of ``task``'s endpoint; the key is read from THIS process's environment."""
@@ -211,8 +209,8 @@ class WorkerRuntime:
                 api_key = os.environ.get(ep.api_key_env) if ep.api_key_env else None
                 # a free list of one-connection AioClients, as in the local executor
                 # (workers.providers.pooled): no pool walk per call, aiohttp's C parser instead
-                # of httpcore/h11 (0.20-0.27 against 0.37-0.50 ms of CPU per call on this
-                # plain asyncio loop, bench/http_clients.py --loop asyncio). Its calls all run
+                # of httpcore/h11 (0.18-0.22 against 0.31-0.41 ms of CPU per call on uvloop,
+                # bench/http_clients.py). Its calls all run
                 # on this runtime's one event loop, as PooledProvider needs (the clients'
                 # sessions open on it, on first use).
                 self._providers[key] = PooledProvider(

@@ -49,7 +49,7 @@ import structlog
 from celery import Celery
 
 from storage.records import ERROR_TEXT_MAX_CHARS, RunRecord
-from workers.celery.campaign_state import CLAIMED, CampaignState
+from workers.celery.campaign_state import CLAIMED, Call, CampaignState
 from workers.celery.claim_permit import Claimed
 from workers.celery.coalesce import Coalescer
 from workers.celery.deferring import Deferred, DeferringLimiter
@@ -185,7 +185,7 @@ def _redis_batch(rt: WorkerRuntime, items: Sequence[_Claim | _Finish]) -> list[A
     finishes = [it for it in items if isinstance(it, _Finish)]
     _append(rt, finishes)
     ttl_s = rt.settings.claim_ttl_s
-    calls: list[tuple[Any, list[str], list[Any]]] = []
+    calls: list[Call] = []
     first: dict[int, int] = {}  # item -> index of its first call
     for i in sorted(range(len(items)), key=lambda i: isinstance(items[i], _Claim)):
         it = items[i]
@@ -270,7 +270,7 @@ def _firsts(calls: Sequence[Sequence[Any]], replies: Sequence[Any]) -> list[Any]
     return out
 
 
-def _finish_calls(rt: WorkerRuntime, r: _Run) -> list[tuple[Any, list[str], list[Any]]]:
+def _finish_calls(rt: WorkerRuntime, r: _Run) -> list[Call]:
     """The run's done marker (stored), deferral or failure, then the release of every permit it
     still holds; the first call's reply is the done flag or the failure count."""
     if r.record is not None:
