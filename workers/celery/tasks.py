@@ -241,33 +241,19 @@ def run_message(holder: RuntimeHolder, hostname: str, tasks: Sequence[RunTask], 
     try:
         rt.spool(data_dir)  # a data dir problem raises here, before anything is claimed or called
     except Exception as exc:  # noqa: BLE001 - counted per run: poison after max_task_failures
-        _fail_unclaimed(rt, runs, _failure_text(exc))
+        _fail_unclaimed(rt, runs, _failure_text(exc))  # Redis away too: they stay queued, re-sent
     else:
         rt.run(_execute_all(rt, runs, data_dir))
     return [r.result for r in runs]
 
 
 def _fail_unclaimed(rt: WorkerRuntime, runs: Sequence[_Run], text: str) -> None:
-    """Count a failure of each run (nothing of them was claimed or called), from the task thread."""
+    """Count a failure of each run (nothing of them was claimed or called), from the task thread,
+    through the batch the loop's runs use."""
     for r in runs:
         r.failure = text
-    calls = [_finish_calls(rt, r) for r in runs]
-    try:
-        replies: Sequence[Any] = with_retry(lambda: rt.claims.run_calls([c for cs in calls for c in cs]),
-                                            "recording task failures", budget_s=rt.settings.redis_retry_s)
-    except TRANSIENT:
-        replies = [None] * sum(len(cs) for cs in calls)  # the runs stay queued; the reconciler re-sends
-    for r, reply in zip(runs, _firsts(calls, replies)):
+    for r, reply in zip(runs, _redis_batch(rt, [_Finish(r, None) for r in runs])):
         _log_end(r, reply)
-
-
-def _firsts(calls: Sequence[Sequence[Any]], replies: Sequence[Any]) -> list[Any]:
-    """The reply of each run's first call, from the flat replies of all of them."""
-    out, i = [], 0
-    for cs in calls:
-        out.append(replies[i])
-        i += len(cs)
-    return out
 
 
 def _finish_calls(rt: WorkerRuntime, r: _Run) -> list[Call]:
