@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 import workers.ir_extract as ir_extract
+import workers.ir_validate as ir_validate
 from storage import ir
 from storage.ir import IRDocument
 from storage.ir_strict import TWINS, strict_ir
@@ -175,7 +176,7 @@ def _extractions(text: str, budget: bool, monkeypatch: pytest.MonkeyPatch) -> tu
     """``extract_ir`` as it is, and with neither fast path (msgspec's decode, the strict twin)."""
     fast = extract_ir(text, budget_exhausted=budget)
     with monkeypatch.context() as patch:
-        patch.setattr(ir_extract, "strict_ir", lambda _value: None)
+        patch.setattr(ir_validate, "strict_ir", lambda _value: None)
         patch.setattr(ir_extract, "_decode_at", lambda text, start: json.JSONDecoder().raw_decode(text, start))
         slow = extract_ir(text, budget_exhausted=budget)
     return fast, slow

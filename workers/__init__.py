@@ -13,6 +13,7 @@ __all__ = [
     "execute",
     "gate",
     "ir_extract",
+    "ir_validate",
     "limits",
     "logs",
     "loops",

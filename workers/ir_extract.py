@@ -1,5 +1,8 @@
 """Find, parse and leniently validate the IR in a model's raw answer text.
 
+This module finds the JSON in the text; ``workers.ir_validate`` turns the value found into an
+IR (normalising, the repairs that change content, validation, canonical JSON).
+
 ``extract_ir(raw_text, budget_exhausted=...)`` never raises on model output: every input maps to
 exactly one ``ParseOutcome`` (``../shared/spec/ir.md``), and the raw text itself is kept by the
 caller in every case.
@@ -38,22 +41,18 @@ sorted id set, ``duplicate_id_count = node_count - len(node_ids)``.
 from __future__ import annotations
 
 import bisect
-import functools
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-from pydantic import ValidationError
 
-from storage.ir import IRDocument
-from storage.ir_strict import strict_ir
-from storage.records import ERROR_TEXT_MAX_CHARS, ParseOutcome
+from storage.records import ParseOutcome
+from workers.ir_validate import COSMETIC_REPAIRS, IRExtraction, clip_error, is_ir_like, validate_ir
 
-# Repairs that do not change the IR's content: the outcome stays ``ok``.
-COSMETIC_REPAIRS = frozenset({"stripped_fence"})
+__all__ = ["COSMETIC_REPAIRS", "IRExtraction", "extract_ir"]
+
 
 # The fence grammar; ``_fences`` matches it with str.find (tests/test_ir_extract.py compares them).
 _FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(```|\Z)", re.S)
@@ -69,31 +68,6 @@ _CLOSER = {"{": "}", "[": "]"}
 # Stacks (open brackets, outermost first) at which a cut leaves only complete nodes behind:
 # inside the document object, inside its nodes array, inside a bare node list.
 _RECOVERY_STACKS = frozenset({"{", "{[", "["})
-
-
-@dataclass(frozen=True)
-class IRExtraction:
-    """Result of ``extract_ir``. ``document``/``ir_json`` are set for ok, repaired and
-    (when complete nodes were recovered) truncated outcomes.
-
-    ``validated`` is the ``IRDocument``, or the normalised IR that the strict fast path accepted
-    (``storage.ir_strict``): then ``document`` validates it on first use, since storing a run
-    needs only ``ir_json`` and the node ids."""
-
-    parse_outcome: ParseOutcome
-    repairs: tuple[str, ...] = ()
-    validated: IRDocument | dict[str, Any] | None = field(default=None, repr=False)
-    ir_json: str | None = None
-    node_ids: tuple[str, ...] = ()
-    node_count: int = 0
-    duplicate_id_count: int = 0
-    error: str | None = None
-
-    @functools.cached_property
-    def document(self) -> IRDocument | None:
-        if self.validated is None or isinstance(self.validated, IRDocument):
-            return self.validated
-        return IRDocument.model_validate(self.validated)
 
 
 # Defaults sized far above real IRs (the study's largest is ~6 KB, ~60 nodes) and so that the
@@ -131,20 +105,7 @@ def extract_ir(
         found = _extract(raw_text, budget_exhausted, max_start_candidates, max_depth, max_nodes)
     except (RecursionError, MemoryError) as exc:
         return IRExtraction(ParseOutcome.INVALID_JSON, error=f"answer could not be parsed ({type(exc).__name__})")
-    if found.ir_json is not None and not _is_unicode(found.ir_json):
-        # a "\ud800" escape without its pair decodes to a lone surrogate, which no UTF-8 store
-        # can hold (it failed the whole Parquet batch): not an IR we can keep
-        return IRExtraction(ParseOutcome.SCHEMA_INVALID, found.repairs,
-                            error="IR holds a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape)")
     return found
-
-
-def _is_unicode(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _extract(
@@ -166,13 +127,13 @@ def _extract(
     first = _first_start(text)
     if first is None:
         outcome = ParseOutcome.TRUNCATED if budget_exhausted else ParseOutcome.INVALID_JSON
-        return IRExtraction(outcome, tuple(repairs), error=_clip(f"no JSON object in the answer ({len(raw_text)} chars)"))
+        return IRExtraction(outcome, tuple(repairs), error=clip_error(f"no JSON object in the answer ({len(raw_text)} chars)"))
     fast = _decode_ir_at(text, first, max_depth)
     if fast is not None:  # the common case: a well-formed IR object is the first JSON value
         value, end = fast
         if prose or text[:first].strip() or text[end:].strip():
             repairs.append("extracted_from_prose")
-        return _validate(value, repairs, ParseOutcome.OK, max_nodes)
+        return validate_ir(value, repairs, ParseOutcome.OK, max_nodes)
     status, cuts = _scan(text, first, max_depth)
     if status == "too_deep":
         return IRExtraction(
@@ -191,13 +152,13 @@ def _extract(
         value, start, end = found
         if prose or text[:start].strip() or text[end:].strip():
             repairs.append("extracted_from_prose")
-        return _validate(value, repairs, ParseOutcome.OK, max_nodes)
+        return validate_ir(value, repairs, ParseOutcome.OK, max_nodes)
     if status == "unterminated" or budget_exhausted:
         return _recover_truncated(text, first, cuts, repairs, max_nodes)
     fallback = _any_json(text, max_start_candidates)
     if fallback is not None:
-        return _validate(fallback, repairs, ParseOutcome.OK, max_nodes)
-    return IRExtraction(ParseOutcome.INVALID_JSON, tuple(repairs), error=_clip(_json_error(text, first)))
+        return validate_ir(fallback, repairs, ParseOutcome.OK, max_nodes)
+    return IRExtraction(ParseOutcome.INVALID_JSON, tuple(repairs), error=clip_error(_json_error(text, first)))
 
 
 def _decode_ir_at(text: str, first: int, max_depth: int) -> tuple[dict[str, Any], int] | None:
@@ -288,12 +249,6 @@ def _first_start(text: str) -> int | None:
     return match.start() if match else None
 
 
-def _is_ir_like(value: Any) -> bool:
-    if isinstance(value, dict):
-        return "nodes" in value
-    return isinstance(value, list) and bool(value) and all(isinstance(v, dict) for v in value)
-
-
 def _decode_all(text: str, limit: int):  # type: ignore[no-untyped-def]
     """Yield ``(value, start, end)`` for each JSON value decodable at a bracket, left to right,
     skipping brackets inside an already decoded value."""
@@ -318,7 +273,7 @@ def _find_json(text: str, limit: int, first: int, first_status: str) -> tuple[An
     for value, start, end in _decode_all(text, limit):
         if isinstance(value, dict) and "nodes" in value:
             return value, start, end
-        if bare_list is None and _is_ir_like(value):
+        if bare_list is None and is_ir_like(value):
             bare_list = (value, start, end)
     if bare_list is not None and bare_list[1] > first and first_status == "unterminated":
         return None
@@ -373,14 +328,14 @@ def _recover_truncated(
             value = json.loads(candidate)
         except (json.JSONDecodeError, RecursionError):
             continue
-        if not _is_ir_like(value):
+        if not is_ir_like(value):
             continue
         count = len(value["nodes"]) if isinstance(value, dict) and isinstance(value["nodes"], list) else len(value)
         if count > max_nodes:  # earlier cuts hold fewer nodes, but the answer is far past the bound
             return IRExtraction(
                 ParseOutcome.TRUNCATED, tuple(repairs), error=f"JSON cut mid-value; {count} nodes > max_ir_nodes={max_nodes}"
             )
-        result = _validate(value, [*repairs, "closed_truncated_json"], ParseOutcome.OK, max_nodes)
+        result = validate_ir(value, [*repairs, "closed_truncated_json"], ParseOutcome.OK, max_nodes)
         if result.validated is None:
             continue
         return IRExtraction(
@@ -425,87 +380,3 @@ def _json_error(text: str, start: int) -> str:
     return "invalid JSON"
 
 
-def _normalise(value: Any, repairs: list[str]) -> Any:
-    """Fill what the schema needs and record every content change as a repair."""
-
-    def note(name: str) -> None:
-        if name not in repairs:
-            repairs.append(name)
-
-    if isinstance(value, list):
-        note("wrapped_node_list")
-        value = {"nodes": value}
-    if not isinstance(value, dict):
-        return value
-    doc = dict(value)
-    if "version" not in doc:
-        note("missing_version")
-    elif isinstance(doc["version"], str):
-        note("coerced_version")
-    if "uri" not in doc:
-        note("missing_uri")
-    if not isinstance(doc.get("meta"), dict):
-        note("missing_meta")
-    nodes = doc.get("nodes")
-    if not isinstance(nodes, list):
-        return doc
-    for node in nodes:
-        if not isinstance(node, dict):
-            continue
-        if "id" in node and not isinstance(node["id"], str):
-            note("coerced_id")
-        if "label" not in node:
-            note("missing_label")
-        meta = node.get("meta")
-        if not isinstance(meta, dict):
-            note("missing_node_meta")
-            continue
-        if isinstance(meta.get("priority"), str):
-            note("coerced_priority")
-        if isinstance(meta.get("triggers"), str):
-            note("coerced_triggers")
-        if isinstance(meta.get("inferred"), str):
-            note("coerced_inferred")
-        rng = node.get("range")
-        if isinstance(rng, dict) and any(isinstance(v, str) for v in rng.values()):
-            note("coerced_range")
-    return doc
-
-
-def _validate(value: Any, repairs: list[str], outcome: ParseOutcome, max_nodes: int) -> IRExtraction:
-    if not _is_ir_like(value) or (isinstance(value, dict) and not isinstance(value["nodes"], list)):
-        return IRExtraction(ParseOutcome.SCHEMA_INVALID, tuple(repairs), error="JSON is not an IR: no 'nodes' list")
-    count = len(value["nodes"] if isinstance(value, dict) else value)
-    if count > max_nodes:
-        return IRExtraction(
-            ParseOutcome.SCHEMA_INVALID, tuple(repairs), error=f"IR has {count} nodes > max_ir_nodes={max_nodes}; not validated"
-        )
-    repairs = list(repairs)
-    doc = _normalise(value, repairs)
-    if outcome == ParseOutcome.OK and any(r not in COSMETIC_REPAIRS for r in repairs):
-        outcome = ParseOutcome.REPAIRED
-    strict = strict_ir(doc)  # most answers need no leniency: the same result ~10x cheaper
-    if strict is not None:
-        ids, count = strict.node_ids, strict.node_count
-        return IRExtraction(outcome, tuple(repairs), doc, strict.ir_json, tuple(ids), count, count - len(ids))
-    try:
-        document = IRDocument.model_validate(doc)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()[:5]
-        )
-        return IRExtraction(ParseOutcome.SCHEMA_INVALID, tuple(repairs), error=_clip(f"IR schema: {problems}"))
-    ids = document.node_ids()
-    return IRExtraction(
-        outcome,
-        tuple(repairs),
-        document,
-        document.canonical_json(),
-        tuple(ids),
-        len(document.nodes),
-        len(document.nodes) - len(ids),
-    )
-
-
-def _clip(message: str) -> str:
-    return message if len(message) <= ERROR_TEXT_MAX_CHARS else message[: ERROR_TEXT_MAX_CHARS - 1] + "…"
