@@ -36,7 +36,9 @@ def cluster() -> Iterator[str]:
 
 
 def test_the_cursor_reads_the_store_while_runs_are_pending(cluster: str, tmp_path: Path) -> None:
-    with start_background(SimConfig(seed=5, models={"cur-a": SimModel(latency_ms_median=30)})) as s:
+    # 120 runs × 100 ms at 4 in flight: ~3 s of campaign, ~10 spool segments at one per 0.3 s
+    # (at 30 ms a fast machine finished in 1 s and published 3 files: the scenario never arose)
+    with start_background(SimConfig(seed=5, models={"cur-a": SimModel(latency_ms_median=100)})) as s:
         path = write_campaign(tmp_path, "cur", one_endpoint(s.base_url, "cur-a") + "max_concurrency = 4\n",
                               runs=12, prompts=10)
         prepared = prepare(load_campaign(path))
