@@ -14,7 +14,7 @@ this process (orchestrator, or the local executor), of the simulator and of redi
 other load than wall time), and Redis's own counts of read events (``rt``: about one per round
 trip) and of top-level commands (``cmds``; a script's own calls are not counted).
 
-    python bench/distributed_throughput.py [--runs 600] [--workers 1,2,4] [--threads 8]
+    python bench/distributed_throughput.py [--runs 600] [--workers 1,2,4] [--threads 8] [--run-slots 0]
                                            [--local-concurrency 16] [--runs-per-message 1,8]
                                            [--baseline-src DIR --rounds 2]
 
@@ -110,9 +110,10 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     levels = [int(x) for x in args.workers.split(",")]
     per_message = [int(x) for x in args.runs_per_message.split(",")]
-    cap = max(args.local_concurrency, args.threads * max(levels)) * 2  # never the bottleneck
+    slots = args.run_slots or args.threads
+    cap = max(args.local_concurrency, slots * max(levels)) * 2  # never the bottleneck
     configure_logging(level="WARNING")
-    env = {"IRBENCH_LOG_LEVEL": "WARNING"}  # per-run INFO lines cost CPU on a 2-core box
+    env = {"IRBENCH_LOG_LEVEL": "WARNING", "IRBENCH_RUN_SLOTS": str(slots)}  # INFO lines per run cost CPU on 2 cores
     rows: list[dict[str, Any]] = []
 
     def time_celery(c: BenchCluster, prepared: Any, store: RunStore, k: int) -> None:
@@ -203,6 +204,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=600)
     parser.add_argument("--workers", default="1,2,4", help="worker process counts to measure")
     parser.add_argument("--threads", type=int, default=8, help="threads per worker (-c)")
+    parser.add_argument("--run-slots", type=int, default=0, help="runs each worker executes at once (0: --threads)")
     parser.add_argument("--local-concurrency", type=int, default=16, help="coroutines of the local executor")
     parser.add_argument("--runs-per-message", default="1", help="comma-separated: runs per broker message to measure")
     parser.add_argument("--baseline-src", default=None, help="another source tree to measure, alternating with this one")
@@ -212,7 +214,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.baseline_src and not args.src:
         argv = ["--runs", str(args.runs), "--workers", args.workers, "--threads", str(args.threads),
-                "--local-concurrency", str(args.local_concurrency), "--runs-per-message", args.runs_per_message]
+                "--run-slots", str(args.run_slots), "--local-concurrency", str(args.local_concurrency), "--runs-per-message", args.runs_per_message]
         alternate(args, argv)
         return
     if args.src:
