@@ -78,20 +78,22 @@ class BenchCluster:
         assert self.redis is not None
         return self.redis.url
 
-    def _start_workers(self, count: int) -> None:
+    def _start_workers(self, count: int, app: str | None = None, queues: str | None = None) -> None:
+        extra = {k: v for k, v in (("app", app), ("queues", queues)) if v is not None}
         self.workers = CeleryWorkers(
             self.url, count=count, concurrency=self.concurrency, env=self.worker_env, log_level=self.worker_log_level,
-            start_timeout_s=60.0,
+            start_timeout_s=60.0, **extra,
         )
         self.workers.start()
 
-    def restart_workers(self, count: int) -> None:
-        """Stop the current workers (if any) and start ``count`` new ones on the same Redis."""
+    def restart_workers(self, count: int, *, app: str | None = None, queues: str | None = None) -> None:
+        """Stop the current workers (if any) and start ``count`` new ones on the same Redis
+        (``app``/``queues``: another Celery app module and its queues, e.g. ``bench.bare_celery``)."""
         if self.workers is not None:
             self.workers.close()
             self.workers = None
         try:
-            self._start_workers(count)
+            self._start_workers(count, app, queues)
         except BaseException:
             if self.workers is not None:
                 self.workers.close()

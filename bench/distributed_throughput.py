@@ -157,23 +157,63 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                     rows.append(row)
                     print(f"celery, {level} worker(s) x {args.threads} threads, {k} run(s)/message: "
                           f"{row['runs'] / row['seconds']:.1f} runs/s", file=sys.stderr, flush=True)
+                if args.bare:
+                    rows += measure_bare(c, tmp_path, level, per_message, args, cap)
+    return rows
+
+
+def measure_bare(c: Any, tmp_path: Path, level: int, per_message: list[int], args: argparse.Namespace,
+                 cap: int) -> list[dict[str, Any]]:
+    """The bare Celery reference (``bench/bare_celery.py``) on ``level`` workers: the same
+    calls, the same message sizes, on the same Redis and simulator; one row per ``k``."""
+    import redis
+    from bare_celery import DONE_KEY, QUEUE, make_app, send_calls, wait_for
+    from local_throughput import request_bodies
+
+    rows = []
+    c.restart_workers(level, app="bench.bare_celery", queues=QUEUE)
+    sender, client = make_app(c.url), redis.Redis.from_url(c.url)
+    url = f"{c.sim.base_url}/v1/chat/completions"
+    try:
+        for name, n, ks in (("warm", 20 * level * args.threads // 4, [1]), ("timed", args.runs, per_message)):
+            bodies = request_bodies(list(campaign(tmp_path, f"bare-w{level}-{name}", c.sim.base_url, n, cap).tasks))
+            for k in ks:
+                client.set(DONE_KEY, 0)
+
+                def body(bodies: list = bodies, k: int = k) -> None:
+                    send_calls(sender, url, bodies, k)
+                    wait_for(client, len(bodies))
+
+                row = measured(c, f"bare {level}x{args.threads} k{k}", len(bodies), body)
+                if name == "timed":
+                    rows.append(row)
+                    print(f"bare celery, {level} worker(s) x {args.threads} threads, {k} call(s)/message: "
+                          f"{row['runs'] / row['seconds']:.1f} calls/s", file=sys.stderr, flush=True)
+    finally:
+        client.close()
+        sender.close()
     return rows
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    """One line per row; ratios and overhead against the local row of the same measurement."""
-    print(f"{'tree':>5} {'executor':>18} {'runs':>5} {'seconds':>7} {'runs/s':>7} {'x_local':>7} {'ms/run':>6} "
-          f"{'overhead_ms':>11} | {'cpu ms/run: workers':>19} {'self':>5} {'sim':>5} {'redis':>5} {'total':>6} | "
-          f"{'rt/run':>6} {'cmds/run':>8}")
+    """One line per row; ratios and overhead against the local row of the same measurement, and
+    (``x_bare``) each irbench row's runs/s over the bare Celery row of the same shape."""
+    print(f"{'tree':>5} {'executor':>18} {'runs':>5} {'seconds':>7} {'runs/s':>7} {'x_local':>7} {'x_bare':>6} "
+          f"{'ms/run':>6} {'overhead_ms':>11} | {'cpu ms/run: workers':>19} {'self':>5} {'sim':>5} {'redis':>5} "
+          f"{'total':>6} | {'rt/run':>6} {'cmds/run':>8}")
+    bare = {(r.get("tree"), r["label"].split(" ", 1)[1]): r["runs"] / r["seconds"]
+            for r in rows if r["label"].startswith("bare")}
     local_ms = 0.0
     for r in rows:
         ms = 1000 * r["seconds"] / r["runs"]
         if r["label"].startswith("local"):
             local_ms = ms
         over = "-" if r["label"].startswith("local") else f"{ms - local_ms:+.2f}"
+        ref = bare.get((r.get("tree"), r["label"].split(" ", 1)[1])) if r["label"].startswith("celery") else None
+        x_bare = "-" if ref is None else f"{r['runs'] / r['seconds'] / ref:.2f}"
         total = r["cpu_workers"] + r["cpu_self"] + r["cpu_sim"] + r["cpu_redis"]
         print(f"{r.get('tree', 'this'):>5} {r['label']:>18} {r['runs']:>5} {r['seconds']:>7.2f} {r['runs'] / r['seconds']:>7.1f} "
-              f"{local_ms / ms:>7.2f} {ms:>6.2f} {over:>11} | {r['cpu_workers']:>19.2f} {r['cpu_self']:>5.2f} "
+              f"{local_ms / ms:>7.2f} {x_bare:>6} {ms:>6.2f} {over:>11} | {r['cpu_workers']:>19.2f} {r['cpu_self']:>5.2f} "
               f"{r['cpu_sim']:>5.2f} {r['cpu_redis']:>5.2f} {total:>6.2f} | {r['rt']:>6.2f} {r['cmds']:>8.2f}")
 
 
@@ -207,6 +247,8 @@ def main() -> None:
     parser.add_argument("--run-slots", type=int, default=0, help="runs each worker executes at once (0: --threads)")
     parser.add_argument("--local-concurrency", type=int, default=16, help="coroutines of the local executor")
     parser.add_argument("--runs-per-message", default="1", help="comma-separated: runs per broker message to measure")
+    parser.add_argument("--no-bare", dest="bare", action="store_false",
+                        help="skip the bare Celery reference (bench/bare_celery.py)")
     parser.add_argument("--baseline-src", default=None, help="another source tree to measure, alternating with this one")
     parser.add_argument("--rounds", type=int, default=2, help="with --baseline-src: how many times each tree runs")
     parser.add_argument("--src", default=None, help=argparse.SUPPRESS)  # measure this tree (a child of --baseline-src)
@@ -214,7 +256,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.baseline_src and not args.src:
         argv = ["--runs", str(args.runs), "--workers", args.workers, "--threads", str(args.threads),
-                "--run-slots", str(args.run_slots), "--local-concurrency", str(args.local_concurrency), "--runs-per-message", args.runs_per_message]
+                "--run-slots", str(args.run_slots), "--local-concurrency", str(args.local_concurrency), "--runs-per-message", args.runs_per_message,
+                *([] if args.bare else ["--no-bare"])]
         alternate(args, argv)
         return
     if args.src:

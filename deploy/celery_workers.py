@@ -31,7 +31,8 @@ class CeleryWorkersError(RuntimeError):
 
 
 class CeleryWorkers:
-    """``count`` workers consuming ``queues`` from ``broker_url`` with ``concurrency`` threads each."""
+    """``count`` workers consuming ``queues`` from ``broker_url`` with ``concurrency`` threads each;
+    ``app``: the Celery app module (``-A``; a benchmark's reference app, say)."""
 
     def __init__(
         self,
@@ -43,8 +44,10 @@ class CeleryWorkers:
         env: Mapping[str, str] | None = None,
         start_timeout_s: float = 30.0,
         log_level: str = "INFO",
+        app: str = "orchestrator.worker_app",
     ) -> None:
         self.broker_url = broker_url
+        self.app = app
         self.count = count
         self.concurrency = concurrency
         self.queues = queues
@@ -63,7 +66,7 @@ class CeleryWorkers:
         self._generation[i] += 1
         env = {**os.environ, **self.env, "IRBENCH_BROKER_URL": self.broker_url, "PYTHONUNBUFFERED": "1"}
         argv = [
-            sys.executable, "-m", "celery", "-A", "orchestrator.worker_app", "worker",
+            sys.executable, "-m", "celery", "-A", self.app, "worker",
             "-P", "threads", "-c", str(self.concurrency), "-Q", self.queues,
             "-n", f"w{i}-{self._generation[i]}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
             "--loglevel", self.log_level, "-f", str(self.log_path(i)),
