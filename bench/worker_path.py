@@ -1,0 +1,127 @@
+"""A Celery worker's run path without Celery, against the local executor, in one process: CPU per run.
+
+``distributed_throughput.py`` measures the whole distributed system; this isolates what a worker
+process does per run once a message is in hand: ``workers.celery.tasks.run_message`` on a real
+``WorkerRuntime`` (its event loop, run slots, claims and done markers on a private
+redis-server, the group-commit spool with its fsyncs, the spool's Parquet publisher) — no
+broker, no kombu consumer, no orchestrator. Next to it, in the same invocation and on the same
+zero-latency simulator, ``run_local`` (the local executor: its event loop and its writer
+process) executes the same tasks at the same concurrency. Both run in this process, so the
+figures are this process's CPU (user + system, all threads, plus the local executor's writer
+child once reaped) per run, and runs/s; the two alternate ``--repeats`` times (these 2-core
+machines drift by ±20 % between consecutive runs).
+
+    python bench/worker_path.py [--runs 4000] [--slots 8,32] [--per-message 64] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _cluster import write_campaign
+
+from deploy.redis_server import RedisServer
+from orchestrator.campaign import prepare
+from orchestrator.local import LocalOptions, run_event_loop, run_local
+from orchestrator.spec import load_campaign
+from simulator.server import start_subprocess
+from storage.runs import RunStore
+from workers.celery.campaign_state import CampaignState
+from workers.celery.runtime import RuntimeHolder, WorkerSettings
+from workers.celery.tasks import run_message
+from workers.logs import configure_logging
+from workers.runtask import ModelLimits, RunTask
+
+MODEL = "wp-zero"
+
+
+def cpu_s() -> float:
+    """User + system CPU seconds of this process and its reaped children."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def tasks_for(tmp: Path, name: str, base_url: str, runs: int) -> list[RunTask]:
+    path = write_campaign(tmp, name, base_url, {MODEL: {"max_concurrency": 1000}}, prompts=20, runs=max(1, runs // 20))
+    today = dt.date.today()
+    return [t.model_copy(update={"measured_on": today}) for t in prepare(load_campaign(path)).tasks]
+
+
+def worker_path(redis_url: str, tasks: list[RunTask], data: Path, slots: int, per_message: int) -> tuple[float, float]:
+    """(seconds, CPU seconds) of ``run_message`` over ``tasks``, ``per_message`` runs a call."""
+    holder = RuntimeHolder(redis_url, WorkerSettings(redis_url=redis_url, run_slots=slots))
+    rt = holder.get()
+    state = CampaignState(rt.redis, tasks[0].campaign)
+    state.set_planned({MODEL: len(tasks)})
+    state.record_dispatch(t.run_id for t in tasks)  # as the orchestrator does before publishing
+    warm, timed = tasks[:64], tasks[64:]
+    run_message(holder, "bench", warm, str(data))  # connections, spool, imports
+    c0, t0 = cpu_s(), time.perf_counter()
+    for i in range(0, len(timed), per_message):
+        results = run_message(holder, "bench", timed[i : i + per_message], str(data))
+        if any(r != "ok" for r in results):
+            raise SystemExit(f"worker path: a run ended {sorted(set(results))}")
+    seconds, cpu = time.perf_counter() - t0, cpu_s() - c0
+    holder.close()
+    return seconds, cpu
+
+
+def local_path(tasks: list[RunTask], data: Path, concurrency: int) -> tuple[float, float]:
+    """(seconds, CPU seconds, writer child included) of ``run_local`` over ``tasks``."""
+    tasks = [t.model_copy(update={"limits": ModelLimits(max_concurrency=concurrency)}) for t in tasks]
+    run_event_loop(run_local(tasks[:64], RunStore(data / "warm"), secrets={}, options=LocalOptions()))
+    store = RunStore(data / "timed")
+    c0, t0 = cpu_s(), time.perf_counter()
+    summary = run_event_loop(run_local(tasks[64:], store, secrets={}, options=LocalOptions()))
+    seconds, cpu = time.perf_counter() - t0, cpu_s() - c0
+    if summary.executed != len(tasks) - 64:
+        raise SystemExit(f"local: {summary.executed}/{len(tasks) - 64} stored")
+    return seconds, cpu
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=4000)
+    parser.add_argument("--slots", default="8,32", help="comma-separated: the worker's run slots (= local concurrency)")
+    parser.add_argument("--per-message", type=int, default=64, help="runs handed to run_message at once")
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    configure_logging(level="WARNING")
+    load = "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+    rows: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    n = 0
+    with tempfile.TemporaryDirectory(prefix="irbench-wp-") as tmp, RedisServer() as srv:
+        tmp_path = Path(tmp)
+        (tmp_path / "sim.toml").write_text(f"seed = 1\n[models.{MODEL}]\n")
+        with start_subprocess(tmp_path / "sim.toml") as sim:
+            for rep in range(args.repeats):
+                for slots in (int(x) for x in args.slots.split(",")):
+                    for kind in ("worker", "local"):
+                        name = f"wp-{kind}-{slots}-{rep}"
+                        tasks = tasks_for(tmp_path / name, name, sim.base_url, args.runs + 64)
+                        n = len(tasks) - 64
+                        data = tmp_path / name / "data"
+                        got = (worker_path(srv.url, tasks, data, slots, args.per_message) if kind == "worker"
+                               else local_path(tasks, data, slots))
+                        rows.setdefault((kind, slots), []).append(got)
+                        print(f"repeat {rep + 1} {kind} x{slots}: {n / got[0]:.1f} runs/s, "
+                              f"{1000 * got[1] / n:.3f} ms CPU/run", file=sys.stderr, flush=True)
+    print(f"\n{n} timed runs per measurement; load average before {load}, after "
+          + "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
+    print(f"{'path':>7} {'slots':>5} | {'runs/s (median)':>15} {'CPU ms/run':>10} | each repeat (runs/s, CPU ms/run)")
+    for (kind, slots), got in rows.items():
+        rates, cpus = [n / s for s, _ in got], [1000 * c / n for _, c in got]
+        each = ", ".join(f"{r:.0f}/{c:.3f}" for r, c in zip(rates, cpus))
+        print(f"{kind:>7} {slots:>5} | {statistics.median(rates):>15.1f} {statistics.median(cpus):>10.3f} | {each}")
+
+
+if __name__ == "__main__":
+    main()
