@@ -12,6 +12,7 @@ __all__ = [
     "errors",
     "execute",
     "gate",
+    "gc_policy",
     "ir_extract",
     "ir_validate",
     "limits",

@@ -49,6 +49,7 @@ from workers.celery.transport import ACK_FLUSH_S
 from workers.celery.deferring import Deferred, DeferringLimiter
 from workers.celery.coalesce import Coalescer
 from workers.errors import ConfigError
+from workers.gc_policy import tune_collector
 from workers.loops import new_event_loop
 from workers.limits.base import Permit
 from workers.providers.base import Provider
@@ -86,6 +87,9 @@ class WorkerSettings:
     ``run_slots``: runs this process executes at once, whatever the messages carry (a run
     takes a slot before its claim and gives it back once its record is durable, so a SIGKILL
     loses at most this many answered calls); 0 = the worker's thread count (``--concurrency``).
+    ``gc_young_threshold``: once the runtime is up, the start-up heap is frozen and the young
+    generation collected every this many allocations (``workers.gc_policy``); 0 leaves
+    Python's collector as it is.
     """
 
     redis_url: str
@@ -108,6 +112,7 @@ class WorkerSettings:
     spool_max_age_s: float = 5.0
     spool_idle_s: float = 0.5
     run_slots: int = 0
+    gc_young_threshold: int = 10000
 
     def __post_init__(self) -> None:
         if self.visibility_timeout_s <= 0:
@@ -116,6 +121,8 @@ class WorkerSettings:
             raise ConfigError(f"ack flush delay must be >= 0 s, got {self.ack_flush_s}")
         if self.run_slots < 0:
             raise ConfigError(f"run slots must be >= 0 (0: the worker's thread count), got {self.run_slots}")
+        if self.gc_young_threshold < 0:
+            raise ConfigError(f"IRBENCH_GC_YOUNG_THRESHOLD must be >= 0 (0: Python's default), got {self.gc_young_threshold}")
 
     @property
     def heartbeat_s(self) -> float:
@@ -180,6 +187,7 @@ class WorkerRuntime:
         self._batchers: dict[str, Coalescer[Any, Any]] = {}  # see ``batcher``
         self._heartbeat = threading.Thread(target=self._beat, name="irbench-heartbeat", daemon=True)
         self._heartbeat.start()
+        tune_collector(settings.gc_young_threshold)  # the process's long-lived objects exist by now
 
     async def _setup(self) -> tuple[aioredis.Redis, RedisLimiter]:
         client = aioredis.Redis.from_url(self.settings.redis_url, socket_timeout=5.0, socket_connect_timeout=2.0)
