@@ -11,13 +11,17 @@ figures are this process's CPU (user + system, all threads, plus the local execu
 child once reaped) per run, and runs/s; the two alternate ``--repeats`` times (these 2-core
 machines drift by ±20 % between consecutive runs).
 
-    python bench/worker_path.py [--runs 4000] [--slots 8,32] [--per-message 64] [--repeats 2]
+    python bench/worker_path.py [--runs 4000] [--slots 8,32] [--per-message 64] [--repeats 2] [--gc 0,10000]
+
+``--gc``: the workers' ``gc_young_threshold`` values to measure (``workers.gc_policy``; the
+collector is put back to Python's defaults before every measurement, the local one included).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import os
 import resource
 import statistics
@@ -55,9 +59,18 @@ def tasks_for(tmp: Path, name: str, base_url: str, runs: int) -> list[RunTask]:
     return [t.model_copy(update={"measured_on": today}) for t in prepare(load_campaign(path)).tasks]
 
 
-def worker_path(redis_url: str, tasks: list[RunTask], data: Path, slots: int, per_message: int) -> tuple[float, float]:
+def default_collector() -> None:
+    """Python's own collector settings (a runtime made earlier in this process tuned them)."""
+    gc.unfreeze()
+    gc.set_threshold(700, 10, 10)
+
+
+def worker_path(redis_url: str, tasks: list[RunTask], data: Path, slots: int, per_message: int,
+                gc_young_threshold: int) -> tuple[float, float]:
     """(seconds, CPU seconds) of ``run_message`` over ``tasks``, ``per_message`` runs a call."""
-    holder = RuntimeHolder(redis_url, WorkerSettings(redis_url=redis_url, run_slots=slots))
+    default_collector()
+    settings = WorkerSettings(redis_url=redis_url, run_slots=slots, gc_young_threshold=gc_young_threshold)
+    holder = RuntimeHolder(redis_url, settings)
     rt = holder.get()
     state = CampaignState(rt.redis, tasks[0].campaign)
     state.set_planned({MODEL: len(tasks)})
@@ -77,6 +90,7 @@ def worker_path(redis_url: str, tasks: list[RunTask], data: Path, slots: int, pe
 def local_path(tasks: list[RunTask], data: Path, concurrency: int) -> tuple[float, float]:
     """(seconds, CPU seconds, writer child included) of ``run_local`` over ``tasks``."""
     tasks = [t.model_copy(update={"limits": ModelLimits(max_concurrency=concurrency)}) for t in tasks]
+    default_collector()
     run_event_loop(run_local(tasks[:64], RunStore(data / "warm"), secrets={}, options=LocalOptions()))
     store = RunStore(data / "timed")
     c0, t0 = cpu_s(), time.perf_counter()
@@ -93,10 +107,12 @@ def main() -> None:
     parser.add_argument("--slots", default="8,32", help="comma-separated: the worker's run slots (= local concurrency)")
     parser.add_argument("--per-message", type=int, default=64, help="runs handed to run_message at once")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--gc", default="10000", help="comma-separated: the workers' gc_young_threshold (0: Python's)")
     args = parser.parse_args()
     configure_logging(level="WARNING")
     load = "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
     rows: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    kinds = [f"worker gc{g}" for g in args.gc.split(",")] + ["local"]
     n = 0
     with tempfile.TemporaryDirectory(prefix="irbench-wp-") as tmp, RedisServer() as srv:
         tmp_path = Path(tmp)
@@ -104,23 +120,23 @@ def main() -> None:
         with start_subprocess(tmp_path / "sim.toml") as sim:
             for rep in range(args.repeats):
                 for slots in (int(x) for x in args.slots.split(",")):
-                    for kind in ("worker", "local"):
-                        name = f"wp-{kind}-{slots}-{rep}"
+                    for kind in kinds:
+                        name = f"wp-{kind.replace(' ', '-')}-{slots}-{rep}"
                         tasks = tasks_for(tmp_path / name, name, sim.base_url, args.runs + 64)
                         n = len(tasks) - 64
                         data = tmp_path / name / "data"
-                        got = (worker_path(srv.url, tasks, data, slots, args.per_message) if kind == "worker"
-                               else local_path(tasks, data, slots))
+                        got = (worker_path(srv.url, tasks, data, slots, args.per_message, int(kind[9:]))
+                               if kind.startswith("worker") else local_path(tasks, data, slots))
                         rows.setdefault((kind, slots), []).append(got)
                         print(f"repeat {rep + 1} {kind} x{slots}: {n / got[0]:.1f} runs/s, "
                               f"{1000 * got[1] / n:.3f} ms CPU/run", file=sys.stderr, flush=True)
     print(f"\n{n} timed runs per measurement; load average before {load}, after "
           + "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
-    print(f"{'path':>7} {'slots':>5} | {'runs/s (median)':>15} {'CPU ms/run':>10} | each repeat (runs/s, CPU ms/run)")
+    print(f"{'path':>12} {'slots':>5} | {'runs/s (median)':>15} {'CPU ms/run':>10} | each repeat (runs/s, CPU ms/run)")
     for (kind, slots), got in rows.items():
         rates, cpus = [n / s for s, _ in got], [1000 * c / n for _, c in got]
         each = ", ".join(f"{r:.0f}/{c:.3f}" for r, c in zip(rates, cpus))
-        print(f"{kind:>7} {slots:>5} | {statistics.median(rates):>15.1f} {statistics.median(cpus):>10.3f} | {each}")
+        print(f"{kind:>12} {slots:>5} | {statistics.median(rates):>15.1f} {statistics.median(cpus):>10.3f} | {each}")
 
 
 if __name__ == "__main__":
