@@ -15,11 +15,18 @@ other load than wall time), and Redis's own counts of read events (``rt``: about
 trip) and of top-level commands (``cmds``; a script's own calls are not counted).
 
     python bench/distributed_throughput.py [--runs 600] [--workers 1,2,4] [--threads 8] [--run-slots 0]
-                                           [--local-concurrency 16] [--runs-per-message 1,8]
+                                           [--local-concurrency 16] [--runs-per-message 1,8] [--no-bare]
                                            [--baseline-src DIR --rounds 2]
 
 ``--runs-per-message``: each worker set runs the timed campaign once per value (the
-orchestrator's ``runs_per_message``: runs carried by one broker message).
+orchestrator's ``runs_per_message``: runs carried by one broker message). ``--run-slots``: each
+worker's run slots (``IRBENCH_RUN_SLOTS``; default its threads).
+
+Then, on the same Redis and simulator, each worker count runs the **bare Celery reference**
+(``bench/bare_celery.py``: stock Celery making the same calls in messages of the same shape,
+with none of irbench's claims, records, spool or done markers) once per ``--runs-per-message``
+value; ``x_bare`` is irbench's runs/s over that row's (``--no-bare`` skips it).
+
 ``--baseline-src DIR``: also measure another source tree (e.g. ``git archive main | tar -x -C
 DIR``), alternating DIR and this tree ``--rounds`` times; each measurement is a fresh process
 with its own redis-server, simulator and workers (``--src``: run one measurement from a tree).
