@@ -4,9 +4,10 @@ A worker allocates hundreds of short-lived objects per run (requests, replies, r
 Python's collector runs often, and each run of it walks what is alive: in a Celery worker that
 is mostly what the imports left (Celery, kombu, pydantic's schemas, aiohttp), tens of thousands
 of objects that live as long as the process. perf put 13 % of a worker process's CPU in the
-collector on the zero-latency simulator; freezing the start-up heap and collecting the young
-generation every 10,000 allocations instead of 700 took 0.82 -> 0.64 ms of CPU per run off the
-worker's run path (``bench/worker_path.py``; bench/README.md, 2026-12-03).
+collector on the zero-latency simulator (0.6 % after this); freezing the start-up heap and
+collecting the young generation every 10,000 allocations instead of 700 took the worker's run
+path from 0.805 to 0.688 ms of CPU per run, lower in 4 of 4 pairs (``bench/worker_path.py --gc
+0,10000``; bench/README.md, 2026-12-03). The local executor showed no consistent change.
 """
 
 from __future__ import annotations
