@@ -43,6 +43,7 @@ from tests.support.distributed import (  # noqa: F401 - fixtures
     attempts_by_model,
     cluster,
     live,
+    log_events,
     make_campaign,
     records_by_model,
     settle,
@@ -79,6 +80,9 @@ def test_crossed_campaign_three_workers(live: Cluster, tmp_path: Path) -> None:
     assert_every_run_stored(store, prepared)
     assert sum(st[m]["requests"] for m in models) == 60  # no call duplicated
     assert_calls_equal_attempts(store, "t1", st, models)
+    # one INFO line per run in the workers' logs (run_finished), not two
+    events = Counter(e["event"] for e in log_events(live.workers.logs()) if e.get("campaign") == "t1")
+    assert events["run_finished"] == 60 and events["run_stored"] == 0, events
     # batched writes: 60 runs over 3 workers share files, not one file per run. Bounded loosely:
     # a worker starved past IRBENCH_SPOOL_IDLE_S (0.5 s) publishes early (≤ 6 failed once at
     # load 22); the ≤ 2 files per 100 runs target is measured in bench/campaign_scale.py.

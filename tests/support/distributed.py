@@ -207,3 +207,20 @@ def wait_for(cond, timeout_s: float, what: str) -> None:  # noqa: ANN001
     while not cond():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+def log_events(text: str) -> list[dict]:
+    """The structlog JSON objects in worker log text (a line's JSON starts at its first ``{``;
+    Celery prefixes the lines it redirects)."""
+    events = []
+    for line in text.splitlines():
+        start = line.find("{")
+        if start < 0:
+            continue
+        try:
+            obj = json.loads(line[start:])
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and "event" in obj:
+            events.append(obj)
+    return events
