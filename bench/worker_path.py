@@ -112,7 +112,8 @@ def main() -> None:
     configure_logging(level="WARNING")
     load = "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
     rows: dict[tuple[str, int], list[tuple[float, float]]] = {}
-    kinds = [f"worker gc{g}" for g in args.gc.split(",")] + ["local"]
+    # (label, the workers' gc_young_threshold; None: the local executor)
+    kinds: list[tuple[str, int | None]] = [(f"worker gc{g}", int(g)) for g in args.gc.split(",")] + [("local", None)]
     n = 0
     with tempfile.TemporaryDirectory(prefix="irbench-wp-") as tmp, RedisServer() as srv:
         tmp_path = Path(tmp)
@@ -120,13 +121,13 @@ def main() -> None:
         with start_subprocess(tmp_path / "sim.toml") as sim:
             for rep in range(args.repeats):
                 for slots in (int(x) for x in args.slots.split(",")):
-                    for kind in kinds:
+                    for kind, gc_young in kinds:
                         name = f"wp-{kind.replace(' ', '-')}-{slots}-{rep}"
                         tasks = tasks_for(tmp_path / name, name, sim.base_url, args.runs + 64)
                         n = len(tasks) - 64
                         data = tmp_path / name / "data"
-                        got = (worker_path(srv.url, tasks, data, slots, args.per_message, int(kind[9:]))
-                               if kind.startswith("worker") else local_path(tasks, data, slots))
+                        got = (local_path(tasks, data, slots) if gc_young is None
+                               else worker_path(srv.url, tasks, data, slots, args.per_message, gc_young))
                         rows.setdefault((kind, slots), []).append(got)
                         print(f"repeat {rep + 1} {kind} x{slots}: {n / got[0]:.1f} runs/s, "
                               f"{1000 * got[1] / n:.3f} ms CPU/run", file=sys.stderr, flush=True)
