@@ -98,19 +98,22 @@ def test_cells_spanning_partitions_and_re_executed_runs(tmp_path: Path) -> None:
 
 
 def test_plan_keeps_every_cell_in_one_part(demo_store: Path) -> None:
-    """The demo's concurrent runs spread every cell over all files (one component): the plan
-    shards the cells by hash, each cell's runs in exactly one part, no split cell."""
+    """The demo's concurrent runs spread cells over several files (a component larger than one
+    part): the plan shards its cells by hash; every cell's runs land in exactly one part, sharded
+    or not, no split cell. (Which files form one component depends on the order the runs
+    finished: a batch that happened to hold whole cells only is a part of its own.)"""
     import pyarrow as pa
 
     from analysis.tables.part_summaries import shard_of
     from orchestrator.analysis_plan import file_keys
 
     plan = plan_analysis(demo_store, OPTIONS, max_files_per_part=1, min_parts=64)
-    assert len(plan.parts) > 2 and all(s is not None for s in plan.shards)
+    assert len(plan.parts) > 2 and any(s is not None for s in plan.shards), plan.shards
     seen: dict[tuple, int] = {}
     for i, (files, shard) in enumerate(zip(plan.parts, plan.shards)):
         t = pa.concat_tables([file_keys(f) for f in files])
-        t = t.filter(pa.array(shard_of(t, shard[1]) == shard[0]))
+        if shard is not None:
+            t = t.filter(pa.array(shard_of(t, shard[1]) == shard[0]))
         for key in set(zip(*(t.column(c).to_pylist() for c in t.column_names))):
             assert seen.setdefault(key, i) == i, key
     assert plan.split.num_rows == 0 and len(seen) > len(plan.parts)
