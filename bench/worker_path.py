@@ -30,12 +30,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from _cluster import write_campaign
+import _cluster  # noqa: F401 - puts the repo root on sys.path (`python bench/x.py` puts bench/ first)
+from distributed_throughput import MODEL, campaign
 
 from deploy.redis_server import RedisServer
-from orchestrator.campaign import prepare
 from orchestrator.local import LocalOptions, run_event_loop, run_local
-from orchestrator.spec import load_campaign
 from simulator.server import start_subprocess
 from storage.runs import RunStore
 from workers.celery.campaign_state import CampaignState
@@ -44,7 +43,6 @@ from workers.celery.tasks import run_message
 from workers.logs import configure_logging
 from workers.runtask import ModelLimits, RunTask
 
-MODEL = "wp-zero"
 
 
 def cpu_s() -> float:
@@ -54,9 +52,10 @@ def cpu_s() -> float:
 
 
 def tasks_for(tmp: Path, name: str, base_url: str, runs: int) -> list[RunTask]:
-    path = write_campaign(tmp, name, base_url, {MODEL: {"max_concurrency": 1000}}, prompts=20, runs=max(1, runs // 20))
+    """``distributed_throughput.py``'s campaign (one unlimited model), dated today as a
+    dispatched run is."""
     today = dt.date.today()
-    return [t.model_copy(update={"measured_on": today}) for t in prepare(load_campaign(path)).tasks]
+    return [t.model_copy(update={"measured_on": today}) for t in campaign(tmp, name, base_url, runs, 1000).tasks]
 
 
 def default_collector() -> None:
