@@ -35,6 +35,7 @@ from workers.clock import Clock, SystemClock
 from orchestrator.local_writer import FinishedRun, ProcessWriter, WriterConfig, write_error
 from workers.execute import ExecuteSettings, PendingRecord, RunContext, execute_run, execute_run_deferred, log_finished
 from workers.gate import MemoryGate, ModelGate
+from workers.gc_policy import tuned_collector
 from workers.limits.base import Limiter
 from workers.limits.memory import MemoryLimiter
 from workers.loops import new_event_loop
@@ -64,6 +65,11 @@ class LocalOptions:
 
     ``writer_process_min_runs``: from this many tasks on, records are finished and written by a
     writer process (``local_writer``) instead of a thread of this one.
+
+    ``gc_young_threshold``: for an execution of that many tasks or more, the process's heap is
+    frozen and its young generation collected every this many allocations while it runs
+    (``workers.gc_policy``; the collector's cost otherwise grows with the runs in flight); 0
+    leaves the collector alone.
     """
 
     max_in_flight: int | None = None
@@ -72,6 +78,7 @@ class LocalOptions:
     flush_max_records: int = 512
     connections_per_client: int = 1
     writer_process_min_runs: int | None = 256  # None: never a writer process
+    gc_young_threshold: int = 10000
 
 
 @dataclass
@@ -178,6 +185,26 @@ async def run_local(
     ``secrets`` maps environment-variable names to API keys; it is read here and handed to the
     providers in memory only. Returns counts per model and outcome.
     """
+    big = options.writer_process_min_runs is not None and len(tasks) >= options.writer_process_min_runs
+    with tuned_collector(options.gc_young_threshold if big else 0):  # before the writer's fork
+        return await _run_local(tasks, store, secrets=secrets, options=options, limiter=limiter, gate=gate,
+                                clock=clock, client=client, on_progress=on_progress, settings=settings)
+
+
+async def _run_local(
+    tasks: Sequence[RunTask],
+    store: RunStore,
+    *,
+    secrets: Mapping[str, str],
+    options: LocalOptions = LocalOptions(),
+    limiter: Limiter | None = None,
+    gate: ModelGate | None = None,
+    clock: Clock | None = None,
+    client: httpx.AsyncClient | None = None,
+    on_progress: ProgressCallback | None = None,
+    settings: ExecuteSettings = ExecuteSettings(),
+) -> ExecutionSummary:
+    """:func:`run_local` without the collector policy."""
     limiter = limiter or MemoryLimiter()
     gate = gate or MemoryGate(tasks[0].retry.disable_after_consecutive if tasks else 3)
     tls = make_tls_context() if client is None else None  # one CA bundle load for every client

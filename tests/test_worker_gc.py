@@ -13,7 +13,7 @@ import pytest
 from deploy.redis_server import RedisServer
 from workers.celery.runtime import WorkerRuntime, WorkerSettings
 from workers.errors import ConfigError
-from workers.gc_policy import tune_collector
+from workers.gc_policy import tune_collector, tuned_collector
 
 
 @pytest.fixture
@@ -71,3 +71,55 @@ def test_a_negative_threshold_is_a_config_error() -> None:
         WorkerSettings.from_env("redis://127.0.0.1:1/0", {"IRBENCH_GC_YOUNG_THRESHOLD": "-1"})
     with pytest.raises(ConfigError, match="not a number"):
         WorkerSettings.from_env("redis://127.0.0.1:1/0", {"IRBENCH_GC_YOUNG_THRESHOLD": "lots"})
+
+
+def test_a_tuned_block_puts_the_collector_back(collector: None) -> None:
+    gc.unfreeze()
+    before = gc.get_threshold()
+    with tuned_collector(7000):
+        assert gc.get_threshold() == (7000, 20, 10) and gc.get_freeze_count() > 1000
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    gc.freeze()  # someone else's freeze: it is theirs to undo
+    frozen = gc.get_freeze_count()
+    with tuned_collector(7000):
+        pass
+    assert gc.get_freeze_count() >= frozen > 0
+    with tuned_collector(0):
+        assert gc.get_threshold() == before
+
+
+def test_the_local_executor_tunes_the_collector_for_a_long_execution_only(collector: None, tmp_path) -> None:
+    """``run_local`` (what ``irbench run`` executes) runs a long execution with the policy and
+    puts the collector back afterwards; a short one (below the writer process's threshold) is
+    left alone. Seen from inside: the thresholds whenever a run starts or ends (its progress
+    callback), over real loopback HTTP."""
+    import asyncio
+
+    from orchestrator.local import LocalOptions, run_local
+    from storage.runs import RunStore
+    from tests.test_local_executor import _Counts, _serve, _tasks
+
+    gc.unfreeze()
+    before = gc.get_threshold()
+    options = LocalOptions(writer_process_min_runs=40, gc_young_threshold=9000)
+
+    def run(n: int, name: str) -> tuple[int, int, set[int]]:
+        counts, seen = _Counts(), set()
+
+        async def main() -> int:
+            server = await _serve(counts, 0.0)
+            url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+            try:
+                summary = await run_local(_tasks(url, n, concurrency=4), RunStore(tmp_path / name, fsync=False),
+                                          secrets={}, options=options,
+                                          on_progress=lambda model, state: seen.add(gc.get_threshold()[0]))
+                return summary.executed
+            finally:
+                server.close()
+                await server.wait_closed()
+
+        return asyncio.run(main()), counts.requests, seen
+
+    assert run(50, "long") == (50, 50, {9000})
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    assert run(20, "short") == (20, 20, {before[0]})

@@ -7,14 +7,18 @@ of objects that live as long as the process. perf put 13 % of a worker process's
 collector on the zero-latency simulator (0.6 % after this); freezing the start-up heap and
 collecting the young generation every 10,000 allocations instead of 700 took the worker's run
 path from 0.805 to 0.688 ms of CPU per run, lower in 4 of 4 pairs (``bench/worker_path.py --gc
-0,10000``; bench/README.md, 2026-12-03). The local executor showed no consistent change.
+0,10000``; bench/README.md, 2026-12-03). In the local executor the collector's cost grows with
+the runs in flight (perf: 2.9 % of the samples at 16 coroutines, 5.2 % at 64), which is what
+made it slower at 64 than at 16; tuned, 64 is as fast as 16 (bench/README.md, 2026-12-04).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import Iterator
 
-__all__ = ["tune_collector"]
+__all__ = ["tune_collector", "tuned_collector"]
 
 
 def tune_collector(young_threshold: int) -> bool:
@@ -28,3 +32,20 @@ def tune_collector(young_threshold: int) -> bool:
     gc.freeze()
     gc.set_threshold(young_threshold, 20, 10)
     return True
+
+
+@contextlib.contextmanager
+def tuned_collector(young_threshold: int) -> Iterator[None]:
+    """:func:`tune_collector` for the duration of a ``with`` block (one long execution in a
+    process that may do other things after it): on exit the thresholds are put back and the
+    frozen objects thawed, unless something had frozen objects before. Entering costs one full
+    collection (15-20 ms with irbench's imports on these machines)."""
+    old, frozen_before = gc.get_threshold(), gc.get_freeze_count()
+    changed = tune_collector(young_threshold)
+    try:
+        yield
+    finally:
+        if changed:
+            gc.set_threshold(*old)
+            if frozen_before == 0:
+                gc.unfreeze()
