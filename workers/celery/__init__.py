@@ -21,6 +21,7 @@ __all__ = [
     "redis_limiter",
     "redis_retry",
     "runtime",
+    "script_batch",
     "tasks",
     "transport",
 ]

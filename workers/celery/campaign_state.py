@@ -216,6 +216,12 @@ def parse_claim(reply: Any) -> tuple[str, GateView | None]:
 class CampaignState:
     """Sync view of one campaign's keys. ``client``: a ``redis.Redis`` (pooled, thread-safe)."""
 
+    @staticmethod
+    def finish_scripts(client: redis.Redis) -> list[Any]:
+        """The scripts of :meth:`done_call` and :meth:`defer_call`, registered on ``client``
+        (for a caller batching them with others: ``workers.celery.script_batch``)."""
+        return [client.register_script(_DONE), client.register_script(_DEFER)]
+
     def __init__(self, client: redis.Redis, campaign: str, *, prefix: str = "irbench:camp") -> None:
         self.client = client
         self.campaign = campaign

@@ -38,6 +38,7 @@ from redis.exceptions import NoScriptError
 
 from workers.celery.campaign_state import CLAIM_LUA, CLAIMED, Call, CampaignState, GateView, claim_args, parse_claim
 from workers.celery.redis_limiter import RedisLimiter, script_source
+from workers.celery.script_batch import ScriptBatch
 from workers.errors import ModelDisabled
 from workers.limits.base import Permit
 from workers.limits.memory import Lease
@@ -87,6 +88,8 @@ class ClaimPermits:
         self._limiter = limiter
         self._claim = client.register_script(_CLAIM_ACQUIRE)
         self._release = client.register_script(script_source("release"))
+        # a worker's Redis batch: claims, done markers, deferrals and releases in one EVALSHA
+        self._batch = ScriptBatch(client, [self._claim, self._release, *CampaignState.finish_scripts(client)])
 
     def claim_call(self, state: CampaignState, task: RunTask, owner: str, ttl_s: float) -> tuple[Call, bool]:
         """The claim script's call for ``task`` (to pipeline it), and whether it asks for a first
@@ -136,11 +139,19 @@ class ClaimPermits:
         return [(self._release, *self._limiter.release_call(p, t)) for p, t in permits]
 
     def run_calls(self, calls: Sequence[Call]) -> list[Any]:
-        """EVALSHA each ``(script, keys, args)`` in one non-transactional pipeline. A script the
-        server does not know (flushed by a restart) is loaded and run again on its own, so no
-        call that did run is repeated."""
+        """Run each ``(script, keys, args)``, in order, in one round trip; returns their replies
+        (raises the first call's error, if one failed). Claims, done markers, deferrals and
+        releases go as one ``EVALSHA`` (``ScriptBatch``); other scripts in a non-transactional
+        pipeline, where a script the server does not know (flushed by a restart) is loaded and
+        run again on its own, so no call that did run is repeated."""
         if not calls:
             return []
+        if self._batch.covers(calls):
+            out = self._batch.run(calls)
+            for res in out:
+                if isinstance(res, Exception):
+                    raise res
+            return out
         pipe = self._client.pipeline(transaction=False)
         for script, keys, args in calls:
             pipe.evalsha(script.sha, len(keys), *keys, *args)

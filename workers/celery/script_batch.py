@@ -1,0 +1,86 @@
+"""``ScriptBatch``: the calls of several Lua scripts in ONE ``EVALSHA``.
+
+A worker's Redis batch (``workers.celery.tasks._redis_batch``) sends, per run, its claim, its
+done marker and the release of its last permit: three script calls. In a redis-py pipeline each
+call costs the worker ~17 us of CPU (command packing, per-command bookkeeping, reply parsing)
+and redis-server a script invocation (bench/README.md, 2026-12-04). This module wraps the
+scripts in one script that takes every call's KEYS and ARGV flattened and runs them in order,
+so a batch of any size is one command, one reply and one script invocation.
+
+Each call keeps its own semantics: its reply is what the script alone would return, and an
+error in one (a Lua ``error`` or a failing ``redis.call``) is caught (``pcall``) and returned as
+that call's error reply, so it neither stops the calls after it nor changes their replies — as
+in a non-transactional pipeline. Writes are not rolled back in either case. The whole batch
+runs atomically (a script), which no caller relies on.
+
+Layout of one ``EVALSHA``: KEYS = every call's keys, in order; ARGV = per call
+``script index (1-based), #keys, #args, args...``. Reply: one element per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from workers.celery.campaign_state import Call
+
+_RUNNER = """
+local out, ki, ai = {}, 1, 1
+while ai <= #ARGV do
+  local f, nk, na = FNS[tonumber(ARGV[ai])], tonumber(ARGV[ai + 1]), tonumber(ARGV[ai + 2])
+  ai = ai + 3
+  local k, a = {}, {}
+  for j = 1, nk do k[j] = KEYS[ki + j - 1] end
+  for j = 1, na do a[j] = ARGV[ai + j - 1] end
+  ki, ai = ki + nk, ai + na
+  local ok, res = pcall(f, k, a)
+  if not ok then
+    if type(res) == 'table' and res.err then res = res else res = {err = tostring(res)} end
+  elseif res == nil then
+    res = false  -- a nil would end the reply's array here
+  end
+  out[#out + 1] = res
+end
+return out
+"""
+
+
+def batch_source(sources: Sequence[str]) -> str:
+    """One script running the given scripts' calls (``FNS[i]`` is ``sources[i - 1]``, with its
+    own KEYS and ARGV as parameters)."""
+    fns = "\n".join(f"FNS[{i}] = function(KEYS, ARGV)\n{src}\nend" for i, src in enumerate(sources, 1))
+    return f"local FNS = {{}}\n{fns}\n{_RUNNER}"
+
+
+class ScriptBatch:
+    """Runs calls of ``scripts`` (registered on ``client``) in one ``EVALSHA``.
+
+    ``client``: a sync ``redis.Redis``. ``scripts``: the ``Script`` objects whose calls this
+    batches (matched by SHA, so another client's registration of the same source is covered).
+    """
+
+    def __init__(self, client: redis.Redis, scripts: Sequence[Any]) -> None:
+        self._index = {s.sha: i for i, s in enumerate(scripts, 1)}
+        self._script = client.register_script(batch_source([s.script for s in scripts]))
+
+    def covers(self, calls: Sequence[Call]) -> bool:
+        """Whether every call's script is one this batch runs."""
+        return all(script.sha in self._index for script, _, _ in calls)
+
+    def run(self, calls: Sequence[Call]) -> list[Any]:
+        """Each call's reply, in order; a call that failed has its ``redis.ResponseError`` as
+        its reply. A server that lost the script (restart, flush) gets it loaded again by
+        ``Script`` and nothing runs twice (the failed ``EVALSHA`` ran nothing)."""
+        if not calls:
+            return []
+        keys: list[str] = []
+        argv: list[Any] = []
+        for script, k, a in calls:
+            keys += k
+            argv += [self._index[script.sha], len(k), len(a), *a]
+        replies = self._script(keys=keys, args=argv)
+        if not isinstance(replies, list) or len(replies) != len(calls):
+            raise redis.ResponseError(f"script batch: {len(calls)} calls but the reply is {replies!r:.200}")
+        return replies
