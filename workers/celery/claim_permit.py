@@ -28,6 +28,7 @@ single Redis, not a cluster — as does kombu's Redis transport the workers cons
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -81,15 +82,17 @@ class ClaimPermits:
 
     ``client``: the worker's sync ``redis.Redis`` (the same Redis as ``limiter``'s client).
     ``limiter``: the process's ``RedisLimiter`` (its key prefix and rate configuration).
+    ``async_client``: the worker loop's ``redis.asyncio.Redis``, for :meth:`arun_calls`.
     """
 
-    def __init__(self, client: redis.Redis, limiter: RedisLimiter) -> None:
+    def __init__(self, client: redis.Redis, limiter: RedisLimiter, async_client: Any = None) -> None:
         self._client = client
         self._limiter = limiter
         self._claim = client.register_script(_CLAIM_ACQUIRE)
         self._release = client.register_script(script_source("release"))
         # a worker's Redis batch: claims, done markers, deferrals and releases in one EVALSHA
-        self._batch = ScriptBatch(client, [self._claim, self._release, *CampaignState.finish_scripts(client)])
+        self._batch = ScriptBatch(client, [self._claim, self._release, *CampaignState.finish_scripts(client)],
+                                  async_client=async_client)
 
     def claim_call(self, state: CampaignState, task: RunTask, owner: str, ttl_s: float) -> tuple[Call, bool]:
         """The claim script's call for ``task`` (to pipeline it), and whether it asks for a first
@@ -134,6 +137,15 @@ class ClaimPermits:
         calls = self.release_calls(permits)
         return int(self.run_calls([state.done_call(run_id, model, outcome, failed, attempts), *calls])[0]) == 1
 
+    async def arun_calls(self, calls: Sequence[Call]) -> list[Any]:
+        """:meth:`run_calls` from the worker's event loop, on the async client (no thread
+        hand-off); calls of other scripts go through :meth:`run_calls` in a thread."""
+        if not calls:
+            return []
+        if not self._batch.covers(calls):
+            return await asyncio.to_thread(self.run_calls, calls)
+        return _raise_first_error(await self._batch.arun(calls))
+
     def release_calls(self, permits: Sequence[tuple[Permit, int | None]]) -> list[Call]:
         """The release of each ``(permit, actual_tokens)`` as a ``(script, keys, args)`` call."""
         return [(self._release, *self._limiter.release_call(p, t)) for p, t in permits]
@@ -147,11 +159,7 @@ class ClaimPermits:
         if not calls:
             return []
         if self._batch.covers(calls):
-            out = self._batch.run(calls)
-            for res in out:
-                if isinstance(res, Exception):
-                    raise res
-            return out
+            return _raise_first_error(self._batch.run(calls))
         pipe = self._client.pipeline(transaction=False)
         for script, keys, args in calls:
             pipe.evalsha(script.sha, len(keys), *keys, *args)
@@ -164,3 +172,10 @@ class ClaimPermits:
                 raise res
             out.append(res)
         return out
+
+
+def _raise_first_error(replies: list[Any]) -> list[Any]:
+    for res in replies:
+        if isinstance(res, Exception):
+            raise res
+    return replies

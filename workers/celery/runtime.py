@@ -183,7 +183,7 @@ class WorkerRuntime:
         self._stop = threading.Event()
         self._tls = make_tls_context()  # one CA bundle load for every client of this process
         self.aredis, self.limiter = self.run(self._setup())
-        self.claims = ClaimPermits(self.redis, self.limiter)  # claim + first permit, done + last release
+        self.claims = ClaimPermits(self.redis, self.limiter, async_client=self.aredis)  # claim + first permit, done + last release
         self._batchers: dict[str, Coalescer[Any, Any]] = {}  # see ``batcher``
         self._heartbeat = threading.Thread(target=self._beat, name="irbench-heartbeat", daemon=True)
         self._heartbeat.start()

@@ -1,6 +1,6 @@
 """``ScriptBatch``: the calls of several Lua scripts in ONE ``EVALSHA``.
 
-A worker's Redis batch (``workers.celery.tasks._redis_batch``) sends, per run, its claim, its
+A worker's Redis batch (``workers.celery.tasks._flush``) sends, per run, its claim, its
 done marker and the release of its last permit: three script calls. In a redis-py pipeline each
 call costs the worker ~17 us of CPU (command packing, per-command bookkeeping, reply parsing)
 and redis-server a script invocation (bench/README.md, 2026-12-04). This module wraps the
@@ -55,15 +55,19 @@ def batch_source(sources: Sequence[str]) -> str:
 
 
 class ScriptBatch:
-    """Runs calls of ``scripts`` (registered on ``client``) in one ``EVALSHA``.
+    """Runs calls of ``scripts`` in one ``EVALSHA``: :meth:`run` on ``client``, :meth:`arun`
+    on ``async_client`` (the same Redis).
 
-    ``client``: a sync ``redis.Redis``. ``scripts``: the ``Script`` objects whose calls this
-    batches (matched by SHA, so another client's registration of the same source is covered).
+    ``client``: a sync ``redis.Redis``; ``async_client``: a ``redis.asyncio.Redis`` or None.
+    ``scripts``: the ``Script`` objects whose calls this batches (matched by SHA, so another
+    client's registration of the same source is covered).
     """
 
-    def __init__(self, client: redis.Redis, scripts: Sequence[Any]) -> None:
+    def __init__(self, client: redis.Redis, scripts: Sequence[Any], async_client: Any = None) -> None:
         self._index = {s.sha: i for i, s in enumerate(scripts, 1)}
-        self._script = client.register_script(batch_source([s.script for s in scripts]))
+        source = batch_source([s.script for s in scripts])
+        self._script = client.register_script(source)
+        self._ascript = None if async_client is None else async_client.register_script(source)
 
     def covers(self, calls: Sequence[Call]) -> bool:
         """Whether every call's script is one this batch runs."""
@@ -75,12 +79,28 @@ class ScriptBatch:
         ``Script`` and nothing runs twice (the failed ``EVALSHA`` ran nothing)."""
         if not calls:
             return []
+        keys, argv = self._flatten(calls)
+        return self._checked(calls, self._script(keys=keys, args=argv))
+
+    async def arun(self, calls: Sequence[Call]) -> list[Any]:
+        """:meth:`run` on the async client, from its event loop."""
+        if not calls:
+            return []
+        if self._ascript is None:
+            raise RuntimeError("this ScriptBatch has no async client")
+        keys, argv = self._flatten(calls)
+        return self._checked(calls, await self._ascript(keys=keys, args=argv))
+
+    def _flatten(self, calls: Sequence[Call]) -> tuple[list[str], list[Any]]:
         keys: list[str] = []
         argv: list[Any] = []
         for script, k, a in calls:
             keys += k
             argv += [self._index[script.sha], len(k), len(a), *a]
-        replies = self._script(keys=keys, args=argv)
+        return keys, argv
+
+    @staticmethod
+    def _checked(calls: Sequence[Call], replies: Any) -> list[Any]:
         if not isinstance(replies, list) or len(replies) != len(calls):
             raise redis.ResponseError(f"script batch: {len(calls)} calls but the reply is {replies!r:.200}")
         return replies

@@ -21,8 +21,8 @@ its claim here finds it done or busy and steps aside.
 Why whole messages on one loop: a run's own work on a fast endpoint is ~0.5 ms of CPU, and each
 per-run Redis round trip, thread hand-off and fsync cost about as much again (bench/README.md).
 The claims of the runs that get a slot together, and the appends and done markers of the runs
-that finish together, go out together (``workers.celery.coalesce``): under load, one thread
-hand-off, one fsync and one pipeline for many runs.
+that finish together, go out together (``workers.celery.coalesce``): under load, one fsync (in
+a thread) and one ``EVALSHA`` (on the loop's async client) for many runs.
 
 A permit that is not available within a second or two *defers* the run: it is parked in the
 campaign's delayed set in Redis and its claim dropped (the message is still acknowledged, so no
@@ -55,7 +55,7 @@ from workers.celery.coalesce import Coalescer
 from workers.celery.deferring import Deferred, DeferringLimiter
 from workers.celery.gate import RedisGate
 from workers.celery.message import decode_runs
-from workers.celery.redis_retry import TRANSIENT, with_retry
+from workers.celery.redis_retry import TRANSIENT, awith_retry, with_retry
 from workers.celery.runtime import RuntimeHolder, WorkerRuntime
 from workers.execute import RunContext, execute_run
 from workers.limits.base import Permit
@@ -124,11 +124,11 @@ class _Finish:
 async def _execute(rt: WorkerRuntime, run: _Run, data_dir: str | None) -> None:
     """One run on the loop: a run slot, then its claim (with its first permit), ``execute_run``,
     then its record made durable and its done marker — or deferral or failure — and its permits'
-    releases sent. Claims and finishes of the runs that reach them together share one thread
-    hand-off, one fsync and one pipeline (:func:`_redis_batch`). The slot is held until the
+    releases sent. Claims and finishes of the runs that reach them together share one fsync and
+    one ``EVALSHA`` (:func:`_flush`). The slot is held until the
     finish is through, so a SIGKILL loses at most ``run_slots`` answered calls."""
     task = run.task
-    batcher = rt.batcher("redis", lambda: Coalescer(lambda items: asyncio.to_thread(_redis_batch, rt, items)))
+    batcher = rt.batcher("redis", lambda: Coalescer(lambda items: _flush(rt, items)))
     rt.hold_waiting(run.state, task.run_id)
     reply = None
     try:
@@ -174,34 +174,67 @@ async def _call(rt: WorkerRuntime, run: _Run, claimed: Claimed) -> None:
         run.held = limiter.take_unreleased()
 
 
+async def _flush(rt: WorkerRuntime, items: Sequence[_Claim | _Finish]) -> list[Any]:
+    """On the loop: the records of the finishing runs into the spool, durable (in a thread: the
+    fsync), then one ``EVALSHA`` on the loop's async client (``ScriptBatch``): every finishing
+    run's done marker, deferral or failure and permit releases first (so a permit freed here
+    can go to a claim of the same batch), then the claims. Returns per item: a finish's first
+    reply (done flag or failure count), a claim's ``Claimed``; if Redis stays away past
+    ``redis_retry_s``, None for a finish (its claim expires and the reconciler re-sends the
+    run) and the error for a claim. A batch of claims only needs no thread at all."""
+    finishes = [it for it in items if isinstance(it, _Finish)]
+    if any(f.run.record is not None for f in finishes):
+        await asyncio.to_thread(_append, rt, finishes)
+    else:
+        _append(rt, finishes)  # nothing to write: the failures and deferrals only
+    calls, first = _batch_calls(rt, items)
+    asked_at = time.monotonic()  # every grant happens after this
+    try:
+        replies = await awith_retry(lambda: rt.claims.arun_calls(calls), "claiming and marking runs done",
+                                    budget_s=rt.settings.redis_retry_s)
+    except TRANSIENT as exc:
+        return _unreplied(items, finishes, exc)
+    return _batch_replies(rt, items, replies, first, asked_at)
+
+
 def _redis_batch(rt: WorkerRuntime, items: Sequence[_Claim | _Finish]) -> list[Any]:
-    """In a thread: the records of the finishing runs into the spool, durable (one append and
-    fsync per store; a failed append turns its runs into task failures, their calls not stored),
-    then one pipeline on the sync client: every finishing run's done marker, deferral or
-    failure and permit releases first (so a permit freed here can go to a claim of the same
-    pipeline), then the claims. Returns per item: a finish's first reply (done flag or failure
-    count), a claim's ``Claimed``; if Redis stays away past ``redis_retry_s``, None for a finish
-    (its claim expires and the reconciler re-sends the run) and the error for a claim."""
+    """:func:`_flush` from a thread that is not the loop's (the task thread), on the sync
+    client."""
     finishes = [it for it in items if isinstance(it, _Finish)]
     _append(rt, finishes)
+    calls, first = _batch_calls(rt, items)
+    asked_at = time.monotonic()
+    try:
+        replies = with_retry(lambda: rt.claims.run_calls(calls), "claiming and marking runs done",
+                             budget_s=rt.settings.redis_retry_s)
+    except TRANSIENT as exc:
+        return _unreplied(items, finishes, exc)
+    return _batch_replies(rt, items, replies, first, asked_at)
+
+
+def _batch_calls(rt: WorkerRuntime, items: Sequence[_Claim | _Finish]) -> tuple[list[Call], dict[int, int]]:
+    """The batch's script calls, finishes first, and the index of each item's first call."""
     ttl_s = rt.settings.claim_ttl_s
     calls: list[Call] = []
-    first: dict[int, int] = {}  # item -> index of its first call
+    first: dict[int, int] = {}
     for i in sorted(range(len(items)), key=lambda i: isinstance(items[i], _Claim)):
         it = items[i]
         first[i] = len(calls)
         calls += (_finish_calls(rt, it.run) if isinstance(it, _Finish)
                   else [rt.claims.claim_call(it.run.state, it.run.task, it.run.owner, ttl_s)[0]])
-    asked_at = time.monotonic()  # every grant happens after this
-    try:
-        replies = with_retry(lambda: rt.claims.run_calls(calls), "claiming and marking runs done",
-                             budget_s=rt.settings.redis_retry_s)
-    except TRANSIENT as exc:
-        if finishes:
-            log.warning("runs_not_marked_done", runs=len(finishes), error=str(exc))
-        return [None if isinstance(it, _Finish) else exc for it in items]
+    return calls, first
+
+
+def _batch_replies(rt: WorkerRuntime, items: Sequence[_Claim | _Finish], replies: list[Any],
+                   first: dict[int, int], asked_at: float) -> list[Any]:
     return [replies[first[i]] if isinstance(it, _Finish)
             else rt.claims.claimed_from(replies[first[i]], it.run.task, asked_at) for i, it in enumerate(items)]
+
+
+def _unreplied(items: Sequence[_Claim | _Finish], finishes: Sequence[_Finish], exc: Exception) -> list[Any]:
+    if finishes:
+        log.warning("runs_not_marked_done", runs=len(finishes), error=str(exc))
+    return [None if isinstance(it, _Finish) else exc for it in items]
 
 
 def _append(rt: WorkerRuntime, finishes: Sequence[_Finish]) -> None:
