@@ -49,6 +49,7 @@ from workers.celery.runtime import sync_redis
 from workers.clock import SystemClock
 from workers.execute import RunContext, execute_run
 from workers.gate import MemoryGate
+from workers.gc_policy import tuned_collector
 from workers.limits.memory import MemoryLimiter
 from workers.runtask import RunTask
 
@@ -170,7 +171,8 @@ def run_campaign_celery(
                                   budget_s=budget) if options.honour_availability else {})
         run = DistributedCampaign(prepared, bundle, options, _cancelled_records, unavailable, on_progress,
                                   frozenset(o.value for o in retry_outcomes))
-        summary = run.run(timeout_s)
+        with tuned_collector(options.gc_young_threshold):  # the plan lives as long as the campaign
+            summary = run.run(timeout_s)
         if any(p.outcomes.get(Outcome.RETIRED.value) for p in run.progress.values()):
             _record_retirements(campaign, store, set())  # reads the store: only when a 410 happened
     finally:

@@ -22,6 +22,7 @@ ENV_VARS = {
     "verify_grace_s": "IRBENCH_VERIFY_GRACE_S",
     "runs_per_message": "IRBENCH_RUNS_PER_MESSAGE",
     "visibility_timeout_s": "IRBENCH_VISIBILITY_TIMEOUT_S",
+    "gc_young_threshold": "IRBENCH_GC_YOUNG_THRESHOLD",
 }
 
 
@@ -48,7 +49,10 @@ class CeleryOptions:
     8-16 for fast endpoints (a simulator, a local model server). Re-sent runs and runs with a
     countdown travel alone. ``visibility_timeout_s``: the broker's redelivery horizon of an
     unacknowledged message; it must cover a whole message (``workers.celery.app``), and workers
-    read the same variable; a redelivery inside it is harmless anyway.
+    read the same variable; a redelivery inside it is harmless anyway. ``gc_young_threshold``:
+    while the campaign runs, the orchestrator's heap (the plan: every run's task) is frozen and
+    its young generation collected every this many allocations (``workers.gc_policy``, as the
+    workers do; 0 leaves the collector alone).
     """
 
     max_outstanding: int = 2000
@@ -64,6 +68,7 @@ class CeleryOptions:
     analyze_on_complete: bool = True  # enqueue the campaign's analysis when every run is stored
     runs_per_message: int = 1  # 8-16 for fast endpoints: see the docstring
     visibility_timeout_s: float = 10800.0
+    gc_young_threshold: int = 10000
 
     def __post_init__(self) -> None:
         for name in ("claim_ttl_s", "reconcile_interval_s", "poll_interval_s", "verify_grace_s", "visibility_timeout_s"):
@@ -71,6 +76,8 @@ class CeleryOptions:
                 raise ConfigError(f"{name} must be > 0 s, got {getattr(self, name)}")
         if min(self.max_task_failures, self.max_outstanding, self.dispatch_batch, self.runs_per_message) < 1:
             raise ConfigError("max_task_failures, max_outstanding, dispatch_batch and runs_per_message must be >= 1")
+        if self.gc_young_threshold < 0:
+            raise ConfigError(f"IRBENCH_GC_YOUNG_THRESHOLD must be >= 0 (0: Python's default), got {self.gc_young_threshold}")
 
     def with_env(self, environ: Mapping[str, str] | None = None) -> CeleryOptions:
         """These options with every knob set in the environment (``ENV_VARS``) applied."""

@@ -123,3 +123,12 @@ def test_the_local_executor_tunes_the_collector_for_a_long_execution_only(collec
     assert run(50, "long") == (50, 50, {9000})
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
     assert run(20, "short") == (20, 20, {before[0]})
+
+
+def test_the_distributed_orchestrator_reads_the_same_variable() -> None:
+    from orchestrator.celery_options import CeleryOptions
+
+    assert CeleryOptions().gc_young_threshold == WorkerSettings(redis_url="redis://unused").gc_young_threshold
+    assert CeleryOptions().with_env({"IRBENCH_GC_YOUNG_THRESHOLD": "0"}).gc_young_threshold == 0
+    with pytest.raises(ConfigError, match="IRBENCH_GC_YOUNG_THRESHOLD"):
+        CeleryOptions().with_env({"IRBENCH_GC_YOUNG_THRESHOLD": "-5"})
