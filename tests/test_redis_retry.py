@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from structlog.testing import capture_logs
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from workers.celery.redis_retry import awith_retry, with_retry
@@ -32,11 +33,13 @@ def test_sync_retries_with_a_doubling_backoff_then_gives_up_past_the_budget() ->
         now[0] += s
 
     fn = _Flaky(3)
-    assert with_retry(fn, "t", budget_s=10, sleep=sleep, clock=lambda: now[0]) == "ok" and fn.calls == 4
+    with capture_logs() as logs:  # (and nothing written to whatever stream an earlier test left configured)
+        assert with_retry(fn, "t", budget_s=10, sleep=sleep, clock=lambda: now[0]) == "ok" and fn.calls == 4
     assert waits == [0.1, 0.2, 0.4]
+    assert [(e["event"], e["what"], e["retry_in_s"]) for e in logs] == [("redis_unavailable_retrying", "t", w) for w in waits]
     waits.clear()
     fn = _Flaky(100)
-    with pytest.raises(RedisConnectionError):
+    with capture_logs(), pytest.raises(RedisConnectionError):
         with_retry(fn, "t", budget_s=1.0, max_backoff_s=0.4, sleep=sleep, clock=lambda: now[0])
     assert waits == [0.1, 0.2, 0.4] and fn.calls == 4  # 0.7 s waited; one more 0.4 s would pass 1.0
 
@@ -58,7 +61,9 @@ def test_async_retries_on_the_loop_and_gives_up_past_the_budget() -> None:
             await awith_retry(call_never, "t", budget_s=0.25)
         return got, ok.calls, never.calls
 
-    assert asyncio.run(main()) == ("ok", 3, 2)  # waits 0.1 then 0.2 > 0.25 left: raised after 2 calls
+    with capture_logs() as logs:
+        assert asyncio.run(main()) == ("ok", 3, 2)
+    assert len(logs) == 3  # two retries of the first call, one of the second  # waits 0.1 then 0.2 > 0.25 left: raised after 2 calls
 
 
 def test_a_non_transient_error_is_not_retried() -> None:
