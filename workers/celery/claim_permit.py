@@ -13,8 +13,10 @@ plus the broker's. Here:
   denial changes nothing for the run: ``execute_run``'s acquire meets the same limiter state
   (and the holder's reservation, if one was made) and waits or defers as before.
 * :meth:`ClaimPermits.done_and_release` sends the done marker and the release of the run's last
-  permit in one pipeline, from the task thread's sync client (cheaper than the loop's async
-  one). The lease is thus held until the record is durable (a few ms of fsync longer than the
+  permit in one call. A worker's runs go through :meth:`ClaimPermits.arun_calls` instead: the
+  claims and finishes of a whole batch as one ``EVALSHA`` (``workers.celery.script_batch``) on
+  the loop's async client; with one command per batch, the async client's higher cost per
+  command no longer matters. The lease is thus held until the record is durable (a few ms of fsync longer than the
   call itself): never more calls in flight than the cap, only a slightly later free slot.
 
 Models with a request or token limit skip the combined acquire: their first permit comes the
@@ -78,7 +80,8 @@ class Claimed:
 
 
 class ClaimPermits:
-    """Claims with a first permit, and done markers with a last release, on a sync client.
+    """Claims with a first permit, and done markers with a last release: :meth:`run_calls` on
+    the sync client, :meth:`arun_calls` on the async one.
 
     ``client``: the worker's sync ``redis.Redis`` (the same Redis as ``limiter``'s client).
     ``limiter``: the process's ``RedisLimiter`` (its key prefix and rate configuration).

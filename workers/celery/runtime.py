@@ -4,7 +4,7 @@
   thread hands its message's runs to it with ``asyncio.run_coroutine_threadsafe`` and blocks
   until all of them are through (``workers.celery.tasks``). The loop runs at most
   ``run_slots`` of them at once (``slots``, an ``asyncio.Semaphore``), and its ``batcher``s
-  let the runs that claim or finish together share one thread hand-off, fsync and pipeline;
+  let the runs that claim or finish together share one fsync and one ``EVALSHA``;
 * per endpoint a ``PooledProvider`` (one-connection ``AioClient``s, as many as calls in flight:
   aiohttp, opened lazily on that loop; about half the CPU per call of httpx's
   transport, ``workers.providers.aio``) and one ``RedisLimiter`` (async Redis client), all
