@@ -185,26 +185,6 @@ async def run_local(
     ``secrets`` maps environment-variable names to API keys; it is read here and handed to the
     providers in memory only. Returns counts per model and outcome.
     """
-    big = options.writer_process_min_runs is not None and len(tasks) >= options.writer_process_min_runs
-    with tuned_collector(options.gc_young_threshold if big else 0):  # before the writer's fork
-        return await _run_local(tasks, store, secrets=secrets, options=options, limiter=limiter, gate=gate,
-                                clock=clock, client=client, on_progress=on_progress, settings=settings)
-
-
-async def _run_local(
-    tasks: Sequence[RunTask],
-    store: RunStore,
-    *,
-    secrets: Mapping[str, str],
-    options: LocalOptions = LocalOptions(),
-    limiter: Limiter | None = None,
-    gate: ModelGate | None = None,
-    clock: Clock | None = None,
-    client: httpx.AsyncClient | None = None,
-    on_progress: ProgressCallback | None = None,
-    settings: ExecuteSettings = ExecuteSettings(),
-) -> ExecutionSummary:
-    """:func:`run_local` without the collector policy."""
     limiter = limiter or MemoryLimiter()
     gate = gate or MemoryGate(tasks[0].retry.disable_after_consecutive if tasks else 3)
     tls = make_tls_context() if client is None else None  # one CA bundle load for every client
@@ -246,92 +226,95 @@ async def _run_local(
             if on_progress:
                 on_progress(run.model, state)
 
-    writer: _BatchWriter | ProcessWriter
-    execute: Callable[[RunTask, RunContext], Awaitable[RunRecord | PendingRecord]] = execute_run
     min_runs = options.writer_process_min_runs
-    if min_runs is not None and len(tasks) >= min_runs and hasattr(os, "fork"):
-        config = WriterConfig(store, options.flush_interval_s, options.flush_max_records)
-        writer = ProcessWriter(store, config, on_finished)
-        await writer.start()
-        execute = execute_run_deferred
-    else:
-        writer = _BatchWriter(store, options)
-    in_flight = asyncio.Semaphore(options.max_in_flight) if options.max_in_flight else None
-    by_model: dict[str, Counter[str]] = defaultdict(Counter)
-    retired: list[RunRecord] = []
+    long_run = min_runs is not None and len(tasks) >= min_runs
+    # a long execution runs under the workers' collector policy, set before the writer's fork
+    with tuned_collector(options.gc_young_threshold if long_run else 0):
+        writer: _BatchWriter | ProcessWriter
+        execute: Callable[[RunTask, RunContext], Awaitable[RunRecord | PendingRecord]] = execute_run
+        if long_run and hasattr(os, "fork"):
+            config = WriterConfig(store, options.flush_interval_s, options.flush_max_records)
+            writer = ProcessWriter(store, config, on_finished)
+            await writer.start()
+            execute = execute_run_deferred
+        else:
+            writer = _BatchWriter(store, options)
+        in_flight = asyncio.Semaphore(options.max_in_flight) if options.max_in_flight else None
+        by_model: dict[str, Counter[str]] = defaultdict(Counter)
+        retired: list[RunRecord] = []
 
-    async def worker(model: str) -> None:
-        queue, state = queues[model], progress[model]
-        while True:
-            try:
-                task = queue.get_nowait()
-            except asyncio.QueueEmpty:
-                return
-            state.in_flight += 1
-            if on_progress:
-                on_progress(model, state)
-            try:
-                if in_flight is not None:
-                    async with in_flight:
+        async def worker(model: str) -> None:
+            queue, state = queues[model], progress[model]
+            while True:
+                try:
+                    task = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                state.in_flight += 1
+                if on_progress:
+                    on_progress(model, state)
+                try:
+                    if in_flight is not None:
+                        async with in_flight:
+                            record = await execute(task, ctx)
+                    else:
                         record = await execute(task, ctx)
-                else:
-                    record = await execute(task, ctx)
-            finally:
-                state.in_flight -= 1
-            writer.add(record)
-            outcome = record.outcome
-            if outcome is Outcome.RETIRED:
-                assert isinstance(record, RunRecord)  # no answer, so never a PendingRecord
-                retired.append(record)
-            by_model[model][outcome.value] += 1
-            state.done += 1
-            state.outcomes[outcome.value] += 1
-            if outcome is Outcome.CANCELLED:
-                state.cancelled += 1
-            elif isinstance(record, PendingRecord):
-                # an answer that ended other than ok failed whatever its IR; an ok one fails if
-                # its IR does not parse, which the writer process tells (on_finished)
-                state.failed += outcome is not Outcome.OK
-            elif record.failed:
-                state.failed += 1
-            if on_progress:
-                on_progress(model, state)
+                finally:
+                    state.in_flight -= 1
+                writer.add(record)
+                outcome = record.outcome
+                if outcome is Outcome.RETIRED:
+                    assert isinstance(record, RunRecord)  # no answer, so never a PendingRecord
+                    retired.append(record)
+                by_model[model][outcome.value] += 1
+                state.done += 1
+                state.outcomes[outcome.value] += 1
+                if outcome is Outcome.CANCELLED:
+                    state.cancelled += 1
+                elif isinstance(record, PendingRecord):
+                    # an answer that ended other than ok failed whatever its IR; an ok one fails if
+                    # its IR does not parse, which the writer process tells (on_finished)
+                    state.failed += outcome is not Outcome.OK
+                elif record.failed:
+                    state.failed += 1
+                if on_progress:
+                    on_progress(model, state)
 
-    writer_task = asyncio.create_task(writer.run())
-    workers = []
-    for model, queue in queues.items():
-        workers += [asyncio.create_task(worker(model)) for _ in range(min(caps[model], queue.qsize()))]
-    interrupted = False
-    all_done = asyncio.gather(*workers)
-    write_failed = asyncio.create_task(writer.failed.wait())
-    try:
-        await asyncio.wait([all_done, write_failed], return_when=asyncio.FIRST_COMPLETED)
-        if writer.failure is not None:  # nothing more can be stored: stop calling endpoints
+        writer_task = asyncio.create_task(writer.run())
+        workers = []
+        for model, queue in queues.items():
+            workers += [asyncio.create_task(worker(model)) for _ in range(min(caps[model], queue.qsize()))]
+        interrupted = False
+        all_done = asyncio.gather(*workers)
+        write_failed = asyncio.create_task(writer.failed.wait())
+        try:
+            await asyncio.wait([all_done, write_failed], return_when=asyncio.FIRST_COMPLETED)
+            if writer.failure is not None:  # nothing more can be stored: stop calling endpoints
+                for w in workers:
+                    w.cancel()
+                await asyncio.gather(*workers, return_exceptions=True)
+            await all_done if all_done.done() and not all_done.cancelled() else None
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            interrupted = True
             for w in workers:
                 w.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
-        await all_done if all_done.done() and not all_done.cancelled() else None
-    except (asyncio.CancelledError, KeyboardInterrupt):
-        interrupted = True
-        for w in workers:
-            w.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
-    finally:
-        write_failed.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await write_failed
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(all_done, return_exceptions=True)
-        writer.close()
-        await asyncio.shield(writer_task)
-        for pool in pooled:
-            await pool.aclose()
-    log.info("local_execution_finished", executed=writer.written, interrupted=interrupted)
-    if writer.failure is not None:
-        raise writer.error()
-    return ExecutionSummary(
-        executed=writer.written,
-        by_model={m: dict(c) for m, c in by_model.items()},
-        interrupted=interrupted,
-        retired=tuple(retired),
-    )
+        finally:
+            write_failed.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await write_failed
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(all_done, return_exceptions=True)
+            writer.close()
+            await asyncio.shield(writer_task)
+            for pool in pooled:
+                await pool.aclose()
+        log.info("local_execution_finished", executed=writer.written, interrupted=interrupted)
+        if writer.failure is not None:
+            raise writer.error()
+        return ExecutionSummary(
+            executed=writer.written,
+            by_model={m: dict(c) for m, c in by_model.items()},
+            interrupted=interrupted,
+            retired=tuple(retired),
+        )
