@@ -55,7 +55,7 @@ from workers.celery.coalesce import Coalescer
 from workers.celery.deferring import Deferred, DeferringLimiter
 from workers.celery.gate import RedisGate
 from workers.celery.message import decode_runs
-from workers.celery.redis_retry import TRANSIENT, awith_retry, with_retry
+from workers.celery.redis_retry import TRANSIENT, awith_retry
 from workers.celery.runtime import RuntimeHolder, WorkerRuntime
 from workers.execute import RunContext, execute_run
 from workers.limits.base import Permit
@@ -183,30 +183,13 @@ async def _flush(rt: WorkerRuntime, items: Sequence[_Claim | _Finish]) -> list[A
     ``redis_retry_s``, None for a finish (its claim expires and the reconciler re-sends the
     run) and the error for a claim. A batch of claims only needs no thread at all."""
     finishes = [it for it in items if isinstance(it, _Finish)]
-    if any(f.run.record is not None for f in finishes):
+    if any(f.run.record is not None for f in finishes):  # failures and deferrals write nothing
         await asyncio.to_thread(_append, rt, finishes)
-    else:
-        _append(rt, finishes)  # nothing to write: the failures and deferrals only
     calls, first = _batch_calls(rt, items)
     asked_at = time.monotonic()  # every grant happens after this
     try:
         replies = await awith_retry(lambda: rt.claims.arun_calls(calls), "claiming and marking runs done",
                                     budget_s=rt.settings.redis_retry_s)
-    except TRANSIENT as exc:
-        return _unreplied(items, finishes, exc)
-    return _batch_replies(rt, items, replies, first, asked_at)
-
-
-def _redis_batch(rt: WorkerRuntime, items: Sequence[_Claim | _Finish]) -> list[Any]:
-    """:func:`_flush` from a thread that is not the loop's (the task thread), on the sync
-    client."""
-    finishes = [it for it in items if isinstance(it, _Finish)]
-    _append(rt, finishes)
-    calls, first = _batch_calls(rt, items)
-    asked_at = time.monotonic()
-    try:
-        replies = with_retry(lambda: rt.claims.run_calls(calls), "claiming and marking runs done",
-                             budget_s=rt.settings.redis_retry_s)
     except TRANSIENT as exc:
         return _unreplied(items, finishes, exc)
     return _batch_replies(rt, items, replies, first, asked_at)
@@ -282,10 +265,10 @@ def run_message(holder: RuntimeHolder, hostname: str, tasks: Sequence[RunTask], 
 
 def _fail_unclaimed(rt: WorkerRuntime, runs: Sequence[_Run], text: str) -> None:
     """Count a failure of each run (nothing of them was claimed or called), from the task thread,
-    through the batch the loop's runs use."""
+    through the loop's batch, as its runs' own finishes go."""
     for r in runs:
         r.failure = text
-    for r, reply in zip(runs, _redis_batch(rt, [_Finish(r, None) for r in runs])):
+    for r, reply in zip(runs, rt.run(_flush(rt, [_Finish(r, None) for r in runs]))):
         _log_end(r, reply)
 
 
