@@ -23,6 +23,19 @@ def artifact_dir() -> Path:
     return ARTIFACT
 
 
+@pytest.fixture(scope="module")
+def redis_client() -> Iterator[object]:
+    """A sync client (``workers.celery.runtime.sync_redis``) on a private redis-server that
+    lives as long as the test module."""
+    from deploy.redis_server import RedisServer
+    from workers.celery.runtime import sync_redis
+
+    with RedisServer() as srv:
+        c = sync_redis(srv.url)
+        yield c
+        c.close()
+
+
 @pytest.fixture
 def sim_server() -> Iterator[object]:
     """A fresh simulator (examples/sim.toml) on a free port, with its own counters."""

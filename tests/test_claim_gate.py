@@ -6,21 +6,17 @@ from __future__ import annotations
 
 import pytest
 
-from deploy.redis_server import RedisServer
 from tests.support.permit_holds import PermitHolds
 from storage.records import Outcome
 from workers.celery.campaign_state import BUSY, CLAIMED, DONE, CampaignState
 from workers.celery.claim_permit import Claimed, ClaimPermits
 from workers.celery.gate import RedisGate
-from workers.celery.runtime import WorkerSettings, sync_redis
+from workers.celery.runtime import WorkerSettings
 
 
 @pytest.fixture(scope="module")
-def client():
-    with RedisServer() as srv:
-        c = sync_redis(srv.url)
-        yield c
-        c.close()
+def client(redis_client):
+    return redis_client
 
 
 def commands(client) -> int:

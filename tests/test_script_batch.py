@@ -8,11 +8,9 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from deploy.redis_server import RedisServer
 from workers.celery.campaign_state import CLAIMED, DONE, CampaignState
 from workers.celery.claim_permit import ClaimPermits
 from workers.celery.redis_limiter import RedisLimiter
-from workers.celery.runtime import sync_redis
 from workers.celery.script_batch import ScriptBatch
 from workers.runtask import EndpointRef, ModelLimits, RunTask
 
@@ -23,11 +21,8 @@ NOTHING = "redis.call('SET', KEYS[1], ARGV[1])"
 
 
 @pytest.fixture(scope="module")
-def client():
-    with RedisServer() as srv:
-        c = sync_redis(srv.url)
-        yield c
-        c.close()
+def client(redis_client):
+    return redis_client
 
 
 def evalshas(client: redis.Redis) -> int:
