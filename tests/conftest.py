@@ -23,6 +23,18 @@ def artifact_dir() -> Path:
     return ARTIFACT
 
 
+@pytest.fixture(autouse=True)
+def _structlog_config_per_test() -> Iterator[None]:
+    """Each test starts with the structlog configuration the one before it found: a test that
+    configured logging onto its own captured stream (closed once it ends) must not leave the
+    next test's log lines going there ("I/O operation on closed file")."""
+    import structlog
+
+    before = structlog.get_config()
+    yield
+    structlog.configure(**before)
+
+
 @pytest.fixture(scope="module")
 def redis_client() -> Iterator[object]:
     """A sync client (``workers.celery.runtime.sync_redis``) on a private redis-server that
