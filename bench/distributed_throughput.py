@@ -16,11 +16,16 @@ trip) and of top-level commands (``cmds``; a script's own calls are not counted)
 
     python bench/distributed_throughput.py [--runs 600] [--workers 1,2,4] [--threads 8] [--run-slots 0]
                                            [--local-concurrency 16] [--runs-per-message 1,8] [--no-bare]
+                                           [--pairs 1]
                                            [--baseline-src DIR --rounds 2]
 
 ``--runs-per-message``: each worker set runs the timed campaign once per value (the
 orchestrator's ``runs_per_message``: runs carried by one broker message). ``--run-slots``: each
-worker's run slots (``IRBENCH_RUN_SLOTS``; default its threads).
+worker's run slots (``IRBENCH_RUN_SLOTS``; default its threads). ``--pairs N``: on the last
+worker set, N rounds of the timed campaigns with the local executor measured again between them
+and after them; ``x_pair`` is each irbench row's runs/s over the mean of the local rows right
+before and after it, and a summary line gives its median over the rounds (this machine's speed
+drifts within minutes: a ratio to one local run at the start mixes that drift in).
 
 Then, on the same Redis and simulator, each worker count runs the **bare Celery reference**
 (``bench/bare_celery.py``: stock Celery making the same calls in messages of the same shape,
@@ -37,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -136,34 +142,44 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
         with BenchCluster(tmp_path / "sim.toml", workers=0, concurrency=args.threads, worker_env=env) as c:
             base = c.sim.base_url
             local_opts = LocalOptions()
-            for name, n in (("tp-local-warm", 60), ("tp-local", args.runs)):  # warm-up, then timed
+
+            def time_local(name: str, n: int) -> dict[str, Any]:
                 prepared = campaign(tmp_path, name, base, n, cap)
                 tasks = [t.model_copy(update={"limits": ModelLimits(max_concurrency=args.local_concurrency)})
                          for t in prepared.tasks]
                 store = RunStore(tmp_path / f"data-{name}")
                 result: dict[str, Any] = {}
 
-                def local(tasks: list = tasks, store: RunStore = store, result: dict = result) -> None:
+                def local() -> None:
                     result["summary"] = run_event_loop(run_local(tasks, store, secrets={}, options=local_opts))
 
                 row = measured(c, f"local x{args.local_concurrency}", len(tasks), local)
                 if result["summary"].executed != len(tasks):
                     raise SystemExit(f"{name}: {result['summary'].executed}/{len(tasks)} stored")
-            rows.append(row)
-            print(f"local executor ({args.local_concurrency} coroutines): {row['runs'] / row['seconds']:.1f} runs/s",
-                  file=sys.stderr, flush=True)
+                print(f"local executor ({args.local_concurrency} coroutines): {row['runs'] / row['seconds']:.1f} runs/s",
+                      file=sys.stderr, flush=True)
+                return row
+
+            time_local("tp-local-warm", 60)
+            rows.append(time_local("tp-local", args.runs))
             for level in levels:
                 c.restart_workers(level)
                 warm = campaign(tmp_path, f"tp-w{level}-warm", base, 20 * level * args.threads // 4, cap)
                 time_celery(c, warm, RunStore(tmp_path / f"data-w{level}-warm"), 1)
-                for k in per_message:
-                    prepared = campaign(tmp_path, f"tp-w{level}-k{k}", base, args.runs, cap)
-                    store = RunStore(tmp_path / f"data-w{level}-k{k}")
-                    row = measured(c, f"celery {level}x{args.threads} k{k}", len(prepared.tasks),
-                                   lambda p=prepared, s=store, k=k: time_celery(c, p, s, k))
-                    rows.append(row)
-                    print(f"celery, {level} worker(s) x {args.threads} threads, {k} run(s)/message: "
-                          f"{row['runs'] / row['seconds']:.1f} runs/s", file=sys.stderr, flush=True)
+                for pair in range(args.pairs):
+                    if pair:  # the local executor again, between this level's rounds (x_pair)
+                        rows.append(time_local(f"tp-local-w{level}-{pair}", args.runs))
+                    for k in per_message:
+                        name = f"tp-w{level}-k{k}" + (f"-{pair}" if pair else "")
+                        prepared = campaign(tmp_path, name, base, args.runs, cap)
+                        store = RunStore(tmp_path / f"data-{name}")
+                        row = measured(c, f"celery {level}x{args.threads} k{k}", len(prepared.tasks),
+                                       lambda p=prepared, s=store, k=k: time_celery(c, p, s, k))
+                        rows.append(row)
+                        print(f"celery, {level} worker(s) x {args.threads} threads, {k} run(s)/message: "
+                              f"{row['runs'] / row['seconds']:.1f} runs/s", file=sys.stderr, flush=True)
+                if args.pairs > 1:
+                    rows.append(time_local(f"tp-local-w{level}-end", args.runs))
                 if args.bare:
                     rows += measure_bare(c, tmp_path, level, per_message, args, cap)
     return rows
@@ -205,13 +221,14 @@ def measure_bare(c: Any, tmp_path: Path, level: int, per_message: list[int], arg
 def print_table(rows: list[dict[str, Any]]) -> None:
     """One line per row; ratios and overhead against the local row of the same measurement, and
     (``x_bare``) each irbench row's runs/s over the bare Celery row of the same shape."""
-    print(f"{'tree':>5} {'executor':>18} {'runs':>5} {'seconds':>7} {'runs/s':>7} {'x_local':>7} {'x_bare':>6} "
+    pair = _pair_ratios(rows)
+    print(f"{'tree':>5} {'executor':>18} {'runs':>5} {'seconds':>7} {'runs/s':>7} {'x_local':>7} {'x_pair':>6} {'x_bare':>6} "
           f"{'ms/run':>6} {'overhead_ms':>11} | {'cpu ms/run: workers':>19} {'self':>5} {'sim':>5} {'redis':>5} "
           f"{'total':>6} | {'rt/run':>6} {'cmds/run':>8}")
     bare = {(r.get("tree"), r["label"].split(" ", 1)[1]): r["runs"] / r["seconds"]
             for r in rows if r["label"].startswith("bare")}
     local_ms = 0.0
-    for r in rows:
+    for i, r in enumerate(rows):
         ms = 1000 * r["seconds"] / r["runs"]
         if r["label"].startswith("local"):
             local_ms = ms
@@ -220,8 +237,35 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         x_bare = "-" if ref is None else f"{r['runs'] / r['seconds'] / ref:.2f}"
         total = r["cpu_workers"] + r["cpu_self"] + r["cpu_sim"] + r["cpu_redis"]
         print(f"{r.get('tree', 'this'):>5} {r['label']:>18} {r['runs']:>5} {r['seconds']:>7.2f} {r['runs'] / r['seconds']:>7.1f} "
-              f"{local_ms / ms:>7.2f} {x_bare:>6} {ms:>6.2f} {over:>11} | {r['cpu_workers']:>19.2f} {r['cpu_self']:>5.2f} "
+              f"{local_ms / ms:>7.2f} {pair.get(i, '-'):>6} {x_bare:>6} {ms:>6.2f} {over:>11} | {r['cpu_workers']:>19.2f} {r['cpu_self']:>5.2f} "
               f"{r['cpu_sim']:>5.2f} {r['cpu_redis']:>5.2f} {total:>6.2f} | {r['rt']:>6.2f} {r['cmds']:>8.2f}")
+
+
+def _pair_ratios(rows: list[dict[str, Any]]) -> dict[int, str]:
+    """Per irbench row (by index): its runs/s over the mean runs/s of the local rows measured
+    right before and right after it (``--pairs``; with one local row around, that one). On these
+    machines the speed drifts by up to 2x within minutes, so a ratio to a local run made minutes
+    earlier says as much about the drift as about irbench; the bracketing locals cancel most of it."""
+    rate = [r["runs"] / r["seconds"] for r in rows]
+    local = [i for i, r in enumerate(rows) if r["label"].startswith("local")]
+    out = {}
+    for i, r in enumerate(rows):
+        if not r["label"].startswith("celery"):
+            continue
+        near = [j for j in local if j < i][-1:] + [j for j in local if j > i][:1]
+        if near:
+            out[i] = f"{rate[i] / (sum(rate[j] for j in near) / len(near)):.2f}"
+    return out
+
+
+def pair_summary(rows: list[dict[str, Any]]) -> None:
+    """Each irbench configuration's ``x_pair`` over the ``--pairs`` rounds: median and range."""
+    by: dict[str, list[float]] = {}
+    for i, x in _pair_ratios(rows).items():
+        by.setdefault(f"{rows[i].get('tree', 'this')} {rows[i]['label']}", []).append(float(x))
+    for label, xs in by.items():
+        if len(xs) > 1:
+            print(f"{label}: x_pair median {statistics.median(xs):.2f} over {len(xs)} rounds (min {min(xs):.2f}, max {max(xs):.2f})")
 
 
 def loadavg() -> str:
@@ -244,6 +288,7 @@ def alternate(args: argparse.Namespace, argv: list[str]) -> None:
             print_table(got)
             rows += got
     print(f"\nload average at the end {loadavg()}")
+    pair_summary(rows)
 
 
 def main() -> None:
@@ -254,6 +299,8 @@ def main() -> None:
     parser.add_argument("--run-slots", type=int, default=0, help="runs each worker executes at once (0: --threads)")
     parser.add_argument("--local-concurrency", type=int, default=16, help="coroutines of the local executor")
     parser.add_argument("--runs-per-message", default="1", help="comma-separated: runs per broker message to measure")
+    parser.add_argument("--pairs", type=int, default=1,
+                        help="rounds of (local executor, irbench) on the last worker set, for x_pair (see _pair_ratios)")
     parser.add_argument("--no-bare", dest="bare", action="store_false",
                         help="skip the bare Celery reference (bench/bare_celery.py)")
     parser.add_argument("--baseline-src", default=None, help="another source tree to measure, alternating with this one")
@@ -264,7 +311,7 @@ def main() -> None:
     if args.baseline_src and not args.src:
         argv = ["--runs", str(args.runs), "--workers", args.workers, "--threads", str(args.threads),
                 "--run-slots", str(args.run_slots), "--local-concurrency", str(args.local_concurrency), "--runs-per-message", args.runs_per_message,
-                *([] if args.bare else ["--no-bare"])]
+                "--pairs", str(args.pairs), *([] if args.bare else ["--no-bare"])]
         alternate(args, argv)
         return
     if args.src:
@@ -276,6 +323,7 @@ def main() -> None:
         return
     print(f"\nload average before {load_before}, after {loadavg()}")
     print_table(rows)
+    pair_summary(rows)
 
 
 if __name__ == "__main__":

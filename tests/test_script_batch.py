@@ -93,3 +93,19 @@ def test_a_workers_claims_and_done_markers_go_as_one_command(client) -> None:
     assert claims.run_calls([claims.claim_call(st, tasks[0], "w2", 30)[0]]) == [DONE.encode()]
     assert client.hlen(st.key("running")) == 1  # "warm"
     assert st.counts()["m"] == {"ok": 6, "_executions": 6, "_attempts": 6}
+
+
+def test_arguments_arrive_as_redis_py_would_send_them(client) -> None:
+    """The batch carries its calls as one JSON string: every key and argument must reach the
+    script as the same string redis-py sends for it alone (ints, floats by repr, bytes, text
+    beyond ASCII), and a value redis-py refuses is refused."""
+    echo_all = client.register_script("local out = {} for i, k in ipairs(KEYS) do out[#out + 1] = k end "
+                                      "for i, a in ipairs(ARGV) do out[#out + 1] = a end return out")
+    batch = ScriptBatch(client, [echo_all])
+    keys = ["sb:ké{x}", b"sb:raw"]
+    args = [0, -7, 2**62, 0.1, 1e-9, 30000000.0, 1733300000.1234567, "", "ünï \"quoted\" \\ \n", b"bytes", "1"]
+    alone = echo_all(keys=keys, args=args)
+    assert batch.run([(echo_all, keys, args)]) == [alone]
+    assert alone[5:8] == [b"0.1", b"1e-09", b"30000000.0"]  # what a script sees of a float: Python's repr
+    with pytest.raises(redis.DataError):
+        batch.run([(echo_all, [], [True])])
