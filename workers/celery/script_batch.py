@@ -107,16 +107,20 @@ class ScriptBatch:
         return replies
 
 
+_AS_SENT = {int: int.__repr__, float: float.__repr__}  # the common non-str arguments, by exact type
+
+
 def _arg(value: Any) -> str:
     """``value`` as the string redis-py would have sent (``redis._parsers.encoders.Encoder``)."""
+    convert = _AS_SENT.get(value.__class__)
+    if convert is not None:
+        return convert(value)
     if isinstance(value, str):  # a str subclass
         return str(value)
     if isinstance(value, bytes | memoryview):
         return bytes(value).decode("utf-8")
     if isinstance(value, bool):  # redis-py refuses these too
         raise redis.DataError(f"invalid input of type bool ({value!r}) in a script call: convert to a str or int first")
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return repr(value)
+    if isinstance(value, int | float):  # subclasses (an IntEnum, numpy scalars are not)
+        return repr(int(value)) if isinstance(value, int) else repr(float(value))
     raise redis.DataError(f"invalid input of type {type(value).__name__} in a script call: convert to a str, int or float first")
