@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -106,7 +106,7 @@ class ClaimPermits:
         if ask:
             a_keys, a_args = self._limiter.acquire_call(task.model, task.limits, task.run_id, 0)
             keys += a_keys
-        return (self._claim, keys, [len(c_args), *c_args, *a_args]), ask
+        return (self._claim, keys, [str(len(c_args)), *c_args, *a_args]), ask
 
     def claim(self, state: CampaignState, task: RunTask, owner: str, ttl_s: float) -> Claimed:
         """Claim ``task``'s run for ``owner`` (``ttl_s`` seconds), read its model's gate and,
@@ -123,11 +123,10 @@ class ClaimPermits:
         if status != CLAIMED or not isinstance(reply, list) or len(reply) < 5:
             return Claimed(status, view)
         try:
-            decision = self._limiter.decision(reply[4], task.model, task.run_id, 0)
+            decision = self._limiter.decision(reply[4], task.model, task.run_id, 0, granted_mono_s=asked_at)
         except ModelDisabled:
             return Claimed(status, view)  # execute_run's own acquire meets it and records why
-        permit = None if decision.permit is None else replace(decision.permit, granted_mono_s=asked_at)
-        return Claimed(status, view, permit)
+        return Claimed(status, view, decision.permit)
 
     def release(self, permits: Sequence[tuple[Permit, int | None]]) -> None:
         """Release ``(permit, actual_tokens)`` pairs now, one pipeline."""

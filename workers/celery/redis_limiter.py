@@ -24,6 +24,7 @@ Redis failures surface as :class:`LimiterUnavailable` (retry the task later), ne
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import time
 from dataclasses import dataclass, replace
@@ -90,25 +91,27 @@ def _load_scripts(client: Any) -> dict[str, Any]:
     return {n: client.register_script(script_source(n)) for n in _SCRIPTS}
 
 
-def _acquire_args(limits: ModelLimits, holder: str, cost_tokens: int, cfg: _RateConfig, reserve: bool) -> list[Any]:
+def _acquire_args(limits: ModelLimits, holder: str, cost_tokens: int, cfg: _RateConfig, reserve: bool) -> list[str]:
+    """ARGV of ``acquire.lua``, as the strings Redis receives (a worker sends one per run: the
+    model's part is converted once, ``_model_args``)."""
     check_cost(cost_tokens)
+    head, tail = _model_args(limits, cfg, reserve)
+    return [holder, *head, str(cost_tokens), *tail]
+
+
+@functools.lru_cache(maxsize=1024)
+def _model_args(limits: ModelLimits, cfg: _RateConfig, reserve: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The parts of ``acquire.lua``'s ARGV before and after the cost: one model's limits and the
+    limiter's config, as strings (floats by ``repr``, as redis-py sends them)."""
     per_request, per_token = intervals_s(limits, cfg.period_s, cfg.jitter_allowance_s)
-    return [
-        holder,
-        limits.max_concurrency or 0,
-        per_request * _US,
-        per_token * _US,
-        cost_tokens,
-        cfg.lease_ttl_s * _US,
-        limits.requests_per_minute or 0,
-        (cfg.period_s + cfg.jitter_allowance_s) * _US,
-        1 if reserve else 0,
-        cfg.reserve_ahead_s * _US,
-        cfg.reservation_grace_s * _US,
-    ]
+    head = (limits.max_concurrency or 0, per_request * _US, per_token * _US)
+    tail = (cfg.lease_ttl_s * _US, limits.requests_per_minute or 0, (cfg.period_s + cfg.jitter_allowance_s) * _US,
+            1 if reserve else 0, cfg.reserve_ahead_s * _US, cfg.reservation_grace_s * _US)
+    return tuple(map(repr, head)), tuple(map(repr, tail))
 
 
-def _decision(res: list[Any], model: str, holder: str, cost_tokens: int) -> LimitDecision:
+def _decision(res: list[Any], model: str, holder: str, cost_tokens: int,
+              granted_mono_s: float | None = None) -> LimitDecision:
     code, wait_us, reason, now_us, detail, slot_us = res
     now_s = int(_text(now_us)) / _US
     slot = _text(slot_us)
@@ -116,13 +119,14 @@ def _decision(res: list[Any], model: str, holder: str, cost_tokens: int) -> Limi
     if int(code) == -1:
         raise ModelDisabled(model, _text(detail))
     if int(code) > 0:
-        return LimitDecision(Lease(model, holder, cost_tokens, granted_at_s=now_s), 0.0, _text(reason), now_s, reserved_at_s)
+        lease = Lease(model, holder, cost_tokens, granted_mono_s=granted_mono_s, granted_at_s=now_s)
+        return LimitDecision(lease, 0.0, _text(reason), now_s, reserved_at_s)
     return LimitDecision(None, int(_text(wait_us)) / _US, _text(reason), now_s, reserved_at_s)
 
 
-def _release_args(permit: Permit, actual_tokens: int | None, channel: str, wake_window_s: float) -> list[Any]:
-    return [permit.holder, permit.cost_tokens, "" if actual_tokens is None else actual_tokens, channel,
-            int(wake_window_s * _US)]
+def _release_args(permit: Permit, actual_tokens: int | None, channel: str, wake_window_s: float) -> list[str]:
+    return [permit.holder, str(permit.cost_tokens), "" if actual_tokens is None else str(actual_tokens), channel,
+            str(int(wake_window_s * _US))]
 
 
 def _translate(e: Exception, where: str, what: str) -> LimiterError:
@@ -203,9 +207,11 @@ class RedisLimiter:
                 _acquire_args(limits, holder, cost_tokens, self._cfg, reserve=True))
 
     @staticmethod
-    def decision(reply: list[Any], model: str, holder: str, cost_tokens: int) -> LimitDecision:
-        """The ``acquire.lua`` reply as a :class:`LimitDecision` (raises ``ModelDisabled``)."""
-        return _decision(reply, model, holder, cost_tokens)
+    def decision(reply: list[Any], model: str, holder: str, cost_tokens: int,
+                 granted_mono_s: float | None = None) -> LimitDecision:
+        """The ``acquire.lua`` reply as a :class:`LimitDecision` (raises ``ModelDisabled``);
+        ``granted_mono_s``: the granted permit's (see ``Permit``)."""
+        return _decision(reply, model, holder, cost_tokens, granted_mono_s)
 
     def release_call(self, permit: Permit, actual_tokens: int | None = None) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of the ``release.lua`` call :meth:`release` makes (for a sync client)."""

@@ -292,10 +292,9 @@ def _drop_permits(rt: WorkerRuntime, r: _Run) -> None:
 
 def _log_end(r: _Run, reply: Any) -> None:
     if r.record is not None:
-        # DEBUG: execute_run's run_finished line already says how the run ended, and a second
-        # INFO line per run cost a worker 0.06-0.1 ms of CPU (bench/README.md, 2026-12-03)
-        log.debug("run_stored", campaign=r.task.campaign, run_id=r.task.run_id, model=r.task.model,
-                  result=r.record.outcome.value)
+        # no line: execute_run's run_finished already says how the run ended. A second INFO line
+        # per run cost a worker 0.06-0.1 ms of CPU (bench/README.md, 2026-12-03), and even at
+        # DEBUG, filtered out, structlog binds a logger per call (~3 us a run)
         return
     with structlog.contextvars.bound_contextvars(campaign=r.task.campaign, run_id=r.task.run_id, model=r.task.model):
         if r.countdown_s is not None:
