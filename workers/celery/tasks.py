@@ -129,11 +129,14 @@ async def _execute(rt: WorkerRuntime, run: _Run, data_dir: str | None) -> None:
     finish is through, so a SIGKILL loses at most ``run_slots`` answered calls."""
     task = run.task
     batcher = rt.batcher("redis", lambda: Coalescer(lambda items: _flush(rt, items)))
-    rt.hold_waiting(run.state, task.run_id)
+    waits = rt.slots.locked()  # a free slot is taken without suspending: nothing to keep fresh
+    if waits:
+        rt.hold_waiting(run.state, task.run_id)
     reply = None
     try:
         async with rt.slots:
-            rt.drop_waiting(task.run_id)
+            if waits:
+                rt.drop_waiting(task.run_id)
             claimed = await batcher.submit(_Claim(run))
             if isinstance(claimed, Exception):  # Redis away past redis_retry_s: still queued, reconciled
                 log.warning("run_not_claimed", run_id=task.run_id, error=str(claimed))
@@ -148,7 +151,8 @@ async def _execute(rt: WorkerRuntime, run: _Run, data_dir: str | None) -> None:
             await _call(rt, run, claimed)
             reply = await batcher.submit(_Finish(run, data_dir))
     finally:
-        rt.drop_waiting(task.run_id)
+        if waits:
+            rt.drop_waiting(task.run_id)  # cancelled while waiting
         _drop_permits(rt, run)
         rt.drop_claim(task.run_id)
     _log_end(run, reply)
