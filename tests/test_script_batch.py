@@ -26,7 +26,7 @@ def client(redis_client):
 
 
 def evalshas(client: redis.Redis) -> int:
-    return int(client.info("commandstats")["cmdstat_evalsha"]["calls"])
+    return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
 
 
 def test_each_call_gets_its_own_reply_in_order(client) -> None:
@@ -109,3 +109,13 @@ def test_arguments_arrive_as_redis_py_would_send_them(client) -> None:
     assert alone[5:8] == [b"0.1", b"1e-09", b"30000000.0"]  # what a script sees of a float: Python's repr
     with pytest.raises(redis.DataError):
         batch.run([(echo_all, [], [True])])
+
+
+def test_an_argument_json_cannot_carry_is_refused_with_what_to_do(client) -> None:
+    """Bytes that are not UTF-8 text cannot travel in the batch's JSON: a one-line error, no call."""
+    echo = client.register_script(ECHO)
+    batch = ScriptBatch(client, [echo])
+    before = evalshas(client)
+    with pytest.raises(redis.DataError, match="not UTF-8 text"):
+        batch.run([(echo, ["sb:b"], [b"\xff\xfe"])])
+    assert evalshas(client) == before

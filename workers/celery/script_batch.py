@@ -117,10 +117,14 @@ def _arg(value: Any) -> str:
         return convert(value)
     if isinstance(value, str):  # a str subclass
         return str(value)
-    if isinstance(value, bytes | memoryview):
-        return bytes(value).decode("utf-8")
+    if isinstance(value, bytes | memoryview):  # JSON carries text only
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            raise redis.DataError(f"a script call's argument {bytes(value)[:40]!r} is not UTF-8 text: "
+                                  "a batched call takes text, integers and floats") from None
     if isinstance(value, bool):  # redis-py refuses these too
         raise redis.DataError(f"invalid input of type bool ({value!r}) in a script call: convert to a str or int first")
-    if isinstance(value, int | float):  # subclasses (an IntEnum, numpy scalars are not)
+    if isinstance(value, int | float):  # a subclass (an IntEnum member): its number
         return repr(int(value)) if isinstance(value, int) else repr(float(value))
     raise redis.DataError(f"invalid input of type {type(value).__name__} in a script call: convert to a str, int or float first")
