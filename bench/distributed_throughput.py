@@ -236,12 +236,13 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         ref = bare.get((r.get("tree"), r["label"].split(" ", 1)[1])) if r["label"].startswith("celery") else None
         x_bare = "-" if ref is None else f"{r['runs'] / r['seconds'] / ref:.2f}"
         total = r["cpu_workers"] + r["cpu_self"] + r["cpu_sim"] + r["cpu_redis"]
+        x_pair = f"{pair[i]:.2f}" if i in pair else "-"
         print(f"{r.get('tree', 'this'):>5} {r['label']:>18} {r['runs']:>5} {r['seconds']:>7.2f} {r['runs'] / r['seconds']:>7.1f} "
-              f"{local_ms / ms:>7.2f} {pair.get(i, '-'):>6} {x_bare:>6} {ms:>6.2f} {over:>11} | {r['cpu_workers']:>19.2f} {r['cpu_self']:>5.2f} "
+              f"{local_ms / ms:>7.2f} {x_pair:>6} {x_bare:>6} {ms:>6.2f} {over:>11} | {r['cpu_workers']:>19.2f} {r['cpu_self']:>5.2f} "
               f"{r['cpu_sim']:>5.2f} {r['cpu_redis']:>5.2f} {total:>6.2f} | {r['rt']:>6.2f} {r['cmds']:>8.2f}")
 
 
-def _pair_ratios(rows: list[dict[str, Any]]) -> dict[int, str]:
+def _pair_ratios(rows: list[dict[str, Any]]) -> dict[int, float]:
     """Per irbench row (by index): its runs/s over the mean runs/s of the local rows measured
     right before and right after it (``--pairs``; with one local row around, that one). On these
     machines the speed drifts by up to 2x within minutes, so a ratio to a local run made minutes
@@ -254,7 +255,7 @@ def _pair_ratios(rows: list[dict[str, Any]]) -> dict[int, str]:
             continue
         near = [j for j in local if j < i][-1:] + [j for j in local if j > i][:1]
         if near:
-            out[i] = f"{rate[i] / (sum(rate[j] for j in near) / len(near)):.2f}"
+            out[i] = rate[i] / (sum(rate[j] for j in near) / len(near))
     return out
 
 
@@ -262,7 +263,7 @@ def pair_summary(rows: list[dict[str, Any]]) -> None:
     """Each irbench configuration's ``x_pair`` over the ``--pairs`` rounds: median and range."""
     by: dict[str, list[float]] = {}
     for i, x in _pair_ratios(rows).items():
-        by.setdefault(f"{rows[i].get('tree', 'this')} {rows[i]['label']}", []).append(float(x))
+        by.setdefault(f"{rows[i].get('tree', 'this')} {rows[i]['label']}", []).append(x)
     for label, xs in by.items():
         if len(xs) > 1:
             print(f"{label}: x_pair median {statistics.median(xs):.2f} over {len(xs)} rounds (min {min(xs):.2f}, max {max(xs):.2f})")
