@@ -1,8 +1,8 @@
-"""Instructions per run of a worker's run path, counted by valgrind: a figure this machine's drift cannot move.
+"""Instructions per run of a worker's run path, counted by valgrind: a figure the CPU's speed does not move.
 
 Wall and CPU time on these 2-core VMs drift by up to 2x within minutes (bench/README.md), which
 hides any change under ~20 % unless it is alternated many times. Instructions executed do not
-drift. This runs ``workers.celery.tasks.run_message`` on a real ``WorkerRuntime`` (its event
+depend on the CPU's speed (though they do on how runs batch, below). This runs ``workers.celery.tasks.run_message`` on a real ``WorkerRuntime`` (its event
 loop, run slots, claims and done markers on a private redis-server, the group-commit spool with
 its fsyncs) under ``valgrind --tool=callgrind``, against a zero-latency simulator and
 redis-server running natively, and prints the user-space instructions of the whole worker
@@ -12,8 +12,11 @@ counters after a warm-up message and dumps them after the last one).
 What it does not count: the kernel's work (syscalls, fsync, loopback TCP), which callgrind does
 not see, and Celery/kombu (no broker here: ``distributed_throughput.py`` measures those). Under
 valgrind the process runs ~50x slower while the simulator and Redis do not, so batches (runs
-that claim or finish together) are larger than in a live worker at the same slots; the
-repeat-to-repeat spread is ~3 %. Alternate trees with ``--trees``:
+that claim or finish together) are larger than in a live worker at the same slots, and their
+size varies from one measurement to the next: at 8 slots repeats agreed within ~4 %, at 32
+slots with 64 runs per message one tree gave 2.15-2.18 M and, an hour later, 2.98 and 3.94 M
+instructions per run (bench/README.md, 2026-12-04). Alternate the trees (``--trees``) and
+compare within one invocation, over several repeats:
 
     python bench/worker_instructions.py [--runs 400] [--slots 8] [--per-message 16] [--repeats 2]
                                         [--trees DIR,DIR]   # default: this tree only
@@ -36,32 +39,26 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
-# The child: one run path under callgrind. argv: SRC RUNS SLOTS PER_MESSAGE REDIS_URL SIM_URL DATA
+# The child: one run path under callgrind. argv: SRC RUNS SLOTS PER_MESSAGE REDIS_URL SIM_URL DATA BENCH
+# (SRC's packages, run by this tree's ``worker_path`` helpers, so any older tree can be measured)
 _CHILD = r'''
-import os, subprocess, sys, time
-src = sys.argv[1]
-sys.path[:0] = [src + "/bench", src]
+import os, subprocess, sys
+src, bench = sys.argv[1], sys.argv[8]
+sys.path[:0] = [src]
+# the measured tree's packages first; then this tree's bench helpers, which find them imported
+import analysis, deploy, orchestrator, simulator, storage, viewer, workers  # noqa: F401,E401
+sys.path[:0] = [bench]
 from pathlib import Path
 import worker_path as wp
-from workers.celery.campaign_state import CampaignState
-from workers.celery.runtime import RuntimeHolder, WorkerSettings
-from workers.celery.tasks import run_message
+from workers.celery.runtime import WorkerSettings
 from workers.logs import configure_logging
 configure_logging(level="WARNING")
 n, slots, per = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 redis_url, sim_url, data = sys.argv[5], sys.argv[6], Path(sys.argv[7])
 tasks = wp.tasks_for(data / "plan", f"wi{os.getpid()}", sim_url, n + 64)
-holder = RuntimeHolder(redis_url, WorkerSettings(redis_url=redis_url, run_slots=slots))
-rt = holder.get()
-state = CampaignState(rt.redis, tasks[0].campaign)
-state.set_planned({wp.MODEL: len(tasks)})
-state.record_dispatch(t.run_id for t in tasks)
-run_message(holder, "bench", tasks[:64], str(data / "store"))  # connections, spool, imports
+holder, timed = wp.warm_runtime(redis_url, tasks, data / "store", slots, WorkerSettings.gc_young_threshold)
 subprocess.run(["callgrind_control", "--zero", str(os.getpid())], check=True, capture_output=True)
-for i in range(64, len(tasks), per):
-    got = run_message(holder, "bench", tasks[i : i + per], str(data / "store"))
-    if any(r != "ok" for r in got):
-        raise SystemExit(f"a run ended {sorted(set(got))}")
+wp.run_all(holder, timed, data / "store", per)
 subprocess.run(["callgrind_control", "--dump=timed", str(os.getpid())], check=True, capture_output=True)
 os._exit(0)  # no shutdown in the counts
 '''
@@ -84,7 +81,7 @@ def measure(src: Path, args: argparse.Namespace, redis_url: str, sim_url: str, t
     out = str(tmp / f"callgrind.{tag}")
     proc = subprocess.run(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p", sys.executable, str(child), str(src),
-         str(args.runs), str(args.slots), str(args.per_message), redis_url, sim_url, str(tmp / f"data-{tag}")],
+         str(args.runs), str(args.slots), str(args.per_message), redis_url, sim_url, str(tmp / f"data-{tag}"), str(HERE)],
         capture_output=True, text=True)
     total = instructions(out)
     if proc.returncode != 0 or not total:

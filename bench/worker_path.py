@@ -64,23 +64,35 @@ def default_collector() -> None:
     gc.set_threshold(700, 10, 10)
 
 
+def warm_runtime(redis_url: str, tasks: list[RunTask], data: Path, slots: int,
+                 gc_young_threshold: int) -> tuple[RuntimeHolder, list[RunTask]]:
+    """A worker runtime with the campaign's runs dispatched (as the orchestrator records them
+    before publishing) and its first 64 run (connections, spool, imports); returns it and the
+    runs left to time."""
+    settings = WorkerSettings(redis_url=redis_url, run_slots=slots, gc_young_threshold=gc_young_threshold)
+    holder = RuntimeHolder(redis_url, settings)
+    state = CampaignState(holder.get().redis, tasks[0].campaign)
+    state.set_planned({MODEL: len(tasks)})
+    state.record_dispatch(t.run_id for t in tasks)
+    run_message(holder, "bench", tasks[:64], str(data))
+    return holder, tasks[64:]
+
+
+def run_all(holder: RuntimeHolder, tasks: list[RunTask], data: Path, per_message: int) -> None:
+    """``run_message`` over ``tasks``, ``per_message`` runs a call; every run must end ``ok``."""
+    for i in range(0, len(tasks), per_message):
+        results = run_message(holder, "bench", tasks[i : i + per_message], str(data))
+        if any(r != "ok" for r in results):
+            raise SystemExit(f"worker path: a run ended {sorted(set(results))}")
+
+
 def worker_path(redis_url: str, tasks: list[RunTask], data: Path, slots: int, per_message: int,
                 gc_young_threshold: int) -> tuple[float, float]:
     """(seconds, CPU seconds) of ``run_message`` over ``tasks``, ``per_message`` runs a call."""
     default_collector()
-    settings = WorkerSettings(redis_url=redis_url, run_slots=slots, gc_young_threshold=gc_young_threshold)
-    holder = RuntimeHolder(redis_url, settings)
-    rt = holder.get()
-    state = CampaignState(rt.redis, tasks[0].campaign)
-    state.set_planned({MODEL: len(tasks)})
-    state.record_dispatch(t.run_id for t in tasks)  # as the orchestrator does before publishing
-    warm, timed = tasks[:64], tasks[64:]
-    run_message(holder, "bench", warm, str(data))  # connections, spool, imports
+    holder, timed = warm_runtime(redis_url, tasks, data, slots, gc_young_threshold)
     c0, t0 = cpu_s(), time.perf_counter()
-    for i in range(0, len(timed), per_message):
-        results = run_message(holder, "bench", timed[i : i + per_message], str(data))
-        if any(r != "ok" for r in results):
-            raise SystemExit(f"worker path: a run ended {sorted(set(results))}")
+    run_all(holder, timed, data, per_message)
     seconds, cpu = time.perf_counter() - t0, cpu_s() - c0
     holder.close()
     return seconds, cpu

@@ -202,7 +202,7 @@ CLAIM_LUA = _CLAIM
 
 def claim_args(run_id: str, model: str, owner: str, ttl_s: float) -> list[Any]:
     """ARGV of a gate-reading claim of ``run_id`` by ``owner`` for ``ttl_s`` seconds."""
-    return [run_id, model, owner, str(max(int(ttl_s * 1000), 1)), "1"]
+    return [run_id, model, owner, max(int(ttl_s * 1000), 1), "1"]
 
 
 def parse_claim(reply: Any) -> tuple[str, GateView | None]:
@@ -298,7 +298,7 @@ class CampaignState:
                   ) -> Call:
         """The script, KEYS and ARGV :meth:`mark_done` runs (to pipeline it with other calls);
         its reply is 1 if the run is newly done."""
-        return self._done, [self.base], [run_id, model, outcome, "1" if failed else "0", str(int(attempts))]
+        return self._done, [self.base], [run_id, model, outcome, "1" if failed else "0", int(attempts)]
 
     def is_done(self, run_id: str) -> bool:
         return bool(self.client.exists(self.key(f"done:{run_id}")))

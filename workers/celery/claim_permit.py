@@ -106,7 +106,7 @@ class ClaimPermits:
         if ask:
             a_keys, a_args = self._limiter.acquire_call(task.model, task.limits, task.run_id, 0)
             keys += a_keys
-        return (self._claim, keys, [str(len(c_args)), *c_args, *a_args]), ask
+        return (self._claim, keys, [len(c_args), *c_args, *a_args]), ask
 
     def claim(self, state: CampaignState, task: RunTask, owner: str, ttl_s: float) -> Claimed:
         """Claim ``task``'s run for ``owner`` (``ttl_s`` seconds), read its model's gate and,

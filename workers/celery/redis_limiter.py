@@ -24,7 +24,6 @@ Redis failures surface as :class:`LimiterUnavailable` (retry the task later), ne
 from __future__ import annotations
 
 import asyncio
-import functools
 import re
 import time
 from dataclasses import dataclass, replace
@@ -91,23 +90,22 @@ def _load_scripts(client: Any) -> dict[str, Any]:
     return {n: client.register_script(script_source(n)) for n in _SCRIPTS}
 
 
-def _acquire_args(limits: ModelLimits, holder: str, cost_tokens: int, cfg: _RateConfig, reserve: bool) -> list[str]:
-    """ARGV of ``acquire.lua``, as the strings Redis receives (a worker sends one per run: the
-    model's part is converted once, ``_model_args``)."""
+def _acquire_args(limits: ModelLimits, holder: str, cost_tokens: int, cfg: _RateConfig, reserve: bool) -> list[Any]:
     check_cost(cost_tokens)
-    head, tail = _model_args(limits, cfg, reserve)
-    return [holder, *head, str(cost_tokens), *tail]
-
-
-@functools.lru_cache(maxsize=1024)
-def _model_args(limits: ModelLimits, cfg: _RateConfig, reserve: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The parts of ``acquire.lua``'s ARGV before and after the cost: one model's limits and the
-    limiter's config, as strings (floats by ``repr``, as redis-py sends them)."""
     per_request, per_token = intervals_s(limits, cfg.period_s, cfg.jitter_allowance_s)
-    head = (limits.max_concurrency or 0, per_request * _US, per_token * _US)
-    tail = (cfg.lease_ttl_s * _US, limits.requests_per_minute or 0, (cfg.period_s + cfg.jitter_allowance_s) * _US,
-            1 if reserve else 0, cfg.reserve_ahead_s * _US, cfg.reservation_grace_s * _US)
-    return tuple(map(repr, head)), tuple(map(repr, tail))
+    return [
+        holder,
+        limits.max_concurrency or 0,
+        per_request * _US,
+        per_token * _US,
+        cost_tokens,
+        cfg.lease_ttl_s * _US,
+        limits.requests_per_minute or 0,
+        (cfg.period_s + cfg.jitter_allowance_s) * _US,
+        1 if reserve else 0,
+        cfg.reserve_ahead_s * _US,
+        cfg.reservation_grace_s * _US,
+    ]
 
 
 def _decision(res: list[Any], model: str, holder: str, cost_tokens: int,
@@ -124,9 +122,9 @@ def _decision(res: list[Any], model: str, holder: str, cost_tokens: int,
     return LimitDecision(None, int(_text(wait_us)) / _US, _text(reason), now_s, reserved_at_s)
 
 
-def _release_args(permit: Permit, actual_tokens: int | None, channel: str, wake_window_s: float) -> list[str]:
-    return [permit.holder, str(permit.cost_tokens), "" if actual_tokens is None else str(actual_tokens), channel,
-            str(int(wake_window_s * _US))]
+def _release_args(permit: Permit, actual_tokens: int | None, channel: str, wake_window_s: float) -> list[Any]:
+    return [permit.holder, permit.cost_tokens, "" if actual_tokens is None else actual_tokens, channel,
+            int(wake_window_s * _US)]
 
 
 def _translate(e: Exception, where: str, what: str) -> LimiterError:
