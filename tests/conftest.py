@@ -19,7 +19,8 @@ def examples_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def artifact_dir() -> Path:
-    assert ARTIFACT.is_dir(), f"the study's artifact is expected at {ARTIFACT}"
+    assert ARTIFACT.is_dir(), (f"the study's artifact is expected at {ARTIFACT}: clone beside the project's shared/ "
+                               "folder, or set IRBENCH_SHARED_DIR to the folder that holds paper-artifact/")
     return ARTIFACT
 
 
