@@ -124,6 +124,7 @@ def test_manifest_without_file_column(tree: Path) -> None:
         load_corpus(CorpusSpec(paths=[Path("prompts")], manifest=Path("m.csv")), tree)
 
 
+@pytest.mark.usefixtures("artifact_dir")  # a clear error when the artifact is not there
 def test_paper_artifact_github_corpus_with_manifest() -> None:
     with (ARTIFACT / "MANIFEST.csv").open(newline="", encoding="utf-8") as fh:
         rows = {r["file"]: r for r in csv.DictReader(fh)}

@@ -70,6 +70,7 @@ def test_model_means_are_run_weighted():
         score_runs([set()], [], [])
 
 
+@pytest.mark.usefixtures("artifact_dir")  # a clear error when the artifact is not there
 def test_real_prompt_and_ir():
     prompt = (ART / "corpus/synthetic/code_review.prompt.rtpl").read_text()
     truth = truth_ids(prompt)

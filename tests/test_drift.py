@@ -86,6 +86,7 @@ def test_cell_and_summary_by_hand():
     assert empty.n_cells == 0 and np.all(np.isnan(empty.macro_disagreeing))
 
 
+@pytest.mark.usefixtures("artifact_dir")  # a clear error when the artifact is not there
 def test_real_artifact_cell():
     files = sorted((IRS / "gemma3_12b").glob("content_moderation.prompt_r*.json"))
     assert len(files) == 3
