@@ -25,6 +25,7 @@ import pytest
 import typer.main
 
 from orchestrator.cli import app
+from tests.support.paths import SHARED
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", REPO / "deploy" / "README.md"]
@@ -163,7 +164,7 @@ def test_readme_blocks_run_in_order_as_pasted(tmp_path: Path) -> None:
     shutil.copytree(REPO / "examples", work / "examples")
     for toml in (work / "examples").glob("*.toml"):
         toml.write_text(localise(toml.read_text()))
-    (tmp_path / "shared").symlink_to((REPO.parent / "shared").resolve())  # ../shared/paper-artifact
+    (tmp_path / "shared").symlink_to(SHARED.resolve())  # ../shared/paper-artifact (IRBENCH_SHARED_DIR honoured)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "COLUMNS": "200"}
     env.pop("IRBENCH_DATA", None)
