@@ -21,7 +21,6 @@ distributed orchestrator do too). ``flock`` needs a local or flock-honouring fil
 from __future__ import annotations
 
 import fcntl
-import math
 import os
 import threading
 import time
@@ -86,9 +85,7 @@ class RunSpool:
     """The spool of one writer process for ``dataset`` (the runs dataset).
 
     ``append`` blocks until the records are durable (fsynced); publication happens on a
-    background thread. ``sync_s``: how long its group commits' fsyncs took lately (an
-    exponentially weighted mean, seconds; ``inf`` before the first), for callers choosing
-    whether ``append`` may block their thread. ``writer``: a unique, file-name-safe id (default: ``<pid>-<random>``).
+    background thread. ``writer``: a unique, file-name-safe id (default: ``<pid>-<random>``).
     ``clock``: monotonic seconds. ``on_error`` receives publisher failures (they are retried
     on the next cycle; the records stay durable in their segment meanwhile).
     """
@@ -120,7 +117,6 @@ class RunSpool:
         self._unsynced: dict[int, _Segment] = {}
         self._written = 0
         self._synced = 0
-        self.sync_s = math.inf  # recent fsync duration (EWMA), s; inf until the first fsync
         self._stopping = False
         self.files_published = 0
         self.rows_published = 0
@@ -169,14 +165,11 @@ class RunSpool:
             with self._lock:
                 target, segs = self._written, list(self._unsynced.values())
                 self._unsynced.clear()
-            t0 = time.perf_counter()  # real I/O time, whatever ``clock`` the segments age by
             try:
                 for seg in segs:
                     os.fsync(seg.fd)
             except OSError as exc:
                 raise StorageError(f"cannot fsync the spool under {self.dir}: {exc}") from exc
-            took_s = time.perf_counter() - t0
-            self.sync_s = took_s if self.sync_s == math.inf else 0.8 * self.sync_s + 0.2 * took_s
             self._synced = target
 
     # ------------------------------------------------------------------ publishing

@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
@@ -89,12 +89,7 @@ class WorkerSettings:
     loses at most this many answered calls); 0 = the worker's thread count (``--concurrency``).
     ``gc_young_threshold``: once the runtime is up, the start-up heap is frozen and the young
     generation collected every this many allocations (``workers.gc_policy``); 0 leaves
-    Python's collector as it is. ``inline_append_max_ms``: the event loop appends finished
-    runs' records to the spool itself (write + fsync, blocking the loop) while the spool's
-    recent fsyncs took at most this long, instead of handing each batch to a thread: on a
-    local disk an fsync (~0.2 ms) costs less than the hand-off's two thread switches
-    (bench/README.md, 2026-12-04 eleventh session); slower storage keeps the thread, so calls
-    in flight are never held up by a slow fsync. 0: always a thread.
+    Python's collector as it is.
     """
 
     redis_url: str
@@ -118,7 +113,6 @@ class WorkerSettings:
     spool_idle_s: float = 0.5
     run_slots: int = 0
     gc_young_threshold: int = 10000
-    inline_append_max_ms: float = 1.0
 
     def __post_init__(self) -> None:
         if self.visibility_timeout_s <= 0:
@@ -129,8 +123,6 @@ class WorkerSettings:
             raise ConfigError(f"run slots must be >= 0 (0: the worker's thread count), got {self.run_slots}")
         if self.gc_young_threshold < 0:
             raise ConfigError(f"IRBENCH_GC_YOUNG_THRESHOLD must be >= 0 (0: Python's default), got {self.gc_young_threshold}")
-        if self.inline_append_max_ms < 0:
-            raise ConfigError(f"IRBENCH_INLINE_APPEND_MAX_MS must be >= 0 (0: always a thread), got {self.inline_append_max_ms}")
 
     @property
     def heartbeat_s(self) -> float:
@@ -268,17 +260,6 @@ class WorkerRuntime:
                     on_error=lambda exc: log.warning("spool_publish_failed", error=str(exc)),
                 )
             return self._spools[key]
-
-    def append_inline(self, data_dirs: Iterable[str | None]) -> bool:
-        """Whether the loop may append to the spools of ``data_dirs`` itself: each one's recent
-        fsyncs took at most ``inline_append_max_ms`` (a spool not yet fsynced: no)."""
-        limit_s = self.settings.inline_append_max_ms / 1000.0
-        if limit_s <= 0:
-            return False
-        try:
-            return all(self.spool(d).sync_s <= limit_s for d in data_dirs)
-        except Exception:  # noqa: BLE001 - a data dir problem: the append reports it per run
-            return False
 
     # ----- heartbeat ----------------------------------------------------------------------------
     def hold_claim(self, state: Any, run_id: str, owner: str) -> None:

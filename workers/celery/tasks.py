@@ -21,8 +21,8 @@ its claim here finds it done or busy and steps aside.
 Why whole messages on one loop: a run's own work on a fast endpoint is ~0.5 ms of CPU, and each
 per-run Redis round trip, thread hand-off and fsync cost about as much again (bench/README.md).
 The claims of the runs that get a slot together, and the appends and done markers of the runs
-that finish together, go out together (``workers.celery.coalesce``): under load, one fsync (on
-the loop while the spool's fsyncs are fast, else in a thread) and one ``EVALSHA`` (on the loop's async client) for many runs.
+that finish together, go out together (``workers.celery.coalesce``): under load, one fsync (in
+a thread) and one ``EVALSHA`` (on the loop's async client) for many runs.
 
 A permit that is not available within a second or two *defers* the run: it is parked in the
 campaign's delayed set in Redis and its claim dropped (the message is still acknowledged, so no
@@ -179,21 +179,16 @@ async def _call(rt: WorkerRuntime, run: _Run, claimed: Claimed) -> None:
 
 
 async def _flush(rt: WorkerRuntime, items: Sequence[_Claim | _Finish]) -> list[Any]:
-    """On the loop: the records of the finishing runs into the spool, durable (on the loop
-    while the spool's fsyncs are fast, else in a thread: ``WorkerRuntime.append_inline``), then
-    one ``EVALSHA`` on the loop's async client (``ScriptBatch``): every finishing
+    """On the loop: the records of the finishing runs into the spool, durable (in a thread: the
+    fsync), then one ``EVALSHA`` on the loop's async client (``ScriptBatch``): every finishing
     run's done marker, deferral or failure and permit releases first (so a permit freed here
     can go to a claim of the same batch), then the claims. Returns per item: a finish's first
     reply (done flag or failure count), a claim's ``Claimed``; if Redis stays away past
     ``redis_retry_s``, None for a finish (its claim expires and the reconciler re-sends the
     run) and the error for a claim. A batch of claims only needs no thread at all."""
     finishes = [it for it in items if isinstance(it, _Finish)]
-    dirs = {f.data_dir for f in finishes if f.run.record is not None}  # failures and deferrals write nothing
-    if dirs:
-        if rt.append_inline(dirs):  # a fast fsync: cheaper than two thread switches
-            _append(rt, finishes)
-        else:
-            await asyncio.to_thread(_append, rt, finishes)
+    if any(f.run.record is not None for f in finishes):  # failures and deferrals write nothing
+        await asyncio.to_thread(_append, rt, finishes)
     calls, first = _batch_calls(rt, items)
     asked_at = time.monotonic()  # every grant happens after this
     try:
