@@ -12,7 +12,9 @@ For each timed campaign it also prints, per run: the CPU time (ms) of the worker
 this process (orchestrator, or the local executor), of the simulator and of redis-server (from
 ``/proc``: on 2 shared cores CPU per run is what bounds throughput, and it is less sensitive to
 other load than wall time), and Redis's own counts of read events (``rt``: about one per round
-trip) and of top-level commands (``cmds``; a script's own calls are not counted).
+trip) and of commands (``cmds``; a script's own ``redis.call``s count, one each), and the whole
+machine's context switches (``cs``, ``/proc/stat``: other processes' included). The local row's
+CPU includes its writer process (reaped when the campaign ends).
 
     python bench/distributed_throughput.py [--runs 600] [--workers 1,2,4] [--threads 8] [--run-slots 0]
                                            [--local-concurrency 16] [--runs-per-message 1,8] [--no-bare]
@@ -62,10 +64,19 @@ def _use_tree(src: Path) -> None:
     sys.path[:] = [str(src / "bench"), str(src)] + [p for p in sys.path if p not in mine]
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads)."""
+def cpu_s(pid: int, reaped: bool = False) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads); with ``reaped``, plus its
+    children that have exited and been waited for (the local executor's writer process)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return sum(int(f) for f in fields[11:15 if reaped else 13]) / CLK_TCK
+
+
+def context_switches() -> int:
+    """Context switches of the whole machine since boot (``/proc/stat``)."""
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("ctxt "):
+            return int(line.split()[1])
+    return 0
 
 
 def redis_counts(client: Any) -> tuple[int, int]:
@@ -98,15 +109,16 @@ def measured(c: Any, label: str, n_runs: int, body: Any) -> dict[str, Any]:
 
     client = redis.Redis.from_url(c.url)
     pids = _pids(c)
-    before = {k: sum(cpu_s(p) for p in v) for k, v in pids.items()}
+    before = {k: sum(cpu_s(p, reaped=k == "self") for p in v) for k, v in pids.items()}
     rt0, cmd0 = redis_counts(client)
-    t0 = time.perf_counter()
+    cs0, t0 = context_switches(), time.perf_counter()
     body()
-    elapsed = time.perf_counter() - t0
+    elapsed, cs1 = time.perf_counter() - t0, context_switches()
     rt1, cmd1 = redis_counts(client)
-    after = {k: sum(cpu_s(p) for p in v) for k, v in pids.items()}
+    after = {k: sum(cpu_s(p, reaped=k == "self") for p in v) for k, v in pids.items()}
     client.close()
-    row = {"label": label, "runs": n_runs, "seconds": elapsed, "rt": (rt1 - rt0) / n_runs, "cmds": (cmd1 - cmd0) / n_runs}
+    row = {"label": label, "runs": n_runs, "seconds": elapsed, "rt": (rt1 - rt0) / n_runs, "cmds": (cmd1 - cmd0) / n_runs,
+           "cs": (cs1 - cs0) / n_runs}
     row.update({f"cpu_{k}": 1000 * (after[k] - before[k]) / n_runs for k in pids})
     return row
 
@@ -224,7 +236,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     pair = _pair_ratios(rows)
     print(f"{'tree':>5} {'executor':>18} {'runs':>5} {'seconds':>7} {'runs/s':>7} {'x_local':>7} {'x_pair':>6} {'x_bare':>6} "
           f"{'ms/run':>6} {'overhead_ms':>11} | {'cpu ms/run: workers':>19} {'self':>5} {'sim':>5} {'redis':>5} "
-          f"{'total':>6} | {'rt/run':>6} {'cmds/run':>8}")
+          f"{'total':>6} | {'rt/run':>6} {'cmds/run':>8} {'cs/run':>6}")
     bare = {(r.get("tree"), r["label"].split(" ", 1)[1]): r["runs"] / r["seconds"]
             for r in rows if r["label"].startswith("bare")}
     local_ms = 0.0
@@ -239,7 +251,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         x_pair = f"{pair[i]:.2f}" if i in pair else "-"
         print(f"{r.get('tree', 'this'):>5} {r['label']:>18} {r['runs']:>5} {r['seconds']:>7.2f} {r['runs'] / r['seconds']:>7.1f} "
               f"{local_ms / ms:>7.2f} {x_pair:>6} {x_bare:>6} {ms:>6.2f} {over:>11} | {r['cpu_workers']:>19.2f} {r['cpu_self']:>5.2f} "
-              f"{r['cpu_sim']:>5.2f} {r['cpu_redis']:>5.2f} {total:>6.2f} | {r['rt']:>6.2f} {r['cmds']:>8.2f}")
+              f"{r['cpu_sim']:>5.2f} {r['cpu_redis']:>5.2f} {total:>6.2f} | {r['rt']:>6.2f} {r['cmds']:>8.2f} {r.get('cs', 0.0):>6.2f}")
 
 
 def _pair_ratios(rows: list[dict[str, Any]]) -> dict[int, float]:
