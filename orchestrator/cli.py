@@ -20,6 +20,7 @@ from orchestrator.distributed_cli import (
     RunsPerMessageOpt,
     SpoolAgeOpt,
     RunSlotsOpt,
+    CpuPolicyOpt,
     SpoolRowsOpt,
     VisibilityOpt,
     celery_options,
@@ -359,6 +360,7 @@ def worker(
     spool_max_age_s: SpoolAgeOpt = None,
     visibility_timeout_s: VisibilityOpt = None,
     run_slots: RunSlotsOpt = None,
+    cpu_policy: CpuPolicyOpt = None,
 ) -> None:
     """Start a Celery worker that executes runs (wraps `celery worker -P threads`).
 
@@ -371,7 +373,8 @@ def worker(
         url = _broker_url(broker, None)
         settings = worker_settings(url, claim_ttl_s=claim_ttl_s, lease_ttl_s=lease_ttl_s,
                                    spool_max_rows=spool_max_rows, spool_max_age_s=spool_max_age_s,
-                                   visibility_timeout_s=visibility_timeout_s, run_slots=run_slots)
+                                   visibility_timeout_s=visibility_timeout_s, run_slots=run_slots,
+                                   cpu_policy=cpu_policy)
     except IrbenchError as exc:
         fail(exc)
         return

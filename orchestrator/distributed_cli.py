@@ -28,6 +28,9 @@ RunsPerMessageOpt = Annotated[Optional[int], typer.Option(
 RunSlotsOpt = Annotated[Optional[int], typer.Option(
     "--run-slots", help="Runs this worker executes at once, whatever the messages carry; a SIGKILL loses at most "
     "this many answered calls (env IRBENCH_RUN_SLOTS, default 0 = --concurrency).")]
+CpuPolicyOpt = Annotated[Optional[str], typer.Option(
+    "--cpu-policy", help="How the kernel schedules this worker: batch (SCHED_BATCH: woken threads do not preempt "
+    "others; more runs/s when workers share few cores) or normal (env IRBENCH_CPU_POLICY, default batch).")]
 VisibilityOpt = Annotated[Optional[float], typer.Option(
     "--visibility-timeout-s", help="The broker redelivers a message left unacknowledged this long (env "
     "IRBENCH_VISIBILITY_TIMEOUT_S, default 10800). It must exceed a message's longest run time: attempts x "
@@ -50,7 +53,7 @@ def celery_options(analyze: bool, claim_ttl_s: float | None, reconcile_interval_
         runs_per_message=runs_per_message, visibility_timeout_s=visibility_timeout_s)
 
 
-def worker_settings(broker_url: str, **flags: float | int | None):  # noqa: ANN201 - WorkerSettings
+def worker_settings(broker_url: str, **flags: float | int | str | None):  # noqa: ANN201 - WorkerSettings
     """The worker's settings: ``IRBENCH_*`` environment, then the flags given."""
     from workers.celery.runtime import WorkerSettings
 

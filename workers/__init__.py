@@ -9,6 +9,7 @@ __all__ = [
     "availability",
     "celery",
     "clock",
+    "cpu_policy",
     "errors",
     "execute",
     "gate",

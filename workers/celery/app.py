@@ -41,6 +41,7 @@ from workers.celery.availability_tasks import (
 from workers.celery.runtime import RuntimeHolder, WorkerSettings
 from workers.celery.tasks import register_tasks
 from workers.celery.transport import transport_for
+from workers.cpu_policy import apply_cpu_policy
 from workers.logs import configure_logging
 
 #: Registers more tasks on an app (e.g. ``orchestrator.analysis_tasks.register_analysis_tasks``).
@@ -116,11 +117,16 @@ def make_celery_app(
     holder = RuntimeHolder(broker_url, worker_settings)
     app.irbench_runtime = holder  # type: ignore[attr-defined]  # per-process resources, created lazily
 
-    def _learn_threads(sender: Any = None, **_: Any) -> None:  # the worker's -c: its run slots by default
-        if getattr(sender, "app", None) is app and getattr(sender, "concurrency", None):
+    def _on_worker_init(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is not app:
+            return
+        if getattr(sender, "concurrency", None):  # the worker's -c: its run slots by default
             holder.set_threads(sender.concurrency)
+        # a worker process only (not a runtime made in a test or bench process), before its
+        # pool and event-loop threads exist: they inherit the policy
+        apply_cpu_policy(holder.settings.cpu_policy)
 
-    worker_init.connect(_learn_threads, weak=False)
+    worker_init.connect(_on_worker_init, weak=False)
     register_tasks(app, holder)
     register_availability_tasks(app)
     for register in registrars:

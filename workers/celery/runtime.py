@@ -49,6 +49,7 @@ from workers.celery.transport import ACK_FLUSH_S
 from workers.celery.deferring import Deferred, DeferringLimiter
 from workers.celery.coalesce import Coalescer
 from workers.errors import ConfigError
+from workers.cpu_policy import POLICIES
 from workers.gc_policy import tune_collector
 from workers.loops import new_event_loop
 from workers.limits.base import Permit
@@ -89,7 +90,9 @@ class WorkerSettings:
     loses at most this many answered calls); 0 = the worker's thread count (``--concurrency``).
     ``gc_young_threshold``: once the runtime is up, the start-up heap is frozen and the young
     generation collected every this many allocations (``workers.gc_policy``); 0 leaves
-    Python's collector as it is.
+    Python's collector as it is. ``cpu_policy``: how the kernel schedules a worker process, set
+    when the Celery worker starts: ``batch`` (default; Linux ``SCHED_BATCH``: its threads do not
+    preempt others when woken, ``workers.cpu_policy``) or ``normal``.
     """
 
     redis_url: str
@@ -113,6 +116,7 @@ class WorkerSettings:
     spool_idle_s: float = 0.5
     run_slots: int = 0
     gc_young_threshold: int = 10000
+    cpu_policy: str = "batch"
 
     def __post_init__(self) -> None:
         if self.visibility_timeout_s <= 0:
@@ -123,6 +127,9 @@ class WorkerSettings:
             raise ConfigError(f"run slots must be >= 0 (0: the worker's thread count), got {self.run_slots}")
         if self.gc_young_threshold < 0:
             raise ConfigError(f"IRBENCH_GC_YOUNG_THRESHOLD must be >= 0 (0: Python's default), got {self.gc_young_threshold}")
+        if self.cpu_policy not in POLICIES:
+            raise ConfigError(f"unknown CPU policy {self.cpu_policy!r} (IRBENCH_CPU_POLICY, irbench worker "
+                              f"--cpu-policy): use one of {', '.join(POLICIES)}")
 
     @property
     def heartbeat_s(self) -> float:
