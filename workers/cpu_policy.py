@@ -6,9 +6,9 @@ Under the default policy each wake-up may preempt whatever runs, so four workers
 switched ~6 times per run (the local executor 0.3) and did the same run for 0.94-1.16 ms of CPU
 where one or two workers needed 0.68 ms. ``SCHED_BATCH`` tells the scheduler the process is
 not interactive: a woken worker thread waits for the running one's slice instead of preempting
-it. Same nice level, same share of the CPU; 2.9 instead of 6.0 switches per run and 0.46-0.48x
-instead of 0.41-0.42x the local executor with 4 workers (bench/README.md, 2026-12-04, eleventh
-session). The cost: a reply may wait up to one scheduler slice (a few ms) longer before its
+it. Same nice level, same share of the CPU; with 4 workers 3.0-3.4 instead of 5.8-6.8 switches
+per run and 0.45x instead of 0.39x the local executor's runs/s at 64 runs per message (medians
+of 6 paired rounds; bench/README.md, 2026-12-04, eleventh session). The cost: a reply may wait up to one scheduler slice (a few ms) longer before its
 worker notices it *when the machine is saturated*; measure latency-sensitive things (first-token
 times on a fast local server) with ``normal``.
 """
