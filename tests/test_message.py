@@ -44,3 +44,25 @@ def test_the_older_list_form_still_decodes() -> None:
 def test_any_mix_of_differing_fields_round_trips(rows: list[tuple[int, float | None, int | None]]) -> None:
     tasks = [_task(i, prompt=p, temperature=temp, max_tokens=mt) for i, (p, temp, mt) in enumerate(rows)]
     assert decode_runs(json.loads(json.dumps(encode_runs(tasks)))) == tasks
+
+
+def test_common_fields_are_validated_once_and_mutable_ones_never_shared() -> None:
+    import pydantic
+    import pytest
+
+    tasks = [_task(i, prompt=0, options={"top_p": 0.9}) for i in range(3)]
+    body = json.loads(json.dumps(encode_runs(tasks)))
+    got = decode_runs(body)
+    assert got == tasks
+    assert got[1].endpoint is got[0].endpoint and got[2].limits is got[0].limits  # validated once, frozen
+    assert got[1].options == got[0].options and got[1].options is not got[0].options  # a dict: one each
+    got[0].options["top_p"] = 0.1
+    assert got[1].options == {"top_p": 0.9}
+    bad_common = json.loads(json.dumps(body))
+    bad_common["common"]["limits"] = {"max_concurrency": "many"}
+    with pytest.raises(pydantic.ValidationError):
+        decode_runs(bad_common)
+    bad_run = json.loads(json.dumps(body))
+    bad_run["runs"][2]["run_index"] = "third"  # a later run's own field is still validated
+    with pytest.raises(pydantic.ValidationError):
+        decode_runs(bad_run)
