@@ -41,6 +41,7 @@ def test_apply_covers_threads_alive_and_those_started_later() -> None:
 def test_unknown_policies_are_refused() -> None:
     with pytest.raises(ValueError, match="batch, normal"):
         apply_cpu_policy("fifo")
+    assert apply_cpu_policy("normal") is False and current_policy() == "normal"  # changes nothing
     with pytest.raises(ConfigError, match="unknown CPU policy 'fast' .IRBENCH_CPU_POLICY"):
         WorkerSettings.from_env("redis://x", {"IRBENCH_CPU_POLICY": "fast"})
     assert WorkerSettings.from_env("redis://x", {"IRBENCH_CPU_POLICY": "normal"}).cpu_policy == "normal"

@@ -8,9 +8,10 @@ where one or two workers needed 0.68 ms. ``SCHED_BATCH`` tells the scheduler the
 not interactive: a woken worker thread waits for the running one's slice instead of preempting
 it. Same nice level, same share of the CPU; with 4 workers 3.0-3.4 instead of 5.8-6.8 switches
 per run and 0.45x instead of 0.39x the local executor's runs/s at 64 runs per message (medians
-of 6 paired rounds; bench/README.md, 2026-12-04, eleventh session). The cost: a reply may wait up to one scheduler slice (a few ms) longer before its
-worker notices it *when the machine is saturated*; measure latency-sensitive things (first-token
-times on a fast local server) with ``normal``.
+of 6 paired rounds; bench/README.md, 2026-12-04, eleventh session). The cost: a reply may wait
+up to one scheduler slice (a few ms) longer before its worker notices it *when the machine is
+saturated*; measure latency-sensitive things (first-token times on a fast local server) with
+``normal``, which leaves the process as it was started (e.g. under ``chrt``).
 """
 
 from __future__ import annotations
@@ -30,20 +31,18 @@ def _tids() -> list[int]:
 
 
 def apply_cpu_policy(policy: str) -> bool:
-    """Put every thread of this process under ``policy`` (threads started later inherit it from
-    the thread that starts them). Returns False where the platform has no such policy (not
-    Linux) — the process then runs as it was. Raises ValueError for an unknown policy."""
+    """``batch``: put every thread of this process under ``SCHED_BATCH`` (threads started later
+    inherit it from the thread that starts them). ``normal``: change nothing. Returns whether
+    anything changed (False for ``normal``, and where the platform has no ``SCHED_BATCH``).
+    Raises ValueError for an unknown policy."""
     if policy not in POLICIES:
         raise ValueError(f"unknown CPU policy {policy!r}: use one of {', '.join(POLICIES)}")
-    wanted = getattr(os, "SCHED_BATCH" if policy == "batch" else "SCHED_OTHER", None)
-    if wanted is None or not hasattr(os, "sched_setscheduler"):
+    if policy == "normal" or not hasattr(os, "SCHED_BATCH"):
         return False
     for tid in _tids():
         try:
-            os.sched_setscheduler(tid, wanted, os.sched_param(0))
-        except ProcessLookupError:  # the thread ended meanwhile
-            continue
-        except PermissionError:  # a real-time thread we may not demote: leave it
+            os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
+        except (ProcessLookupError, PermissionError):  # ended meanwhile / an administrator's real-time thread
             continue
     return True
 

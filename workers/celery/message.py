@@ -58,6 +58,6 @@ def decode_runs(body: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> list[R
     for run in body["runs"]:
         task = RunTask.model_validate({**shared, **run, _TEXT: texts[run[_TEXT]]})
         if not tasks:  # the common fields, validated once: the next runs reuse the immutable ones
-            shared = {k: v if isinstance(getattr(task, k), _MUTABLE) else getattr(task, k) for k, v in common.items()}
+            shared = {k: v if isinstance(got := getattr(task, k), _MUTABLE) else got for k, v in common.items()}
         tasks.append(task)
     return tasks
