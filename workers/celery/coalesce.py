@@ -31,11 +31,17 @@ class Coalescer(Generic[T, R]):
 
     async def submit(self, item: T) -> R:
         """Queue ``item`` and wait for the flush that carries it; returns its result."""
+        return await self.enqueue(item)
+
+    def enqueue(self, item: T) -> asyncio.Future[R]:
+        """Queue ``item`` now, without suspending; the future gets its result. Whatever else is
+        queued before the caller next suspends goes out in the same flush: the flush starts at
+        the earliest on the loop's next turn."""
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._pending.append((item, future))
         if self._drainer is None:
             self._drainer = asyncio.ensure_future(self._drain())
-        return await future
+        return future
 
     async def _drain(self) -> None:
         try:

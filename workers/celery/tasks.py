@@ -9,9 +9,10 @@ each in this order:
 a run slot of the worker (``run_slots``, by default its thread count: however many runs the
 messages carry, no more calls than that are in flight) → the claim (skip if done / live
 elsewhere; it reads the model's gate and decides the first permit in the same script) →
-``execute_run`` → the record into the process's spool (``storage.spool``: fsynced before we go
-on), then the done marker and the permit releases → the slot back → when every run of the
-message is through: return (ack). Nothing is acknowledged before it is durable. A crash
+``execute_run`` → the slot handed on (to a run that cannot call before the next step is
+through) → the record into the process's spool (``storage.spool``: fsynced before we go on),
+then the done marker and the permit releases → when every run of the message is through:
+return (ack). Nothing is acknowledged before it is durable. A crash
 between the write and the done marker makes the redelivery execute the run again: both
 executions are stored, readers use the latest (``storage.runs.EXECUTION_RULE``). A run waiting
 for a slot is not claimed yet; the heartbeat keeps its queued time fresh, so the reconciler
@@ -125,32 +126,44 @@ async def _execute(rt: WorkerRuntime, run: _Run, data_dir: str | None) -> None:
     """One run on the loop: a run slot, then its claim (with its first permit), ``execute_run``,
     then its record made durable and its done marker — or deferral or failure — and its permits'
     releases sent. Claims and finishes of the runs that reach them together share one fsync and
-    one ``EVALSHA`` (:func:`_flush`). The slot is held until the
-    finish is through, so a SIGKILL loses at most ``run_slots`` answered calls."""
+    one ``EVALSHA`` (:func:`_flush`).
+
+    The slot is handed on as the finish is queued, in the same step: the run waiting for it
+    queues its claim before the flush starts, so a finish and the next run's claim share a
+    batch (one round trip for both instead of one each). That next run cannot call before the
+    batch is through, and the batch makes the finish durable before its ``EVALSHA``: a SIGKILL
+    still loses at most ``run_slots`` answered calls, and never more than ``run_slots`` calls
+    are in flight."""
     task = run.task
     batcher = rt.batcher("redis", lambda: Coalescer(lambda items: _flush(rt, items)))
     waits = rt.slots.locked()  # a free slot is taken without suspending: nothing to keep fresh
     if waits:
         rt.hold_waiting(run.state, task.run_id)
     reply = None
+    holding = False
     try:
-        async with rt.slots:
-            if waits:
-                rt.drop_waiting(task.run_id)
-            claimed = await batcher.submit(_Claim(run))
-            if isinstance(claimed, Exception):  # Redis away past redis_retry_s: still queued, reconciled
-                log.warning("run_not_claimed", run_id=task.run_id, error=str(claimed))
-                run.status = UNCLAIMED
-                return
-            if claimed.status != CLAIMED or claimed.view is None:
-                run.status = claimed.status
-                return
-            rt.hold_claim(run.state, task.run_id, run.owner)
-            if claimed.permit is not None:
-                rt.hold_permit(claimed.permit)  # the heartbeat renews it from now on
-            await _call(rt, run, claimed)
-            reply = await batcher.submit(_Finish(run, data_dir))
+        await rt.slots.acquire()
+        holding = True
+        if waits:
+            rt.drop_waiting(task.run_id)
+        claimed = await batcher.submit(_Claim(run))
+        if isinstance(claimed, Exception):  # Redis away past redis_retry_s: still queued, reconciled
+            log.warning("run_not_claimed", run_id=task.run_id, error=str(claimed))
+            run.status = UNCLAIMED
+            return
+        if claimed.status != CLAIMED or claimed.view is None:
+            run.status = claimed.status
+            return
+        rt.hold_claim(run.state, task.run_id, run.owner)
+        if claimed.permit is not None:
+            rt.hold_permit(claimed.permit)  # the heartbeat renews it from now on
+        await _call(rt, run, claimed)
+        holding = False
+        rt.slots.release()  # first: the waiter's wake-up is queued ahead of the flush's start
+        reply = await batcher.enqueue(_Finish(run, data_dir))
     finally:
+        if holding:
+            rt.slots.release()
         if waits:
             rt.drop_waiting(task.run_id)  # cancelled while waiting
         _drop_permits(rt, run)
