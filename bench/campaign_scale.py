@@ -29,7 +29,7 @@ the distributed one is ``run_campaign_celery`` with ``--workers`` ``celery worke
 printed before and after each phase: run it when the machine is as quiet as possible.
 
     python bench/campaign_scale.py [--models 50] [--prompts 400] [--runs 5]
-        [--executors local,celery] [--workers 4] [--threads 8] [--runs-per-message 1]
+        [--executors local,celery] [--workers 4] [--threads 8] [--runs-per-message 0]
         [--local-concurrency 64]
         [--model-concurrency 4] [--sample-s 10] [--replicates 2000] [--no-analysis]
 """
@@ -239,7 +239,7 @@ def run_celery_phase(args: argparse.Namespace, tmp: Path, models: list[str]) -> 
 
     (tmp / "sim-celery.toml").write_text(sim_toml(models))
     env = {"IRBENCH_LOG_LEVEL": "WARNING"}  # per-run INFO lines cost CPU on a 2-core box
-    label = f"celery {args.workers}x{args.threads}" + (f" k{args.runs_per_message}" if args.runs_per_message > 1 else "")
+    label = f"celery {args.workers}x{args.threads} " + (f"k{args.runs_per_message}" if args.runs_per_message else "k auto")
     with BenchCluster(tmp / "sim-celery.toml", workers=args.workers, concurrency=args.threads, worker_env=env) as c:
         prepared = scale_campaign(tmp / "celery", "scale-celery", c.sim.base_url, models, args.prompts, args.runs,
                                   args.model_concurrency, args.local_concurrency)
@@ -265,7 +265,7 @@ def main() -> None:
     parser.add_argument("--executors", default="local,celery", help="comma-separated: local, celery")
     parser.add_argument("--workers", type=int, default=4, help="celery worker processes")
     parser.add_argument("--threads", type=int, default=8, help="threads per worker (-c)")
-    parser.add_argument("--runs-per-message", type=int, default=1, help="runs per broker message (celery)")
+    parser.add_argument("--runs-per-message", type=int, default=0, help="runs per broker message (celery; 0: auto, the default)")
     parser.add_argument("--local-concurrency", type=int, default=64, help="runs in flight in the local executor")
     parser.add_argument("--model-concurrency", type=int, default=4, help="max_concurrency of every model")
     parser.add_argument("--sample-s", type=float, default=10.0, help="seconds between store samples")

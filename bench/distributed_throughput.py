@@ -16,14 +16,15 @@ trip) and of commands (``cmds``; a script's own ``redis.call``s count, one each)
 machine's context switches (``cs``, ``/proc/stat``: other processes' included). The local row's
 CPU includes its writer process (reaped when the campaign ends).
 
-    python bench/distributed_throughput.py [--runs 600] [--workers 1,2,4] [--threads 8] [--run-slots 0]
-                                           [--local-concurrency 16] [--runs-per-message 1,8] [--no-bare]
+    python bench/distributed_throughput.py [--runs 600] [--workers 1,2,4] [--threads 8] [--run-slots 64]
+                                           [--local-concurrency 16] [--runs-per-message 0,16] [--no-bare]
                                            [--pairs 1]
                                            [--baseline-src DIR --rounds 2]
 
 ``--runs-per-message``: each worker set runs the timed campaign once per value (the
-orchestrator's ``runs_per_message``: runs carried by one broker message). ``--run-slots``: each
-worker's run slots (``IRBENCH_RUN_SLOTS``; default its threads). ``--pairs N``: on the last
+orchestrator's ``runs_per_message``: runs carried by one broker message; 0, the default, is the
+orchestrator's auto size). ``--run-slots``: each worker's run slots (``IRBENCH_RUN_SLOTS``;
+default 64, the workers' own default; 0: their threads). ``--pairs N``: on the last
 worker set, N rounds of the timed campaigns with the local executor measured again between them
 and after them; ``x_pair`` is each irbench row's runs/s over the mean of the local rows right
 before and after it, and a summary line gives its median over the rounds (this machine's speed
@@ -215,6 +216,10 @@ def measure_bare(c: Any, tmp_path: Path, level: int, per_message: list[int], arg
         for name, n, ks in (("warm", 20 * level * args.threads // 4, [1]), ("timed", args.runs, per_message)):
             bodies = request_bodies(list(campaign(tmp_path, f"bare-w{level}-{name}", c.sim.base_url, n, cap).tasks))
             for k in ks:
+                if k == 0:  # auto: the size the orchestrator picks for these workers and this campaign
+                    from orchestrator.celery_options import CeleryOptions
+                    from orchestrator.message_size import auto_runs_per_message
+                    k = auto_runs_per_message(level * args.threads, min(CeleryOptions().max_outstanding, len(bodies)))
                 client.set(DONE_KEY, 0)
 
                 def body(bodies: list = bodies, k: int = k) -> None:
@@ -311,9 +316,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=600)
     parser.add_argument("--workers", default="1,2,4", help="worker process counts to measure")
     parser.add_argument("--threads", type=int, default=8, help="threads per worker (-c)")
-    parser.add_argument("--run-slots", type=int, default=0, help="runs each worker executes at once (0: --threads)")
+    parser.add_argument("--run-slots", type=int, default=64, help="runs each worker executes at once (0: --threads)")
     parser.add_argument("--local-concurrency", type=int, default=16, help="coroutines of the local executor")
-    parser.add_argument("--runs-per-message", default="1", help="comma-separated: runs per broker message to measure")
+    parser.add_argument("--runs-per-message", default="0", help="comma-separated: runs per broker message to measure (0: auto)")
     parser.add_argument("--pairs", type=int, default=1,
                         help="rounds of (local executor, irbench) on the last worker set, for x_pair (see _pair_ratios)")
     parser.add_argument("--no-bare", dest="bare", action="store_false",

@@ -27,6 +27,7 @@ __all__ = [
     "llama_server",
     "local",
     "local_writer",
+    "message_size",
     "ops_cli",
     "plan",
     "probe",

@@ -44,10 +44,11 @@ class CeleryOptions:
     acknowledges the message after the last. kombu's per-message cost (delivery bookkeeping,
     late ack) and the claim, fsync and done round trips are then shared: on the zero-latency
     simulator 16 runs per message gave 1.8x the runs/s of 1 (bench/README.md, 2026-12-02 20:13).
-    Default 1: for endpoints that take seconds per call that cost is noise, and a worker holding
-    several runs per thread can leave the campaign a longer tail while other workers idle. Use
-    8-16 for fast endpoints (a simulator, a local model server). Re-sent runs and runs with a
-    countdown travel alone. ``visibility_timeout_s``: the broker's redelivery horizon of an
+    Default 0, auto (``orchestrator.message_size``): the outstanding window (or the runs left)
+    over twice the live workers' threads, between 1 and 64, so every worker thread holds a
+    message and as many wait in the broker for whichever worker is free first. A fixed value
+    is for measuring; 1 gives the shortest tail when calls take minutes. Re-sent runs and runs
+    with a countdown travel alone. ``visibility_timeout_s``: the broker's redelivery horizon of an
     unacknowledged message; it must cover a whole message (``workers.celery.app``), and workers
     read the same variable; a redelivery inside it is harmless anyway. ``gc_young_threshold``:
     while the campaign runs, the orchestrator's heap (the plan: every run's task) is frozen and
@@ -66,7 +67,7 @@ class CeleryOptions:
     redis_backoff_max_s: float = 5.0
     honour_availability: bool = True  # skip models the availability dataset says are gone
     analyze_on_complete: bool = True  # enqueue the campaign's analysis when every run is stored
-    runs_per_message: int = 1  # 8-16 for fast endpoints: see the docstring
+    runs_per_message: int = 0  # 0: auto (orchestrator.message_size); see the docstring
     visibility_timeout_s: float = 10800.0
     gc_young_threshold: int = 10000
 
@@ -74,8 +75,11 @@ class CeleryOptions:
         for name in ("claim_ttl_s", "reconcile_interval_s", "poll_interval_s", "verify_grace_s", "visibility_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 s, got {getattr(self, name)}")
-        if min(self.max_task_failures, self.max_outstanding, self.dispatch_batch, self.runs_per_message) < 1:
-            raise ConfigError("max_task_failures, max_outstanding, dispatch_batch and runs_per_message must be >= 1")
+        if min(self.max_task_failures, self.max_outstanding, self.dispatch_batch) < 1:
+            raise ConfigError("max_task_failures, max_outstanding and dispatch_batch must be >= 1")
+        if self.runs_per_message < 0:
+            raise ConfigError(f"IRBENCH_RUNS_PER_MESSAGE / --runs-per-message must be >= 1, or 0 for auto "
+                              f"(sized to the live workers), got {self.runs_per_message}")
         if self.gc_young_threshold < 0:
             raise ConfigError(f"IRBENCH_GC_YOUNG_THRESHOLD must be >= 0 (0: Python's default), got {self.gc_young_threshold}")
 

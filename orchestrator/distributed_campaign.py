@@ -37,6 +37,7 @@ from celery import Celery
 from orchestrator.campaign import PreparedCampaign
 from orchestrator.celery_options import CeleryOptions
 from orchestrator.local import ExecutionSummary, ModelProgress
+from orchestrator.message_size import AUTO, MessageSizer
 from orchestrator.store_cursor import StoreCursor
 from storage.clock import utc_now
 from storage.records import RunRecord
@@ -45,6 +46,7 @@ from storage.spool import recover_orphans
 from workers.celery.broker_view import RUN_IDS_HEADER, unacked_ids, waiting_ids
 from workers.celery.campaign_state import META_FIELDS, CampaignState
 from workers.celery.message import encode_runs
+from workers.celery.presence import read_presence
 from workers.celery.redis_retry import with_retry
 from workers.celery.tasks import RUN_TASK_NAME, RUNS_TASK_NAME
 from workers.execute import worker_error_record
@@ -148,6 +150,8 @@ class DistributedCampaign:
         self.remaining = {rid: t for rid, t in self.by_id.items() if rid not in self.stored_at_start}
         self.unverified: set[str] = set()  # done per Redis, not yet seen in the store
         self.to_send: list[RunTask] = []
+        self.sizer = MessageSizer(lambda: read_presence(b.redis), self.options.queue, b.clock)
+        self.message_sizes = Counter[int]()  # runs per message -> messages sent (first sends)
 
     # ------------------------------------------------------------------ helpers
     def _redis(self, fn, what: str):  # noqa: ANN001, ANN202 - a thin wrapper
@@ -165,28 +169,38 @@ class DistributedCampaign:
         stamped = [t if t.measured_on is not None else t.model_copy(update={"measured_on": self._today})
                    for t in tasks]
         root = str(self.bundle.store.root)
-        for i in range(0, len(stamped), self.options.dispatch_batch):
-            batch = stamped[i : i + self.options.dispatch_batch]
+        k = 1 if why is not None else self._runs_per_message()
+        step = self.options.dispatch_batch * k  # dispatch_batch messages per producer round
+        for i in range(0, len(stamped), step):
+            batch = stamped[i : i + step]
 
             def send(batch: list[RunTask] = batch) -> None:
                 self.state.record_dispatch(t.run_id for t in batch)
                 with self.bundle.broker.producer_or_acquire() as producer:
-                    for group, wait in self._messages(batch, why, countdown_s or {}):
+                    for group, wait in self._messages(batch, k, countdown_s or {}):
                         self._send(producer, group, root, wait)
+                        if why is None and wait <= 0.001:
+                            self.message_sizes[len(group)] += 1
 
             self._redis(send, "dispatching")
         if why:
             self.resent[why] += len(stamped)
             log.info("runs_resent", campaign=self.campaign, why=why, runs=len(stamped))
 
-    def _messages(self, batch: list[RunTask], why: str | None, countdown_s: dict[str, float]
+    def _runs_per_message(self) -> int:
+        """``runs_per_message``, or with 0 (auto) the size ``orchestrator.message_size`` picks
+        for the live workers and the outstanding window (or the runs left, if fewer)."""
+        if self.options.runs_per_message != AUTO:
+            return self.options.runs_per_message
+        return self.sizer.size(min(self.options.max_outstanding, len(self.remaining)))
+
+    def _messages(self, batch: list[RunTask], k: int, countdown_s: dict[str, float]
                   ) -> list[tuple[list[RunTask], float]]:
-        """``batch`` as broker messages: first sends in groups of up to ``runs_per_message`` runs
-        in dispatch order; a re-sent run, or one with a countdown, alone. The plan interleaves
+        """``batch`` as broker messages: groups of up to ``k`` runs in dispatch order (``k`` is
+        1 for re-sent runs); a run with a countdown alone. The plan interleaves
         the models, so a message holds runs of several models, whose permits do not compete,
         and the worker runs them concurrently: a model waiting on its limit holds one run slot
         per waiting run, never the others' runs."""
-        k = self.options.runs_per_message if why is None else 1
         alone = [([t], countdown_s[t.run_id]) for t in batch if countdown_s.get(t.run_id, 0.0) > 0.001]
         rest = [t for t in batch if countdown_s.get(t.run_id, 0.0) <= 0.001]
         return alone + [(rest[i : i + k], 0.0) for i in range(0, len(rest), k)]
@@ -452,6 +466,7 @@ class DistributedCampaign:
                 executed += 1
                 by_model.setdefault(model, Counter())[outcome] += 1
         log.info("celery_campaign_end", campaign=self.campaign, executed=executed, interrupted=interrupted,
-                 resent=dict(self.resent), poisoned=len(self.poisoned), files_read=self.cursor.files_read)
+                 resent=dict(self.resent), poisoned=len(self.poisoned), files_read=self.cursor.files_read,
+                 runs_per_message={str(k): n for k, n in sorted(self.message_sizes.items())})
         return ExecutionSummary(executed=executed, by_model={m: dict(c) for m, c in by_model.items()},
                                 interrupted=interrupted)

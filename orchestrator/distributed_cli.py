@@ -23,11 +23,11 @@ MaxFailuresOpt = Annotated[Optional[int], typer.Option(
     "(env IRBENCH_MAX_TASK_FAILURES, default 3).")]
 RunsPerMessageOpt = Annotated[Optional[int], typer.Option(
     "--runs-per-message", help="Runs carried by one broker message; a worker runs them concurrently in its run "
-    "slots (env IRBENCH_RUNS_PER_MESSAGE, default 1). Bigger divides the broker's per-run cost; a re-sent run "
-    "goes alone.")]
+    "slots (env IRBENCH_RUNS_PER_MESSAGE, default 0: auto, sized to the live workers' threads and the outstanding "
+    "window, 1-64). Bigger divides the broker's per-run cost; a re-sent run goes alone.")]
 RunSlotsOpt = Annotated[Optional[int], typer.Option(
     "--run-slots", help="Runs this worker executes at once, whatever the messages carry; a SIGKILL loses at most "
-    "this many answered calls (env IRBENCH_RUN_SLOTS, default 0 = --concurrency).")]
+    "this many answered calls (env IRBENCH_RUN_SLOTS, default 64; 0 = --concurrency).")]
 CpuPolicyOpt = Annotated[Optional[str], typer.Option(
     "--cpu-policy", help="How the kernel schedules this worker: batch (SCHED_BATCH: woken threads do not preempt "
     "others; more runs/s when workers share few cores) or normal (env IRBENCH_CPU_POLICY, default batch).")]

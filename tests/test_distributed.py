@@ -36,6 +36,7 @@ from tests.support.distributed import (  # noqa: F401 - fixtures
     ALLOWANCE_S,
     FAST,
     LIMIT_PERIOD_S,
+    WORKER_ENV,
     Background,
     Cluster,
     assert_calls_equal_attempts,
@@ -97,8 +98,8 @@ def test_crossed_campaign_three_workers(live: Cluster, tmp_path: Path) -> None:
 
 
 def test_several_runs_per_message_never_exceed_the_workers_run_slots(live: Cluster, tmp_path: Path) -> None:
-    """A message's runs execute concurrently, but each worker calls at most ``run_slots`` (its
-    thread count) at once: 3 workers x 4 slots, however many 8-run messages they hold."""
+    """A message's runs execute concurrently, but each worker calls at most ``run_slots`` at
+    once: 3 workers x 4 slots (``WORKER_ENV``), however many 8-run messages they hold."""
     model = "t1s"
     with sim({model: SimModel(latency_ms_median=120, latency_sigma=0.05)}) as s:
         prepared = prepare(load_campaign(make_campaign(tmp_path, "t1s", s.base_url, {model: {"max_concurrency": 200}},
@@ -116,7 +117,7 @@ def test_several_runs_per_message_never_exceed_the_workers_run_slots(live: Clust
     for _, step in edges:
         in_flight += step
         peak = max(peak, in_flight)
-    slots = live.workers.count * live.workers.concurrency
+    slots = live.workers.count * int(WORKER_ENV["IRBENCH_RUN_SLOTS"])
     assert 4 < peak <= slots, (peak, slots)  # unbounded, 12 messages of 8 would put ~48 in flight
 
 

@@ -46,6 +46,7 @@ WORKER_ENV = {
     "IRBENCH_MAX_DEFER_S": "3",
     "IRBENCH_REDIS_RETRY_S": "30",
     "IRBENCH_LIMIT_PERIOD_S": str(LIMIT_PERIOD_S),
+    "IRBENCH_RUN_SLOTS": "4",  # = the cluster's threads (default 64): the slot bound shows at test scale
 }
 ALLOWANCE_S = WorkerSettings.limit_jitter_allowance_s  # the workers' grant-to-send bound (not overridden above)
 FAST = CeleryOptions(claim_ttl_s=3.0, reconcile_interval_s=1.0)

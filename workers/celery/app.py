@@ -201,4 +201,5 @@ def _close_runtime(sender: Any = None, **_: Any) -> None:
 worker_init.connect(_configure_worker_logging, weak=False, dispatch_uid="irbench-logging-init")
 worker_process_init.connect(_configure_worker_logging, weak=False, dispatch_uid="irbench-logging-proc")
 worker_shutdown.connect(_close_runtime, weak=False, dispatch_uid="irbench-close-runtime")
-presence.install(celery_signals, lambda app: app.irbench_runtime.settings.data_dir)
+presence.install(celery_signals, lambda app: app.irbench_runtime.settings.data_dir,
+                 lambda app: app.irbench_runtime.slots())

@@ -86,8 +86,13 @@ class WorkerSettings:
     redelivers a message unacknowledged this long (``workers.celery.app``'s rule says how long
     it must be). ``ack_flush_s``: longest delay of a gathered ack (``workers.celery.transport``).
     ``run_slots``: runs this process executes at once, whatever the messages carry (a run
-    takes a slot before its claim and gives it back once its record is durable, so a SIGKILL
-    loses at most this many answered calls); 0 = the worker's thread count (``--concurrency``).
+    takes a slot before its claim and hands it on once its call is answered, to a run that
+    calls only after that record is durable: a SIGKILL loses at most this many answered calls);
+    0 = the worker's thread count (``--concurrency``). Default 64: the threads only hold
+    messages, the runs are coroutines on one loop, and the models' own ``max_concurrency``
+    bounds what an endpoint sees, so slots sized to threads (8) capped a 4-worker fleet at 32
+    calls whatever the models allowed (and on a fast endpoint cost 0.41x the local executor's
+    runs/s against 0.56x with 64: bench/README.md, 2026-12-04 twelfth session).
     ``gc_young_threshold``: once the runtime is up, the start-up heap is frozen and the young
     generation collected every this many allocations (``workers.gc_policy``); 0 leaves
     Python's collector as it is. ``cpu_policy``: how the kernel schedules a worker process, set
@@ -114,7 +119,7 @@ class WorkerSettings:
     spool_max_rows: int = 2000
     spool_max_age_s: float = 5.0
     spool_idle_s: float = 0.5
-    run_slots: int = 0
+    run_slots: int = 64
     gc_young_threshold: int = 10000
     cpu_policy: str = "batch"
 
@@ -353,6 +358,11 @@ class RuntimeHolder:
     def set_threads(self, threads: int) -> None:
         """The worker's ``--concurrency``: its run slots when ``run_slots`` is 0."""
         self.threads = max(int(threads), 1)
+
+    def slots(self) -> tuple[int, int]:
+        """(messages, runs) this worker takes at once: its thread count (Celery's prefetch
+        multiplier is 1) and its run slots."""
+        return self.threads, self.settings.run_slots or self.threads
 
     @property
     def settings(self) -> WorkerSettings:
