@@ -15,6 +15,7 @@ __all__ = [
     "coalesce",
     "deferring",
     "gate",
+    "limiter_waiters",
     "local_cooldowns",
     "message",
     "presence",

@@ -15,7 +15,9 @@ a TTL of its slot + ``reservation_grace_s``. Releases, cooldowns and disables ar
 Waiting: a denied acquire sleeps until the computed time (exact for rate and cooldown; the next
 lease expiry for concurrency), wakes early on a change message for its model, and never sleeps
 longer than ``max_block_s`` so a lost message (Redis restart) only delays, never strands, a waiter.
-Each waiter waits on its own model's event: a saturated model never delays another.
+A release wakes one local waiter for a lease, other changes every waiter of the model
+(``workers.celery.limiter_waiters``): a saturated model never delays another, and a freed lease
+costs one re-check per process, not one per waiting run.
 
 The client must use a connection pool (the default): the pub/sub listener holds one connection.
 Redis failures surface as :class:`LimiterUnavailable` (retry the task later), never as redis types.
@@ -36,6 +38,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from workers.celery.limiter_waiters import Waiters
 from workers.errors import LimiterError, LimiterUnavailable, ModelDisabled, WaitBudgetExceeded
 from workers.limits.base import Permit
 from workers.limits.memory import (
@@ -175,7 +178,7 @@ class RedisLimiter:
         self._ready_timeout_s = listener_ready_timeout_s
         self._scripts = _load_scripts(client)
         self._chan_head = f"{key_prefix}:chg:"
-        self._events: dict[str, asyncio.Event] = {}
+        self._waiters = Waiters()
         self._listener: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
 
@@ -238,24 +241,28 @@ class RedisLimiter:
         await self._ensure_listener()
         started: float | None = None
         while True:
-            changed = self._events.setdefault(model, asyncio.Event())  # before deciding: no lost wake-up
-            asked_at = time.monotonic()  # the grant happens after this: the grant-to-send delay's origin
-            d = await self.try_acquire(model, limits, holder, cost_tokens, reserve=True)
-            started = d.now_s if started is None else started
-            if d.permit is not None:
-                return replace(d.permit, waited_ms=(d.now_s - started) * 1000.0, granted_mono_s=asked_at)
-            waited_s = d.now_s - started
-            if over_budget(d, waited_s, max_wait_s):
-                raise WaitBudgetExceeded(model, d)
-            wait_s = min(d.wait_s, self._max_block_s)
-            if max_wait_s is not None:
-                wait_s = min(wait_s, max_wait_s - waited_s)
-            if d.reason != CONCURRENCY:
-                wait_s = max(wait_s, 0.0005)  # TAT rounding to whole us must not cause a re-check storm
+            waiter = self._waiters.register(model)  # before deciding: no lost wake-up
             try:
-                await asyncio.wait_for(changed.wait(), timeout=wait_s)
-            except asyncio.TimeoutError:
-                pass
+                asked_at = time.monotonic()  # the grant happens after this: the grant-to-send delay's origin
+                d = await self.try_acquire(model, limits, holder, cost_tokens, reserve=True)
+                started = d.now_s if started is None else started
+                if d.permit is not None:
+                    return replace(d.permit, waited_ms=(d.now_s - started) * 1000.0, granted_mono_s=asked_at)
+                waited_s = d.now_s - started
+                if over_budget(d, waited_s, max_wait_s):
+                    raise WaitBudgetExceeded(model, d)
+                wait_s = min(d.wait_s, self._max_block_s)
+                if max_wait_s is not None:
+                    wait_s = min(wait_s, max_wait_s - waited_s)
+                if d.reason != CONCURRENCY:
+                    waiter.for_lease = False  # a release cannot help it; a cooldown or disable still wakes it
+                    wait_s = max(wait_s, 0.0005)  # TAT rounding to whole us must not cause a re-check storm
+                try:
+                    await asyncio.wait_for(waiter.woken, timeout=wait_s)
+                except asyncio.TimeoutError:
+                    pass
+            finally:
+                self._waiters.drop(model, waiter)
 
     async def release(self, permit: Permit, actual_tokens: int | None = None) -> bool:
         """Free the lease, settle tokens, wake waiters. False if the lease had already expired."""
@@ -314,14 +321,12 @@ class RedisLimiter:
             except asyncio.TimeoutError:
                 pass
 
-    def _wake(self, model: str | None) -> None:
-        if model is None:
-            events, self._events = list(self._events.values()), {}
+    def _wake(self, model: str | None, change: str = "") -> None:
+        """A change message for ``model`` (None: any model, e.g. after a reconnect)."""
+        if model is not None and change == "release":
+            self._waiters.lease_freed(model)
         else:
-            ev = self._events.pop(model, None)
-            events = [] if ev is None else [ev]
-        for ev in events:
-            ev.set()
+            self._waiters.wake_all(model)
 
     async def _listen(self) -> None:
         pattern = re.sub(r"([*?\[\]\\])", r"\\\1", self._chan_head) + "*"
@@ -339,7 +344,7 @@ class RedisLimiter:
                         self._wake(None)  # messages may have been missed while (re)connecting
                         backoff_s = 0.05
                     elif msg["type"] == "pmessage":
-                        self._wake(_text(msg["channel"])[len(self._chan_head) :])
+                        self._wake(_text(msg["channel"])[len(self._chan_head) :], _text(msg["data"]))
             except asyncio.CancelledError:
                 raise
             except (RedisError, OSError):
