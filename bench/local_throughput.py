@@ -19,6 +19,12 @@ client side's own per-run cost. For each concurrency level, measured side by sid
   shared by every coroutine, the obvious way to write it. httpcore scans every pooled connection
   on each request, so this falls off at high concurrency; it is printed to show that cost.
 
+Repeats run the levels ascending, then descending. Two verdicts close the table: whether the
+medians never decrease, and, per step, the change paired within each repeat (median and range)
+with how many repeats saw a decrease; a step is called a decrease only if every repeat (at
+least 5) saw one, a sign test at p = 2^-repeats: on the plateau above 16 the medians' order
+flips with the machine's drift.
+
 ``ratio`` is irbench (uvloop) / the better of the two bare loops (asyncio), per repeat, then the median. Also
 printed: the client process's CPU per run (``process_time``, less noisy than wall time on a
 shared machine), irbench's writer process's CPU per run (``+writer``: IR extraction, record
@@ -192,7 +198,9 @@ def main() -> None:
             asyncio.run(run_local(warm, RunStore(Path(tmp) / "warm"), secrets={}))
             asyncio.run(bare_loop(url, request_bodies(warm), 4, shared=False, tls=tls))
             for rep in range(args.repeats):
-                for level in levels:
+                # levels ascending, then descending: a machine that drifts during a repeat
+                # favours neither end of a step on the whole
+                for level in (levels if rep % 2 == 0 else list(reversed(levels))):
                     tasks = make_tasks(sim.base_url, args.runs, level, f"r{rep}c{level}")
                     bodies = request_bodies(tasks)
                     stores = {k: RunStore(Path(tmp) / f"data-{k}-{rep}-{level}") for k in ("irbench", "asyncio")}
@@ -244,7 +252,19 @@ def main() -> None:
               f"{med('irbench', level, 3):>8.2f} "
               f"{med('asyncio', level, 1):>8.2f} {med('bare', level, 1):>5.2f} {med('bare-shared', level, 1):>6.2f} "
               f"{med('irbench', level, 2):>15.2f} {med('bare', level, 2):>5.2f}")
-    print(f"irbench runs/s non-decreasing in concurrency: {'yes' if monotone else 'NO'}")
+    print(f"irbench runs/s non-decreasing in concurrency (medians): {'yes' if monotone else 'NO'}")
+    # each step paired within a repeat: on a plateau the medians' order is a coin flip, so a
+    # step counts as a decrease only when every repeat saw one (sign test: p = 2^-repeats)
+    significant = []
+    for a, b in zip(levels, levels[1:]):
+        changes = [rb[0] / ra[0] - 1 for ra, rb in zip(results[("irbench", a)], results[("irbench", b)])]
+        down = sum(1 for c in changes if c < 0)
+        if down == len(changes) and len(changes) >= 5:
+            significant.append(f"{a}->{b}")
+        print(f"  step {a:>3} -> {b:<3}: {100 * statistics.median(changes):+6.1f} % "
+              f"(repeats {100 * min(changes):+.1f} to {100 * max(changes):+.1f} %), lower in {down}/{len(changes)} repeats")
+    verdict = "yes" if not significant else "NO (" + ", ".join(significant) + ")"
+    print(f"irbench runs/s never lower at a higher concurrency in every paired repeat (sign test, >= 5 repeats): {verdict}")
 
 
 if __name__ == "__main__":
