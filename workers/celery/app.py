@@ -12,11 +12,13 @@ Delivery is at-least-once (``task_acks_late`` + ``task_reject_on_worker_lost``),
 idempotent by run_id (``workers.celery.tasks``). **Visibility timeout rule**: an unacked message is
 re-delivered after ``visibility_timeout_s``, so it must exceed the longest fetch-to-ack time:
 ``visibility_timeout_s > max_attempts * max(total_timeout_s) + (max_attempts - 1) * backoff_cap_s
-+ max deferral countdown (IRBENCH_MAX_DEFER_S) + margin``, times the orchestrator's
-``runs_per_message`` when the worker's run slots are all taken by other messages' runs (a
-message's runs then take turns) — with the defaults (4 attempts × 600 s + 3 × 60 s + 30 s = 2610
-s per run, 4 runs per message: 10440 s) the default 10800 s holds. A redelivery inside that window is harmless anyway
-(claims and done markers), and a lost message is re-dispatched by the orchestrator's reconciler.
++ max deferral countdown (IRBENCH_MAX_DEFER_S) + margin`` per run, times the rounds a worker
+needs for the runs its messages hold (threads × runs per message / run slots) when every call
+meets its worst case. With the defaults (4 attempts × 600 s + 3 × 60 s + 30 s = 2610 s per run)
+the default 10800 s covers 4 such rounds; auto-sized messages (up to 64 runs, 8 threads, 64
+slots) can hold 8. A redelivery inside that window is harmless anyway: the copy's runs are
+done, claimed by the live worker (skipped) or not started (claimed by whichever worker gets to
+them first), and a lost message is re-dispatched by the orchestrator's reconciler.
 """
 
 from __future__ import annotations
