@@ -92,7 +92,9 @@ class WorkerSettings:
     messages, the runs are coroutines on one loop, and the models' own ``max_concurrency``
     bounds what an endpoint sees, so slots sized to threads (8) capped a 4-worker fleet at 32
     calls whatever the models allowed (and on a fast endpoint cost 0.41x the local executor's
-    runs/s against 0.56x with 64: bench/README.md, 2026-12-04 twelfth session).
+    runs/s against 0.56x with 64: bench/README.md, 2026-12-04 twelfth session). Worst-case
+    response memory is ``run_slots`` x each model's ``max_response_bytes`` (8 MiB by default:
+    512 MiB at 64 slots, should every endpoint answer at the bound at once).
     ``gc_young_threshold``: once the runtime is up, the start-up heap is frozen and the young
     generation collected every this many allocations (``workers.gc_policy``); 0 leaves
     Python's collector as it is. ``cpu_policy``: how the kernel schedules a worker process, set
