@@ -33,10 +33,10 @@ from simulator.config import SimModel
 from storage.runs import RunStore
 from tests.support import cooldown_check
 from tests.support.distributed import (  # noqa: F401 - fixtures
+    RUN_SLOTS,
     ALLOWANCE_S,
     FAST,
     LIMIT_PERIOD_S,
-    WORKER_ENV,
     Background,
     Cluster,
     assert_calls_equal_attempts,
@@ -117,7 +117,7 @@ def test_several_runs_per_message_never_exceed_the_workers_run_slots(live: Clust
     for _, step in edges:
         in_flight += step
         peak = max(peak, in_flight)
-    slots = live.workers.count * int(WORKER_ENV["IRBENCH_RUN_SLOTS"])
+    slots = live.workers.count * RUN_SLOTS
     assert 4 < peak <= slots, (peak, slots)  # unbounded, 12 messages of 8 would put ~48 in flight
 
 
@@ -141,8 +141,8 @@ def test_worker_killed_mid_campaign(live: Cluster, tmp_path: Path, per_message: 
     assert killed_at < len(prepared.tasks), "the kill came too late to test anything"
     assert not summary.interrupted
     # the killed worker's acknowledged runs survive in its spool; its in-flight runs go again
-    assert_every_run_stored(store, prepared, max_duplicates=live.workers.concurrency)
-    assert_calls_equal_attempts(store, name, st, models, lost=live.workers.concurrency)
+    assert_every_run_stored(store, prepared, max_duplicates=RUN_SLOTS)
+    assert_calls_equal_attempts(store, name, st, models, lost=RUN_SLOTS)
     outcomes = Counter(r.outcome.value for rs in records_by_model(store, name).values() for r in rs)
     assert outcomes == {"ok": 72}
     # bounded by the claim TTL (3 s) + reconcile interval, not a fixed horizon: the remaining

@@ -28,6 +28,7 @@ from storage.runs import RunStore
 from deploy.celery_workers import CeleryWorkers
 from deploy.redis_server import RedisServer
 from tests.support.distributed import (
+    RUN_SLOTS,
     WORKER_ENV,
     Background,
     Cluster,
@@ -156,8 +157,8 @@ def test_deferred_runs_survive_their_worker(up: Cluster, tmp_path: Path, per_mes
         after_s = time.monotonic() - t_kill
         st = stats(s.base_url)
     assert not summary.interrupted
-    assert_every_run_stored(store, prepared, max_duplicates=up.workers.concurrency)
-    assert_calls_equal_attempts(store, name, st, models, lost=up.workers.concurrency)
+    assert_every_run_stored(store, prepared, max_duplicates=RUN_SLOTS)
+    assert_calls_equal_attempts(store, name, st, models, lost=RUN_SLOTS)
     assert state.delayed_count() == 0
     # ~40 runs at 8/s after the kill: ~5 s of rate-limited work, plus one claim TTL at most
     assert after_s < 20, after_s
@@ -242,7 +243,7 @@ def test_a_run_that_kills_its_worker_ends_as_worker_error(up: Cluster, tmp_path:
     assert state.delayed_count() == 0 and poison.run_id not in state.running()
     # the other models: every call stored, except those in flight on a killed worker
     others_models = {m: v for m, v in models.items() if m != poison_model}
-    assert_calls_equal_attempts(store, "f5", st, others_models, lost=deaths * (up.workers.concurrency - 1))
+    assert_calls_equal_attempts(store, "f5", st, others_models, lost=deaths * (RUN_SLOTS - 1))
     assert len(killed) == deaths
 
 

@@ -18,6 +18,7 @@ from orchestrator.spec import load_campaign
 from simulator.config import SimModel
 from storage.runs import RunStore
 from tests.support.distributed import (  # noqa: F401 - fixtures
+    RUN_SLOTS,
     FAST,
     Background,
     assert_calls_equal_attempts,
@@ -55,8 +56,8 @@ def test_soak_repeated_worker_kills_and_a_redis_restart(live, tmp_path: Path) ->
         st = stats(s.base_url)
     assert not summary.interrupted
     # each kill may cut the in-flight calls of one worker (4 threads) short: re-executed runs
-    assert_every_run_stored(store, prepared, max_duplicates=6 * live.workers.concurrency + total // 100)
-    assert_calls_equal_attempts(store, "soak", st, models, lost=6 * live.workers.concurrency)
+    assert_every_run_stored(store, prepared, max_duplicates=6 * RUN_SLOTS + total // 100)
+    assert_calls_equal_attempts(store, "soak", st, models, lost=6 * RUN_SLOTS)
     outcomes = Counter(r.outcome.value for rs in records_by_model(store, "soak").values() for r in rs)
     assert sum(outcomes.values()) == total
     assert set(outcomes) <= {"ok", "server_error"}

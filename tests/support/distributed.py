@@ -48,6 +48,7 @@ WORKER_ENV = {
     "IRBENCH_LIMIT_PERIOD_S": str(LIMIT_PERIOD_S),
     "IRBENCH_RUN_SLOTS": "4",  # = the cluster's threads (default 64): the slot bound shows at test scale
 }
+RUN_SLOTS = int(WORKER_ENV["IRBENCH_RUN_SLOTS"])  # answered calls a SIGKILLed worker may lose
 ALLOWANCE_S = WorkerSettings.limit_jitter_allowance_s  # the workers' grant-to-send bound (not overridden above)
 FAST = CeleryOptions(claim_ttl_s=3.0, reconcile_interval_s=1.0)
 
