@@ -6,8 +6,8 @@ one run, ``irbench.runs`` several (the orchestrator's ``runs_per_message``); bot
 :func:`run_message`. The runs of a message execute concurrently on the process's event loop,
 each in this order:
 
-a run slot of the worker (``run_slots``, by default its thread count: however many runs the
-messages carry, no more calls than that are in flight) → the claim (skip if done / live
+a run slot of the worker (``run_slots``, 64 by default: however many runs the messages
+carry, no more calls than that are in flight) → the claim (skip if done / live
 elsewhere; it reads the model's gate and decides the first permit in the same script) →
 ``execute_run`` → the slot handed on (to a run that cannot call before the next step is
 through) → the record into the process's spool (``storage.spool``: fsynced before we go on),
