@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ import redis
 from deploy.redis_server import RedisServer
 from storage.runs import RunStore
 from tests.support.distributed import executions_per_run
+from tests.support.raw_http import serve_in_thread
 from workers.celery.campaign_state import CampaignState
 from workers.celery.coalesce import Coalescer
 from workers.celery.runtime import RuntimeHolder, WorkerSettings
@@ -46,7 +46,6 @@ class _Endpoint:
 @contextmanager
 def _endpoint(done_count, delay_s: float) -> Iterator[_Endpoint]:  # noqa: ANN001
     ep = _Endpoint()
-    ready, stop = threading.Event(), threading.Event()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -66,25 +65,9 @@ def _endpoint(done_count, delay_s: float) -> Iterator[_Endpoint]:  # noqa: ANN00
         finally:
             writer.close()
 
-    def serve() -> None:
-        async def main() -> None:
-            server = await asyncio.start_server(handle, "127.0.0.1", 0)
-            ep.base_url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-            ready.set()
-            while not stop.is_set():
-                await asyncio.sleep(0.01)
-            server.close()
-
-        asyncio.run(main())
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    assert ready.wait(5)
-    try:
+    with serve_in_thread(lambda: asyncio.start_server(handle, "127.0.0.1", 0)) as base_url:
+        ep.base_url = base_url
         yield ep
-    finally:
-        stop.set()
-        t.join(5)
 
 
 def _task(i: int, base_url: str) -> RunTask:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from deploy.redis_server import RedisServer
-from tests.support.raw_http import serve_fixed
+from tests.support.raw_http import serve_fixed, serve_in_thread
 from workers.celery.campaign_state import CampaignState
 from workers.celery.runtime import RuntimeHolder, WorkerSettings
 from workers.celery.tasks import run_message
@@ -23,33 +23,16 @@ def _task(run_id: str, base_url: str) -> RunTask:
 
 
 def test_runs_of_a_message_whose_data_dir_is_broken_fail_unclaimed_and_uncalled(tmp_path: Path) -> None:
-    import asyncio
-    import threading
-
     requests: list[bytes] = []
-    ready, stop = threading.Event(), threading.Event()
-    port: list[int] = []
-
-    def serve() -> None:  # a real endpoint on loopback: a run that got this far would reach it
-        async def main() -> None:
-            server = await serve_fixed(b"HTTP/1.1 500 x\r\ncontent-length: 0\r\n\r\n", on_request=requests.append)
-            port.append(server.sockets[0].getsockname()[1])
-            ready.set()
-            while not stop.is_set():
-                await asyncio.sleep(0.02)
-            server.close()
-
-        asyncio.run(main())
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    ready.wait(5)
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the store should be")
-    with RedisServer() as srv:
+    # a real endpoint on loopback: a run that got this far would reach it
+    endpoint = serve_in_thread(lambda: serve_fixed(b"HTTP/1.1 500 x\r\ncontent-length: 0\r\n\r\n",
+                                                   on_request=requests.append))
+    with endpoint as base_url, RedisServer() as srv:
         holder = RuntimeHolder(srv.url, WorkerSettings(redis_url=srv.url))
         try:
-            tasks = [_task(f"r{i}", f"http://127.0.0.1:{port[0]}") for i in range(3)]
+            tasks = [_task(f"r{i}", base_url) for i in range(3)]
             state = CampaignState(holder.get().redis, "wm", prefix="irbench:camp")
             state.record_dispatch(t.run_id for t in tasks)
             assert run_message(holder, "w", tasks, str(blocker / "data")) == ["failed"] * 3
@@ -62,6 +45,4 @@ def test_runs_of_a_message_whose_data_dir_is_broken_fail_unclaimed_and_uncalled(
             assert not client.keys(state.key("claim:*"))
         finally:
             holder.close()
-            stop.set()
-            t.join(5)
     assert requests == []  # nothing was called

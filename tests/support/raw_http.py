@@ -1,7 +1,8 @@
 """Raw HTTP/1.1 servers on loopback, the smallest real socket peers for client-side tests:
 ``serve_fixed`` answers every request with the same bytes (headers on the wire, pooling,
 deadlines); ``serve_scripts`` plays back a script of bytes, pauses, resets and closes chosen by
-the request's path (hostile endpoints, byte by byte)."""
+the request's path (hostile endpoints, byte by byte); ``serve_in_thread`` runs either (or any
+``asyncio`` server) on a loop of its own, for code under test that blocks its thread."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import contextlib
 import re
 import socket
 import struct
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 
 _LENGTH = re.compile(rb"^content-length:\s*(\d+)", re.I | re.M)
 
@@ -105,3 +107,33 @@ async def serve_scripts(scripts: Mapping[str, Sequence[Step]]) -> AsyncIterator[
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@contextlib.contextmanager
+def serve_in_thread(start: Callable[[], Awaitable[asyncio.Server]]) -> Iterator[str]:
+    """Run ``start()``'s server on its own event loop in a daemon thread, for tests whose code
+    under test blocks the calling thread (a worker's ``run_message``); yields its base URL
+    (``http://127.0.0.1:<port>``) and stops the server on exit."""
+    ready, stop = threading.Event(), threading.Event()
+    port: list[int] = []
+
+    def serve() -> None:
+        async def main() -> None:
+            server = await start()
+            port.append(server.sockets[0].getsockname()[1])
+            ready.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.01)
+            server.close()
+
+        asyncio.run(main())
+
+    t = threading.Thread(target=serve, name="test-endpoint", daemon=True)
+    t.start()
+    if not ready.wait(5):
+        raise RuntimeError("the test endpoint did not start within 5 s")
+    try:
+        yield f"http://127.0.0.1:{port[0]}"
+    finally:
+        stop.set()
+        t.join(5)
