@@ -351,7 +351,7 @@ def worker(
     broker: BrokerOpt = None,
     data: DataOpt = Path("data"),
     concurrency: Annotated[int, typer.Option(help="Threads: broker messages in work at once in this worker "
-                                             "process, and its concurrent calls unless --run-slots says.")] = 8,
+                                             "process (its concurrent calls are --run-slots, 64 by default).")] = 8,
     queues: Annotated[str, typer.Option(help="Comma-separated queues to consume.")] = "irbench",
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
     claim_ttl_s: ClaimTtlOpt = None,
