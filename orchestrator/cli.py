@@ -28,6 +28,7 @@ from orchestrator.distributed_cli import (
 )
 from orchestrator.interrupts import INTERRUPTED_EXIT_CODE, interrupted
 from orchestrator.user_errors import USER_ERROR_EXIT_CODE, fail, print_error
+from workers.celery import DEFAULT_THREADS
 from workers.errors import ConfigError, IrbenchError
 from workers.logs import Redactor, configure_logging
 
@@ -351,7 +352,7 @@ def worker(
     broker: BrokerOpt = None,
     data: DataOpt = Path("data"),
     concurrency: Annotated[int, typer.Option(help="Threads: broker messages in work at once in this worker "
-                                             "process (its concurrent calls are --run-slots, 64 by default).")] = 8,
+                                             "process (its concurrent calls are --run-slots, 64 by default).")] = DEFAULT_THREADS,
     queues: Annotated[str, typer.Option(help="Comma-separated queues to consume.")] = "irbench",
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
     claim_ttl_s: ClaimTtlOpt = None,

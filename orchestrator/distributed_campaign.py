@@ -173,16 +173,17 @@ class DistributedCampaign:
         step = self.options.dispatch_batch * k  # dispatch_batch messages per producer round
         for i in range(0, len(stamped), step):
             batch = stamped[i : i + step]
+            messages = self._messages(batch, k, countdown_s or {})
 
-            def send(batch: list[RunTask] = batch) -> None:
+            def send(batch: list[RunTask] = batch, messages: list[tuple[list[RunTask], float]] = messages) -> None:
                 self.state.record_dispatch(t.run_id for t in batch)
                 with self.bundle.broker.producer_or_acquire() as producer:
-                    for group, wait in self._messages(batch, k, countdown_s or {}):
+                    for group, wait in messages:
                         self._send(producer, group, root, wait)
-                        if why is None and wait <= 0.001:
-                            self.message_sizes[len(group)] += 1
 
-            self._redis(send, "dispatching")
+            self._redis(send, "dispatching")  # retried whole: counted once, below
+            if why is None:
+                self.message_sizes.update(len(group) for group, wait in messages if not wait)
         if why:
             self.resent[why] += len(stamped)
             log.info("runs_resent", campaign=self.campaign, why=why, runs=len(stamped))

@@ -13,7 +13,7 @@ runs, get smaller messages; a few workers on a large campaign get up to ``MAX_AU
 
 A worker's message slots are its threads (Celery's prefetch multiplier is 1), as it publishes
 them in its presence (``workers.celery.presence``); a worker too old to say counts as
-``ASSUMED_THREADS``. With no live worker on the queue the size is 1: nothing is known about who
+``irbench worker``'s default (``DEFAULT_THREADS``). With no live worker on the queue the size is 1: nothing is known about who
 will take the runs.
 """
 
@@ -22,11 +22,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from redis.exceptions import RedisError
+
+from workers.celery import DEFAULT_THREADS
 from workers.celery.presence import WorkerPresence
 
 AUTO = 0  # ``runs_per_message`` value that asks for this module's size
 MAX_AUTO_RUNS = 64
-ASSUMED_THREADS = 8  # ``irbench worker``'s default -c
 
 
 def auto_runs_per_message(message_slots: int, window_runs: int, cap: int = MAX_AUTO_RUNS) -> int:
@@ -40,7 +42,7 @@ def auto_runs_per_message(message_slots: int, window_runs: int, cap: int = MAX_A
 
 def message_slots(workers: Sequence[WorkerPresence], queue: str) -> int:
     """Messages the live workers consuming ``queue`` hold at once, all together."""
-    return sum(w.threads or ASSUMED_THREADS for w in workers if queue in w.queues)
+    return sum(w.threads or DEFAULT_THREADS for w in workers if queue in w.queues)
 
 
 class MessageSizer:
@@ -61,6 +63,6 @@ class MessageSizer:
             self._read_at = now
             try:
                 self._slots = message_slots(self._read(), self._queue)
-            except Exception:  # noqa: BLE001 - Redis away: the caller's own Redis calls say so
+            except (RedisError, OSError):  # Redis away: the caller's own Redis calls say so
                 pass
         return auto_runs_per_message(self._slots, window_runs)

@@ -4,9 +4,12 @@ Redis retry loop. Nothing outside this package in ``workers`` imports Celery or 
 
 #: The Celery queue workers consume by default (``-Q``); importing it loads no Celery.
 DEFAULT_QUEUE = "irbench"
+#: A worker's threads (``-c``) by default: the broker messages it holds at once.
+DEFAULT_THREADS = 8
 
 __all__ = [
     "DEFAULT_QUEUE",
+    "DEFAULT_THREADS",
     "app",
     "availability_tasks",
     "broker_view",

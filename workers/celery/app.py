@@ -34,7 +34,7 @@ from celery import Celery
 from celery import signals as celery_signals
 from celery.signals import worker_init, worker_process_init, worker_shutdown
 
-from workers.celery import DEFAULT_QUEUE, presence
+from workers.celery import DEFAULT_QUEUE, DEFAULT_THREADS, presence
 from workers.celery.availability_tasks import (
     beat_settings_from_env,
     configure_availability_beat,
@@ -157,7 +157,7 @@ class _CurrentStderr:
 def start_worker(
     broker_url: str,
     *,
-    concurrency: int = 8,
+    concurrency: int = DEFAULT_THREADS,
     queues: tuple[str, ...] = (DEFAULT_QUEUE,),
     data_dir: str | None = None,
     loglevel: str = "INFO",

@@ -69,15 +69,15 @@ def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-#: Index entries older than this are dropped by readers: a worker that stopped without its
+#: Index entries older than this are dropped by every publish: a worker that stopped without its
 #: shutdown hook (SIGKILL) left its name there; its key is long gone by TTL.
 INDEX_KEEP_S = 3600.0
 
 
 def read_presence(client: redis.Redis, prefix: str = PRESENCE_PREFIX) -> list[WorkerPresence]:
     """Every live worker's presence (expired ones are gone by TTL): the names in the index,
-    then their keys in one ``MGET`` — two commands, whatever the keyspace holds."""
-    client.zremrangebyscore(prefix, "-inf", time.time() - INDEX_KEEP_S)
+    then their keys in one ``MGET`` — two commands, whatever the keyspace holds; it writes
+    nothing."""
     names = [n.decode() if isinstance(n, bytes) else str(n) for n in client.zrange(prefix, 0, -1)]
     if not names:
         return []
@@ -110,6 +110,7 @@ class PresencePublisher:
         pipe = self._client.pipeline(transaction=False)
         pipe.set(self._key, self.presence().to_json(), px=int(self._interval_s * 3000))
         pipe.zadd(self._index, {self._name: time.time()})
+        pipe.zremrangebyscore(self._index, "-inf", time.time() - INDEX_KEEP_S)
         pipe.execute()
 
     def _loop(self) -> None:
@@ -143,7 +144,7 @@ def _queues_of(consumer: Any) -> tuple[str, ...]:
         return tuple(sorted(consumer.app.amqp.queues.keys()))
 
 
-def install(signals: Any, data_dir_for: Any, slots_for: Any = None) -> None:
+def install(signals: Any, data_dir_for: Any, slots_for: Any) -> None:
     """Start a publisher when a worker is ready and stop it at shutdown.
 
     ``signals``: ``celery.signals``; ``data_dir_for(app) -> str | None``: the worker's store root;
@@ -157,7 +158,7 @@ def install(signals: Any, data_dir_for: Any, slots_for: Any = None) -> None:
         client = redis.Redis.from_url(app.conf.broker_url, socket_timeout=5.0, socket_connect_timeout=2.0)
         interval = float(os.environ.get("IRBENCH_PRESENCE_INTERVAL_S", "2"))
         data_dir = data_dir_for(app)
-        threads, run_slots = slots_for(app) if slots_for is not None else (None, None)
+        threads, run_slots = slots_for(app)
         running.append(PresencePublisher(client, sender.hostname, _queues_of(sender),
                                          str(Path(data_dir).resolve()) if data_dir else None,
                                          interval_s=interval, threads=threads, run_slots=run_slots).start())

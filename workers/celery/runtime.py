@@ -42,6 +42,7 @@ from redis.retry import Retry
 
 from storage.runs import RunStore
 from storage.spool import RunSpool, SpoolConfig, recover_orphans
+from workers.celery import DEFAULT_THREADS
 from workers.celery.local_cooldowns import LocalCooldowns
 from workers.celery.claim_permit import ClaimPermits
 from workers.celery.redis_limiter import RedisLimiter
@@ -138,6 +139,10 @@ class WorkerSettings:
             raise ConfigError(f"unknown CPU policy {self.cpu_policy!r} (IRBENCH_CPU_POLICY, irbench worker "
                               f"--cpu-policy): use one of {', '.join(POLICIES)}")
 
+    def slots_for(self, threads: int) -> int:
+        """The run slots of a worker with ``threads`` threads (``run_slots``, or with 0 its threads)."""
+        return self.run_slots or threads
+
     @property
     def heartbeat_s(self) -> float:
         return min(self.lease_ttl_s, self.claim_ttl_s) / 3.0
@@ -179,9 +184,9 @@ class _Claim:
 class WorkerRuntime:
     """Per-process shared resources. Create once per worker process; ``close()`` at shutdown."""
 
-    def __init__(self, settings: WorkerSettings, threads: int = 8) -> None:
+    def __init__(self, settings: WorkerSettings, threads: int = DEFAULT_THREADS) -> None:
         self.settings = settings
-        self.slots = asyncio.Semaphore(settings.run_slots or threads)  # used on the loop only
+        self.slots = asyncio.Semaphore(settings.slots_for(threads))  # used on the loop only
         self.redis = sync_redis(settings.redis_url)
         self._loop = new_event_loop()  # uvloop where installed: less CPU per call
         self._thread = threading.Thread(target=self._loop.run_forever, name="irbench-loop", daemon=True)
@@ -355,7 +360,7 @@ class RuntimeHolder:
         self._settings = settings
         self._lock = threading.Lock()
         self._runtime: WorkerRuntime | None = None
-        self.threads = 8  # the worker's thread count, set at worker start (``set_threads``)
+        self.threads = DEFAULT_THREADS  # the worker's thread count, set at worker start (``set_threads``)
 
     def set_threads(self, threads: int) -> None:
         """The worker's ``--concurrency``: its run slots when ``run_slots`` is 0."""
@@ -364,7 +369,7 @@ class RuntimeHolder:
     def slots(self) -> tuple[int, int]:
         """(messages, runs) this worker takes at once: its thread count (Celery's prefetch
         multiplier is 1) and its run slots."""
-        return self.threads, self.settings.run_slots or self.threads
+        return self.threads, self.settings.slots_for(self.threads)
 
     @property
     def settings(self) -> WorkerSettings:
