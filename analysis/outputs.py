@@ -10,7 +10,7 @@ percent-quoted when it is not a safe file name):
 * ``manifest.json``    seed, replicates, every option with its unit, the data window (first
   and last measurement date), package version, input row counts, ``generated_at`` (UTC).
 
-Every file goes through :mod:`storage.atomic` (temporary name, ``os.replace``), so a reader
+Every file goes through :mod:`storage.parquet.atomic` (temporary name, ``os.replace``), so a reader
 never sees a half-written file.
 """
 
@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from analysis.options import AnalysisOptions
 from analysis.tables.models import ModelTable, distinct_values
-from storage.atomic import write_json_atomic, write_parquet_atomic
+from storage.parquet.atomic import write_json_atomic, write_parquet_atomic
 from storage.records import succeeded_mask
 
 MANIFEST_VERSION = 1

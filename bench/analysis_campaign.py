@@ -43,7 +43,7 @@ def analyze_child(data: Path, out: Path, replicates: int, extra: list[str],
                   src: Path = ROOT) -> tuple[float, float]:
     """(wall s, peak RSS MiB) of ``irbench analyze`` (the code under ``src``) as a fresh
     process, measured by a small wrapper process so each run's peak RSS is its own."""
-    cmd = [sys.executable, "-m", "orchestrator.cli", "analyze", "--data", str(data),
+    cmd = [sys.executable, "-m", "orchestrator.cli.app", "analyze", "--data", str(data),
            "--out", str(out), "--replicates", str(replicates), *extra]
     env = {**os.environ, "PYTHONPATH": str(src), "PYTHONDONTWRITEBYTECODE": "1"}
     res = subprocess.run([sys.executable, "-c", _CHILD, *cmd], capture_output=True, text=True,

@@ -28,7 +28,7 @@ from bench.run_store import write_run_store  # noqa: E402
 
 def _analyze(data: Path, out: Path, replicates: int, extra: list[str]) -> float:
     t0 = time.perf_counter()
-    res = subprocess.run([sys.executable, "-m", "orchestrator.cli", "analyze", "--data", str(data),
+    res = subprocess.run([sys.executable, "-m", "orchestrator.cli.app", "analyze", "--data", str(data),
                           "--out", str(out), "--replicates", str(replicates), *extra],
                          capture_output=True, text=True, cwd=ROOT, check=False)
     if res.returncode != 0:

@@ -69,7 +69,7 @@ def import_seconds() -> float:
     """Start-up of a fresh interpreter importing the CLI and the analysis (what ``irbench
     analyze`` pays once, and each worker on its first analysis task)."""
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import orchestrator.cli, analysis.pipeline, "
+    subprocess.run([sys.executable, "-c", "import orchestrator.cli.app, analysis.pipeline, "
                     "analysis.tables.part_summaries"], cwd=ROOT, check=True)
     return time.perf_counter() - t0
 
@@ -77,9 +77,9 @@ def import_seconds() -> float:
 def measure(store: Path, replicates: int) -> dict:
     from analysis.options import AnalysisOptions
     from analysis.pipeline import run_analysis
-    from orchestrator.analysis_plan import plan_analysis
-    from orchestrator.analysis_tasks import part_paths, run_map, run_reduce, scratch_dir, split_path
-    from storage.atomic import write_parquet_atomic
+    from orchestrator.jobs.analysis_plan import plan_analysis
+    from orchestrator.jobs.analysis_tasks import part_paths, run_map, run_reduce, scratch_dir, split_path
+    from storage.parquet.atomic import write_parquet_atomic
 
     options = AnalysisOptions(replicates=replicates)
     with tempfile.TemporaryDirectory() as tmp:

@@ -54,9 +54,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from _cluster import BenchCluster, interrupt_as_keyboard, write_campaign
 
-from orchestrator.campaign import PreparedCampaign, prepare, run_campaign_local
-from orchestrator.local import ExecutionSummary
-from orchestrator.spec import load_campaign
+from orchestrator.campaign.driver import PreparedCampaign, prepare, run_campaign_local
+from orchestrator.local.executor import ExecutionSummary
+from orchestrator.campaign.spec import load_campaign
 from simulator.server import start_subprocess
 from storage.runs import RunStore
 
@@ -198,7 +198,7 @@ sys.exit(rc)
 
 def analyze(data: Path, out: Path, replicates: int) -> tuple[float, float]:
     """``irbench analyze`` of ``data`` in a child process: (wall seconds, peak RSS MiB of that child)."""
-    cmd = [sys.executable, "-m", "orchestrator.cli", "analyze", "--data", str(data), "--out", str(out),
+    cmd = [sys.executable, "-m", "orchestrator.cli.app", "analyze", "--data", str(data), "--out", str(out),
            "--replicates", str(replicates)]
     proc = subprocess.run([sys.executable, "-c", _MEASURE, *cmd], capture_output=True, text=True)
     if proc.returncode != 0:
@@ -235,7 +235,7 @@ def run_local_phase(args: argparse.Namespace, tmp: Path, models: list[str]) -> F
 
 
 def run_celery_phase(args: argparse.Namespace, tmp: Path, models: list[str]) -> Figures:
-    from orchestrator.celery_executor import CeleryOptions, run_campaign_celery
+    from orchestrator.distributed.executor import CeleryOptions, run_campaign_celery
 
     (tmp / "sim-celery.toml").write_text(sim_toml(models))
     env = {"IRBENCH_LOG_LEVEL": "WARNING"}  # per-run INFO lines cost CPU on a 2-core box

@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from _cluster import REPO  # noqa: F401 - puts the repo on sys.path
 
-from orchestrator.store_cursor import StoreCursor
+from orchestrator.distributed.store_cursor import StoreCursor
 from storage.runs import RunStore, latest_executions
 
 

@@ -90,8 +90,8 @@ def campaign(tmp: Path, name: str, base_url: str, runs: int, cap: int) -> Any:
     """``runs`` runs (rounded up to a multiple of the prompt count) of one unlimited model."""
     from _cluster import write_campaign
 
-    from orchestrator.campaign import prepare
-    from orchestrator.spec import load_campaign
+    from orchestrator.campaign.driver import prepare
+    from orchestrator.campaign.spec import load_campaign
 
     per_cell = max(1, -(-runs // PROMPTS))
     fields = {MODEL: {"max_concurrency": cap}}
@@ -128,8 +128,8 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every timed campaign of one invocation (one tree), as rows."""
     from _cluster import BenchCluster, interrupt_as_keyboard
 
-    from orchestrator.celery_executor import CeleryOptions, run_campaign_celery
-    from orchestrator.local import LocalOptions, run_event_loop, run_local
+    from orchestrator.distributed.executor import CeleryOptions, run_campaign_celery
+    from orchestrator.local.executor import LocalOptions, run_event_loop, run_local
     from storage.runs import RunStore
     from workers.logs import configure_logging
     from workers.runtask import ModelLimits
@@ -217,8 +217,8 @@ def measure_bare(c: Any, tmp_path: Path, level: int, per_message: list[int], arg
             bodies = request_bodies(list(campaign(tmp_path, f"bare-w{level}-{name}", c.sim.base_url, n, cap).tasks))
             for k in ks:
                 if k == 0:  # auto: the size the orchestrator picks for these workers and this campaign
-                    from orchestrator.celery_options import CeleryOptions
-                    from orchestrator.message_size import auto_runs_per_message
+                    from orchestrator.distributed.options import CeleryOptions
+                    from orchestrator.distributed.message_size import auto_runs_per_message
                     k = auto_runs_per_message(level * args.threads, min(CeleryOptions().max_outstanding, len(bodies)))
                 client.set(DONE_KEY, 0)
 

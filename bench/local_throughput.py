@@ -53,8 +53,8 @@ from typing import Any
 
 import httpx
 
-from orchestrator.instruction import load_instruction
-from orchestrator.local import LocalOptions, run_event_loop, run_local
+from orchestrator.campaign.instruction import load_instruction
+from orchestrator.local.executor import LocalOptions, run_event_loop, run_local
 from simulator.server import start_subprocess
 from storage.runs import RunStore
 from workers.providers.base import ChatRequest
@@ -154,7 +154,7 @@ def cpu_s(pid: int) -> float:
 
 def children_cpu_s() -> float:
     """User + system CPU seconds of this process's exited, waited-for children: irbench's writer
-    process (``orchestrator/local_writer.py``) once ``run_local`` returns; not the simulator,
+    process (``orchestrator/local/writer.py``) once ``run_local`` returns; not the simulator,
     which is reaped only at the end."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime

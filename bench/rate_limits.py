@@ -49,9 +49,9 @@ from pathlib import Path
 from _cluster import BenchCluster, interrupt_as_keyboard, sliding_window_max, write_campaign
 from _load import LoadSampler, cpu_hogs
 
-from orchestrator.campaign import prepare
-from orchestrator.celery_executor import CeleryOptions, run_campaign_celery
-from orchestrator.spec import load_campaign
+from orchestrator.campaign.driver import prepare
+from orchestrator.distributed.executor import CeleryOptions, run_campaign_celery
+from orchestrator.campaign.spec import load_campaign
 from simulator.wire import WireCapture
 from storage.runs import RunStore
 

@@ -146,7 +146,7 @@ def write_analysis(out: Path, models: int, prompts: int, seed: int) -> None:
 
 def start_viewer(data: Path, analysis: Path) -> tuple[subprocess.Popen, str, float]:
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "view", "--data", str(data),
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli.app", "view", "--data", str(data),
                              "--analysis", str(analysis), "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:  # type: ignore[union-attr]

@@ -34,10 +34,10 @@ import _cluster  # noqa: F401 - puts the repo root on sys.path (`python bench/x.
 from distributed_throughput import MODEL, campaign
 
 from deploy.redis_server import RedisServer
-from orchestrator.local import LocalOptions, run_event_loop, run_local
+from orchestrator.local.executor import LocalOptions, run_event_loop, run_local
 from simulator.server import start_subprocess
 from storage.runs import RunStore
-from workers.celery.campaign_state import CampaignState
+from workers.state.campaign_state import CampaignState
 from workers.celery.runtime import RuntimeHolder, WorkerSettings
 from workers.celery.tasks import run_message
 from workers.logs import configure_logging

@@ -36,7 +36,7 @@ import httpx
 
 import storage
 from local_throughput import SIM_TOML, make_tasks
-from orchestrator.local_writer import ProcessWriter, WriterConfig
+from orchestrator.local.writer import ProcessWriter, WriterConfig
 from simulator.server import start_subprocess
 from storage.records import RunRecord
 from storage.runs import RunStore

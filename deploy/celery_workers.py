@@ -44,7 +44,7 @@ class CeleryWorkers:
         env: Mapping[str, str] | None = None,
         start_timeout_s: float = 30.0,
         log_level: str = "INFO",
-        app: str = "orchestrator.worker_app",
+        app: str = "orchestrator.distributed.worker_app",
     ) -> None:
         self.broker_url = broker_url
         self.app = app

@@ -77,7 +77,7 @@ class ClusterConfig:
     concurrency: int = 8
     port: int = 0
     host: str = "127.0.0.1"
-    app: str = "orchestrator.worker_app"
+    app: str = "orchestrator.distributed.worker_app"
     queues: str | None = None
     pool: str = "threads"
     beat: bool = False
@@ -354,7 +354,7 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--data", type=Path, default=os.environ.get("IRBENCH_DATA") or None,
                    help="shared dataset root (default $IRBENCH_DATA, else <state>/data)")
     u.add_argument("--beat", action="store_true", help="also start celery beat (exactly one per cluster)")
-    u.add_argument("--app", default="orchestrator.worker_app", help="Celery app module (default orchestrator.worker_app)")
+    u.add_argument("--app", default="orchestrator.distributed.worker_app", help="Celery app module (default orchestrator.distributed.worker_app)")
     u.add_argument("--queues", default=None, help="comma-separated queues for -Q (default: the app's default)")
     u.add_argument("--pool", default="threads", help="worker pool, -P (default threads)")
     u.add_argument("--loglevel", default="info")

@@ -1,5 +1,5 @@
 """Stopping a server that runs in a child process: the simulator's own (``start_subprocess``) and
-``orchestrator.llama_server``'s, which may import it (the orchestrator may import ``simulator``;
+``orchestrator.cli.llama_server``'s, which may import it (the orchestrator may import ``simulator``;
 the simulator may not import the orchestrator, and ``deploy`` is for tests and benchmarks)."""
 
 from __future__ import annotations

@@ -11,22 +11,22 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from storage.compaction import CompactionConfig, CompactionReport, PartitionCompaction
-    from storage.dataset import DatasetSpec, ParquetDataset, WriteResult
+    from storage.parquet.compaction import CompactionConfig, CompactionReport, PartitionCompaction
+    from storage.parquet.dataset import DatasetSpec, ParquetDataset, WriteResult
     from storage.errors import StorageError
     from storage.runs import RunStore
     from storage.schema import RUN_SCHEMA, records_to_table, table_to_records
 
 _HOME = {
     "RUN_SCHEMA": "storage.schema",
-    "CompactionConfig": "storage.compaction",
-    "CompactionReport": "storage.compaction",
-    "DatasetSpec": "storage.dataset",
-    "ParquetDataset": "storage.dataset",
-    "PartitionCompaction": "storage.compaction",
+    "CompactionConfig": "storage.parquet.compaction",
+    "CompactionReport": "storage.parquet.compaction",
+    "DatasetSpec": "storage.parquet.dataset",
+    "ParquetDataset": "storage.parquet.dataset",
+    "PartitionCompaction": "storage.parquet.compaction",
     "RunStore": "storage.runs",
     "StorageError": "storage.errors",
-    "WriteResult": "storage.dataset",
+    "WriteResult": "storage.parquet.dataset",
     "records_to_table": "storage.schema",
     "table_to_records": "storage.schema",
 }

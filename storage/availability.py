@@ -1,6 +1,6 @@
 """The ``availability/`` dataset: one row per (check, model), partitioned by ``check_date``.
 
-A row records what one availability check (``orchestrator.availability``) found for one model:
+A row records what one availability check (``orchestrator.jobs.availability``) found for one model:
 ``available``, ``retired`` (with the retirement date and reference id from the 410 body),
 ``not_listed``, ``not_found``, ``unknown_model``, ``auth_error``, ``timeout`` or ``error``
 (``../shared/spec/failures.md``). Rows are appended, never rewritten, so the dataset is the
@@ -23,7 +23,7 @@ from pathlib import Path
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
-from storage.dataset import DatasetSpec, ParquetDataset
+from storage.parquet.dataset import DatasetSpec, ParquetDataset
 from storage.errors import StorageError
 from storage.schema import RECORD_METADATA_KEY, TIMESTAMP, VERSION_METADATA_KEY
 

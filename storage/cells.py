@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from storage.dataset import DatasetSpec, ParquetDataset, WriteResult
+from storage.parquet.dataset import DatasetSpec, ParquetDataset, WriteResult
 from storage.schema import RECORD_METADATA_KEY, VERSION_METADATA_KEY
 
 CELLS_DATASET = "cells"

@@ -22,7 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage.dataset import DatasetSpec, ParquetDataset
+from storage.parquet.dataset import DatasetSpec, ParquetDataset
 from storage.schema import RECORD_METADATA_KEY, TIMESTAMP, VERSION_METADATA_KEY
 
 PROBES_DATASET = "probes"

@@ -23,11 +23,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage.compaction import CompactionConfig, CompactionReport, compact
-from storage.dataset import DatasetSpec, ParquetDataset
-from storage.dedupe import pick_latest
+from storage.parquet.compaction import CompactionConfig, CompactionReport, compact
+from storage.parquet.dataset import DatasetSpec, ParquetDataset
+from storage.parquet.dedupe import pick_latest
 from storage.records import RunRecord
-from storage.spool import recover_orphans
+from storage.parquet.spool import recover_orphans
 from storage.schema import RUN_SCHEMA, records_to_table, table_to_records
 
 RUNS_DATASET = "runs"
@@ -183,6 +183,6 @@ class RunStore:
 
     def compact(self, date: dt.date | None = None) -> CompactionReport:
         """Publish the spools of dead writers, then merge small files of one partition (or
-        all); see :mod:`storage.compaction` and :mod:`storage.spool`."""
+        all); see :mod:`storage.parquet.compaction` and :mod:`storage.parquet.spool`."""
         recover_orphans(self.dataset)
         return compact(self.dataset, date, self.compaction)

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.adhoc import AdhocRun
-from orchestrator.envfile import load_env_file
-from orchestrator.spec import load_campaign
+from orchestrator.campaign.adhoc import AdhocRun
+from orchestrator.cli.envfile import load_env_file
+from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimConfig, SimModel
 from simulator.server import start_background
 from storage.runs import RunStore
 from tests.support.terminal import with_default_sigint
 
-IRBENCH = [sys.executable, "-m", "orchestrator.cli"]
+IRBENCH = [sys.executable, "-m", "orchestrator.cli.app"]
 REPO = Path(__file__).resolve().parent.parent
 PROMPTS = REPO / "examples" / "prompts"
 N_PROMPTS = 12

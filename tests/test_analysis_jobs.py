@@ -22,7 +22,7 @@ from analysis.pipeline import run_analysis
 from analysis.tables.partial import partial_cells
 from analysis.tables.cells import build_cells
 from analysis.options import AnalysisOptions
-from orchestrator.analysis_jobs import (
+from orchestrator.jobs.analysis import (
     AnalysisJobError,
     analyze_distributed,
     analyze_with_executor,
@@ -30,9 +30,9 @@ from orchestrator.analysis_jobs import (
     plan_parts,
     wait_analysis,
 )
-from orchestrator.campaign import prepare
-from orchestrator.celery_executor import CeleryOptions, run_campaign_celery
-from orchestrator.spec import load_campaign
+from orchestrator.campaign.driver import prepare
+from orchestrator.distributed.executor import CeleryOptions, run_campaign_celery
+from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimConfig, SimModel
 from simulator.server import start_background
 from storage.runs import RunStore

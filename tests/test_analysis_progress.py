@@ -15,7 +15,7 @@ from analysis.pipeline import run_analysis
 from analysis.progress import ANALYZE_STAGES, REPORT_STAGES, Stage
 from analysis.report.build import build_report
 from bench.run_store import write_run_store
-from orchestrator.analysis_progress import StageProgress
+from orchestrator.jobs.analysis_progress import StageProgress
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def test_not_a_terminal_prints_nothing(store, tmp_path):
 
 
 def test_cli_piped_output_has_no_progress(store, tmp_path):
-    res = subprocess.run([sys.executable, "-m", "orchestrator.cli", "analyze", "--data", str(store),
+    res = subprocess.run([sys.executable, "-m", "orchestrator.cli.app", "analyze", "--data", str(store),
                           "--out", str(tmp_path / "out"), "--replicates", "200"],
                          capture_output=True, text=True, timeout=240, check=False)
     assert res.returncode == 0, res.stderr[-2000:]

@@ -14,7 +14,7 @@ from storage.annotations import parse_annotations
 from analysis.tables.cells import build_cells
 from analysis.options import AnalysisOptions
 from analysis.tables.families import FAMILIES_FILE, families_for, load_families
-from orchestrator.artifact_import import import_artifact
+from orchestrator.jobs.artifact_import import import_artifact
 from storage.cells import CellStore
 from storage.runs import RunStore
 

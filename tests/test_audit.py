@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from analysis.pipeline import CorruptDataError, NoRunsError, run_analysis
 from analysis.tables.families import default_family
 from analysis.options import AnalysisOptions
-from orchestrator.audit_cli import analyze_command, import_artifact_command
+from orchestrator.cli.audit import analyze_command, import_artifact_command
 from storage.cells import CellMeasurement, CellStore, measurement_id
 from storage.records import Outcome, ParseOutcome, RunRecord
 from storage.runs import RunStore

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.availability import (
+from orchestrator.jobs.availability import (
     CheckSettings,
     CheckTarget,
     check_availability,
@@ -131,7 +131,7 @@ def test_cli_commands(tmp_path: Path, artifact_dir: Path) -> None:
     import typer
     from typer.testing import CliRunner
 
-    from orchestrator.ops_cli import availability_app, probe_command
+    from orchestrator.cli.ops import availability_app, probe_command
 
     app = typer.Typer()
     app.command("probe")(probe_command)
@@ -185,7 +185,7 @@ def test_beat_one_check_per_interval_with_two_beats(tmp_path: Path) -> None:
 
     interval_s = 2.0
     data = tmp_path / "data"
-    celery = [sys.executable, "-m", "celery", "-A", "orchestrator.worker_app"]
+    celery = [sys.executable, "-m", "celery", "-A", "orchestrator.distributed.worker_app"]
     cfg = SimConfig(models={"alive": SimModel(), "switch": SimModel(retired_after_requests=2, retired_on="2026-08-01",
                                                                     retirement_reference="RET-9")})
     procs: list[subprocess.Popen] = []

@@ -17,8 +17,8 @@ import pytest
 from analysis.pipeline import run_analysis
 from storage.annotations import parse_annotations
 from analysis.options import AnalysisOptions
-from orchestrator.campaign import campaign_status, prepare, run_campaign_local
-from orchestrator.spec import load_campaign
+from orchestrator.campaign.driver import campaign_status, prepare, run_campaign_local
+from orchestrator.campaign.spec import load_campaign
 from simulator.config import load_sim_config
 from simulator.model import expected_node_set_jaccard
 from storage.runs import RunStore
@@ -107,7 +107,7 @@ def test_killed_mid_campaign_then_resumed(tmp_path: Path, examples_dir: Path) ->
         text = text.replace("http://127.0.0.1:8765", sim.base_url)
         campaign.write_text(text)
         data = tmp_path / "data"
-        cmd = [sys.executable, "-m", "orchestrator.cli", "run", str(campaign), "--data", str(data), "--no-progress"]
+        cmd = [sys.executable, "-m", "orchestrator.cli.app", "run", str(campaign), "--data", str(data), "--no-progress"]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         store = RunStore(data)
         deadline = time.monotonic() + 60

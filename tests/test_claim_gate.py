@@ -8,9 +8,9 @@ import pytest
 
 from tests.support.permit_holds import PermitHolds
 from storage.records import Outcome
-from workers.celery.campaign_state import BUSY, CLAIMED, DONE, CampaignState
-from workers.celery.claim_permit import Claimed, ClaimPermits
-from workers.celery.gate import RedisGate
+from workers.state.campaign_state import BUSY, CLAIMED, DONE, CampaignState
+from workers.state.claim_permit import Claimed, ClaimPermits
+from workers.state.gate import RedisGate
 from workers.celery.runtime import WorkerSettings
 
 
@@ -86,7 +86,7 @@ def test_runs_waiting_in_a_worker_keep_a_fresh_queued_time(client) -> None:
 def test_broker_view_lists_every_run_of_a_several_runs_message(client) -> None:
     import json
 
-    from workers.celery.broker_view import RUN_IDS_HEADER, unacked_ids, waiting_ids
+    from workers.state.broker_view import RUN_IDS_HEADER, unacked_ids, waiting_ids
 
     one = {"body": "", "headers": {"id": "solo"}}
     many = {"body": "", "headers": {"id": "a+2", RUN_IDS_HEADER: ["a", "b", "c"]}}
@@ -115,7 +115,7 @@ def claims(client):
 
     import redis.asyncio as aioredis
 
-    from workers.celery.redis_limiter import RedisLimiter
+    from workers.state.redis_limiter import RedisLimiter
 
     loop = asyncio.new_event_loop()
     kw = client.connection_pool.connection_kwargs

@@ -13,7 +13,7 @@ import pytest
 
 from deploy.redis_server import RedisServer
 
-IRBENCH = [sys.executable, "-m", "orchestrator.cli"]
+IRBENCH = [sys.executable, "-m", "orchestrator.cli.app"]
 VERBS = ["run", "status", "resume", "cancel", "worker", "analyze", "compact", "simulate", "demo", "probe"]
 
 

@@ -55,7 +55,7 @@ def test_ctrl_c_while_the_campaign_file_is_read_says_run_again(tmp_path: Path) -
     fifo = tmp_path / "campaign.toml"
     os.mkfifo(fifo)
     proc = subprocess.Popen(
-        with_default_sigint([sys.executable, "-m", "orchestrator.cli", "run", str(fifo), "--data", str(tmp_path / "data")]),
+        with_default_sigint([sys.executable, "-m", "orchestrator.cli.app", "run", str(fifo), "--data", str(tmp_path / "data")]),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     fd = -1

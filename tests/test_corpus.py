@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.corpus import load_corpus
-from orchestrator.spec import CorpusSpec
+from orchestrator.campaign.corpus import load_corpus
+from orchestrator.campaign.spec import CorpusSpec
 from workers.errors import ConfigError
 from tests.support.paths import ARTIFACT as _ARTIFACT
 

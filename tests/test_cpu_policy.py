@@ -63,7 +63,7 @@ def test_a_real_worker_process_runs_under_its_policy(env: dict[str, str], expect
 def test_the_worker_command_refuses_a_bad_policy_in_one_line() -> None:
     from typer.testing import CliRunner
 
-    from orchestrator.cli import app
+    from orchestrator.cli.app import app
 
     r = CliRunner().invoke(app, ["worker", "--broker", "redis://127.0.0.1:1/0", "--cpu-policy", "fifo"])
     assert r.exit_code == 2, r.output

@@ -21,10 +21,10 @@ import redis.asyncio as aioredis
 
 from deploy.redis_server import RedisServer
 from tests.support.permit_holds import PermitHolds
-from workers.celery.campaign_state import CampaignState
+from workers.state.campaign_state import CampaignState
 from workers.celery.deferring import Deferred, DeferringLimiter
-from workers.celery.gate import RedisGate
-from workers.celery.redis_limiter import RedisLimiter
+from workers.state.gate import RedisGate
+from workers.state.redis_limiter import RedisLimiter
 from workers.celery.runtime import WorkerSettings
 from workers.errors import LimiterUnavailable
 from workers.runtask import ModelLimits

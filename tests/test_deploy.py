@@ -170,10 +170,10 @@ def test_up_status_down_with_two_workers(cluster_dirs, app_env):
 
 @needs_redis
 @pytest.mark.timeout(60)
-@pytest.mark.skipif(not REAL_APP.exists(), reason="orchestrator/worker_app.py missing")
+@pytest.mark.skipif(not REAL_APP.exists(), reason="orchestrator/distributed/worker_app.py missing")
 def test_real_celery_app_two_workers_answer_ping(cluster_dirs, app_env):
     state, data = cluster_dirs
-    _up_and_check("orchestrator.worker_app", state, data, app_env, task_roundtrip=False)
+    _up_and_check("orchestrator.distributed.worker_app", state, data, app_env, task_roundtrip=False)
 
 
 @needs_redis
@@ -331,7 +331,7 @@ def test_compose_structure():
     w = s["worker"]
     assert "replicas" in w["deploy"] and "env_file" in w
     cmd = " ".join(w["command"])
-    for part in ("-A orchestrator.worker_app worker", "-P threads", "--without-gossip", "--without-mingle", "worker@%h"):
+    for part in ("-A orchestrator.distributed.worker_app worker", "-P threads", "--without-gossip", "--without-mingle", "worker@%h"):
         assert part in cmd
     assert "inspect ping" in " ".join(w["healthcheck"]["test"])
     assert s["beat"]["deploy"]["replicas"] == 1 and "beat" in s["beat"]["command"]
@@ -355,7 +355,7 @@ def test_compose_worker_command_expands_to_the_agreed_argv(queues):
     script = script.replace("exec celery", "printf '%s\\n' celery", 1)
     env = {"PATH": os.environ.get("PATH", ""), "IRBENCH_QUEUES": queues, "IRBENCH_WORKER_CONCURRENCY": "7"}
     argv = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, check=True).stdout.splitlines()
-    assert argv[:6] == ["celery", "-A", "orchestrator.worker_app", "worker", "-P", "threads"]
+    assert argv[:6] == ["celery", "-A", "orchestrator.distributed.worker_app", "worker", "-P", "threads"]
     assert argv[argv.index("-c") + 1] == "7"
     assert ("-Q" in argv) == bool(queues)
     if queues:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.local import LocalOptions, run_local
+from orchestrator.local.executor import LocalOptions, run_local
 from storage.errors import StorageError
 from storage.runs import RunStore
 from tests.support.campaign_files import one_endpoint, write_campaign
@@ -61,7 +61,7 @@ def test_disk_full_is_one_line_and_the_campaign_resumes(tiny_fs: Path, tmp_path:
     with scripted_server() as sim:
         campaign = _campaign(tmp_path, sim.base_url)
         filler = _fill(tiny_fs)
-        cmd = [sys.executable, "-m", "orchestrator.cli", "run", str(campaign), "--data", str(data), "--no-progress"]
+        cmd = [sys.executable, "-m", "orchestrator.cli.app", "run", str(campaign), "--data", str(data), "--no-progress"]
         env = {"PATH": os.environ["PATH"]}
         full = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
         first_requests = len(sim.received)
@@ -98,7 +98,7 @@ class _FullStore(RunStore):
 
 
 def test_injected_enospc_stops_the_executor_and_resume_completes(tmp_path: Path) -> None:
-    from orchestrator.instruction import load_instruction
+    from orchestrator.campaign.instruction import load_instruction
 
     instr = load_instruction(None)
     with scripted_server() as sim:

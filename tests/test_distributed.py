@@ -21,14 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.campaign import prepare
-from orchestrator.celery_executor import (
+from orchestrator.campaign.driver import prepare
+from orchestrator.distributed.executor import (
     CeleryOptions,
     campaign_status_celery,
     cancel_campaign,
     run_campaign_celery,
 )
-from orchestrator.spec import load_campaign
+from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimModel
 from storage.runs import RunStore
 from tests.support import cooldown_check
@@ -187,9 +187,9 @@ ORCH = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from orchestrator.campaign import prepare
-    from orchestrator.celery_executor import CeleryOptions, run_campaign_celery
-    from orchestrator.spec import load_campaign
+    from orchestrator.campaign.driver import prepare
+    from orchestrator.distributed.executor import CeleryOptions, run_campaign_celery
+    from orchestrator.campaign.spec import load_campaign
     from storage.runs import RunStore
     prepared = prepare(load_campaign(Path(sys.argv[1])))
     run_campaign_celery(prepared, RunStore(Path(sys.argv[2])), sys.argv[3],

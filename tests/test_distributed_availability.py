@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from analysis.tables.probes import ProbeSettings
-from orchestrator.campaign import prepare
-from orchestrator.celery_executor import (
+from orchestrator.campaign.driver import prepare
+from orchestrator.distributed.executor import (
     AVAILABILITY_MARK,
     CeleryOptions,
     _close_unavailable,
@@ -27,8 +27,8 @@ from orchestrator.celery_executor import (
     celery_execute,
     run_campaign_celery,
 )
-from orchestrator.probe import run_probe
-from orchestrator.spec import load_campaign
+from orchestrator.jobs.probe import run_probe
+from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimConfig, SimModel, load_sim_config
 from simulator.server import start_background
 from storage.availability import Availability, AvailabilityRecord, AvailabilityStore
@@ -36,7 +36,7 @@ from storage.runs import RunStore
 from deploy.celery_workers import CeleryWorkers
 from deploy.redis_server import RedisServer
 from tests.support.distributed import WORKER_ENV, make_campaign
-from workers.celery.campaign_state import CampaignState
+from workers.state.campaign_state import CampaignState
 from workers.celery.runtime import sync_redis
 
 pytestmark = pytest.mark.timeout(120)

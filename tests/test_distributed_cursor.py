@@ -12,11 +12,11 @@ import pytest
 
 from deploy.celery_workers import CeleryWorkers
 from deploy.redis_server import RedisServer
-from orchestrator.campaign import prepare
-from orchestrator.celery_executor import _cancelled_records
-from orchestrator.celery_options import CeleryOptions
-from orchestrator.distributed_campaign import Bundle, DistributedCampaign
-from orchestrator.spec import load_campaign
+from orchestrator.campaign.driver import prepare
+from orchestrator.distributed.executor import _cancelled_records
+from orchestrator.distributed.options import CeleryOptions
+from orchestrator.distributed.campaign import Bundle, DistributedCampaign
+from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimConfig, SimModel
 from simulator.server import start_background
 from storage.runs import RunStore

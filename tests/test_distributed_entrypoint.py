@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 from deploy.redis_server import RedisServer
-from orchestrator.campaign import prepare
-from orchestrator.celery_executor import CeleryOptions, run_campaign_celery
-from orchestrator.spec import load_campaign
+from orchestrator.campaign.driver import prepare
+from orchestrator.distributed.executor import CeleryOptions, run_campaign_celery
+from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimModel
 from storage.runs import RunStore
 from tests.support.distributed import WORKER_ENV, assert_every_run_stored, make_campaign, sim, wait_for

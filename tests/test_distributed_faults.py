@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from orchestrator.campaign import prepare
-from orchestrator.celery_options import CeleryOptions
-from orchestrator.spec import load_campaign
+from orchestrator.campaign.driver import prepare
+from orchestrator.distributed.options import CeleryOptions
+from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimModel
 from storage.runs import RunStore
 from deploy.celery_workers import CeleryWorkers
@@ -43,7 +43,7 @@ from tests.support.distributed import (
     wait_for,
 )
 from tests.support.paths import REPO
-from workers.celery.campaign_state import CampaignState
+from workers.state.campaign_state import CampaignState
 
 pytestmark = pytest.mark.timeout(150)
 FAST = CeleryOptions(claim_ttl_s=3.0, reconcile_interval_s=1.0, analyze_on_complete=False)
@@ -129,7 +129,7 @@ def test_poison_run_ends_as_worker_error_and_others_carry_on(up: Cluster, tmp_pa
     state = CampaignState(redis.Redis.from_url(up.url), name)
     assert state.failures(victim.run_id)[0] == 3 and state.delayed_count() == 0
     # the status script view
-    out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "status", str(path), "--data", str(store.root),
+    out = subprocess.run([sys.executable, "-m", "orchestrator.cli.app", "status", str(path), "--data", str(store.root),
                           "--json"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
@@ -168,7 +168,7 @@ def test_deferred_runs_survive_their_worker(up: Cluster, tmp_path: Path, per_mes
 def test_retry_failed_adds_a_newer_execution(up: Cluster, tmp_path: Path) -> None:
     """``retry_outcomes`` (``--retry-failed``): runs whose latest execution failed go again and
     are done once a newer execution is stored; both executions stay in the store."""
-    from orchestrator.celery_executor import run_campaign_celery
+    from orchestrator.distributed.executor import run_campaign_celery
     from simulator.config import SimConfig
     from simulator.server import start_background
     from storage.records import Outcome
@@ -249,7 +249,7 @@ def test_a_run_that_kills_its_worker_ends_as_worker_error(up: Cluster, tmp_path:
 
 def _irbench_run(path: Path, data: Path, url: str) -> subprocess.Popen[bytes]:
     """``irbench run`` (the CLI) on the workers, as its own process group."""
-    argv = [sys.executable, "-m", "orchestrator.cli", "run", str(path), "--data", str(data), "--executor", "celery",
+    argv = [sys.executable, "-m", "orchestrator.cli.app", "run", str(path), "--data", str(data), "--executor", "celery",
             "--broker", url, "--claim-ttl-s", "3", "--reconcile-interval-s", "1", "--no-analyze", "--no-progress"]
     return subprocess.Popen(argv, cwd=REPO, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 

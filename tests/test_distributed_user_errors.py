@@ -24,7 +24,7 @@ from tests.support.terminal import with_default_sigint
 
 pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "orchestrator.cli"]
+CLI = [sys.executable, "-m", "orchestrator.cli.app"]
 
 
 def _campaign(tmp_path: Path, base_url: str) -> Path:
@@ -86,7 +86,7 @@ def test_no_worker_warns_within_15_s_with_the_command(tmp_path: Path) -> None:
         assert f"irbench worker --broker {srv.url} --data {data.resolve()}" in seen
         assert waited < 15
         client = redis.Redis.from_url(srv.url)
-        from workers.celery.broker_view import waiting_ids
+        from workers.state.broker_view import waiting_ids
 
         assert len(waiting_ids(client, "irbench")) == 3  # the runs did wait in the queue (in any number of messages)
         assert sim.received == []  # and nothing reached the endpoint

@@ -10,7 +10,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from analysis.errors import AnalysisError, ReportInputError
-from orchestrator.cli import app
+from orchestrator.cli.app import app
 from storage.errors import ConfigError, IrbenchError, StorageError
 from workers import errors as worker_errors
 
@@ -82,7 +82,7 @@ def test_the_error_line_is_the_message_verbatim(capsys) -> None:
     import pytest
     import typer
 
-    from orchestrator.user_errors import fail
+    from orchestrator.cli.user_errors import fail
 
     message = "prompt p.txt line 3: [conditionRef=C1] names no id " + "x" * 300
     with pytest.raises(typer.Exit) as exit_info:

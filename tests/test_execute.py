@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.instruction import load_instruction
-from orchestrator.local import LocalOptions, run_local
+from orchestrator.campaign.instruction import load_instruction
+from orchestrator.local.executor import LocalOptions, run_local
 from simulator.config import SimConfig, SimModel
 from simulator.server import start_background
 from storage.records import Outcome

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from orchestrator.campaign import prepare, run_campaign_local
-from orchestrator.spec import load_campaign
+from orchestrator.campaign.driver import prepare, run_campaign_local
+from orchestrator.campaign.spec import load_campaign
 from simulator.app import go_duration
 from simulator.config import SimConfig, SimModel
 from simulator.server import start_background

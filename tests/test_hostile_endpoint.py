@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.instruction import load_instruction
-from orchestrator.local import LocalOptions, run_local
+from orchestrator.campaign.instruction import load_instruction
+from orchestrator.local.executor import LocalOptions, run_local
 from storage.records import Outcome, ParseOutcome, RunRecord
 from storage.runs import RunStore
 from tests.support.hostile_server import hostile_server

@@ -93,7 +93,7 @@ def test_echoed_key_never_stored_local(server, tmp_path: Path) -> None:  # type:
     data, log = tmp_path / "data", tmp_path / "irbench.log"
     env = {"PATH": "/usr/bin:/bin", "ECHO_KEY": KEY}
     proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "run", str(campaign), "--data", str(data), "--no-progress",
+        [sys.executable, "-m", "orchestrator.cli.app", "run", str(campaign), "--data", str(data), "--no-progress",
          "--log-file", str(log), "--verbose"],
         capture_output=True, text=True, env=env, timeout=120, cwd=REPO,
     )
@@ -115,7 +115,7 @@ def test_echoed_key_never_stored_distributed(server, tmp_path: Path) -> None:  #
                                                      env={**WORKER_ENV, "ECHO_KEY": KEY}) as workers:
         env = {"PATH": "/usr/bin:/bin", "ECHO_KEY": KEY}
         proc = subprocess.run(
-            [sys.executable, "-m", "orchestrator.cli", "run", str(campaign), "--data", str(data), "--no-progress",
+            [sys.executable, "-m", "orchestrator.cli.app", "run", str(campaign), "--data", str(data), "--no-progress",
              "--executor", "celery", "--broker", srv.url, "--no-analyze", "--log-file", str(log), "--verbose"],
             capture_output=True, text=True, env=env, timeout=150, cwd=REPO,
         )

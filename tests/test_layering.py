@@ -19,7 +19,7 @@ The table is design.md's, plus the two top-level packages it places "beside" the
   must not know the engine (workers) or the analysis it is measured by.
 - ``orchestrator/`` may also import ``simulator``: ``irbench simulate`` and ``irbench demo``
   host the stand-in endpoint. Nothing below the orchestrator may. Likewise ``viewer``: the
-  ``irbench view`` command (``orchestrator/view_cli.py``) hosts the web app.
+  ``irbench view`` command (``orchestrator/cli/view.py``) hosts the web app.
 - ``deploy/`` (local launchers: a cluster, a private redis-server, celery worker processes) is
   stdlib only, so it runs before anything is installed; tests and benchmarks use its launchers.
 - ``bench/`` may import anything but ``tests``.
@@ -63,7 +63,7 @@ ENGINE = (
     "workers.availability",
     "workers.providers",  # the package and every module under it
     "workers.limits",  # likewise (the Redis limiter lives in workers.celery)
-    "orchestrator.local",
+    "orchestrator.local.executor",
 )
 ENGINE_FORBIDDEN = frozenset({"celery", "kombu", "redis"})
 
@@ -170,8 +170,8 @@ def _private(dotted: str) -> bool:
 def test_the_reader_sees_imports_of_every_kind() -> None:
     """Guard the reader itself: function-level, relative and ``from pkg import module`` imports."""
     by_importer = {(e.importer, e.imported) for e in EDGES}
-    # function-level: orchestrator/cli.py imports the simulator inside the `simulate` command
-    assert ("orchestrator.cli", "simulator.server") in by_importer
+    # function-level: orchestrator/cli/app.py imports the simulator inside the `simulate` command
+    assert ("orchestrator.cli.app", "simulator.server") in by_importer
     # ``from workers.limits.base import ...`` at module level
     assert any(i == "workers.limits.memory" or i.startswith("workers.limits") for i, _ in by_importer)
     assert _resolve_relative("workers.limits.memory", False, 1, "base") == "workers.limits.base"
@@ -237,9 +237,9 @@ def test_the_run_engine_reaches_no_celery_or_redis() -> None:
     graph = _graph()
     modules = {_module_name(p) for pkg in ("workers", "orchestrator") for p in (REPO / pkg).rglob("*.py")}
     engine = sorted(m for m in modules if any(m == e or m.startswith(e + ".") for e in ENGINE))
-    assert "workers.providers.openai_compat" in engine and "orchestrator.local" in engine
+    assert "workers.providers.openai_compat" in engine and "orchestrator.local.executor" in engine
     # the walk can fail: the Celery executor and the Celery task module do reach them
-    for outside in ("orchestrator.celery_executor", "workers.celery.tasks"):
+    for outside in ("orchestrator.distributed.executor", "workers.celery.tasks"):
         reached = {e.imported_top for m in _closure(outside, graph) for e in EDGES if e.importer == m and not e.type_only}
         assert {"celery", "redis"} <= reached, outside
     # importing a module runs its packages' __init__ files: they are walked too

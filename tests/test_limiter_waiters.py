@@ -1,4 +1,4 @@
-"""A freed lease wakes one local waiter, not all of them (``workers.celery.limiter_waiters``):
+"""A freed lease wakes one local waiter, not all of them (``workers.state.limiter_waiters``):
 the registry on its own, then real ``RedisLimiter``s on a real redis-server, counting the
 acquire decisions Redis runs after each release and checking every waiter is still served and
 the cap holds."""
@@ -13,8 +13,8 @@ import redis
 import redis.asyncio as aioredis
 
 from deploy.redis_server import RedisServer
-from workers.celery.limiter_waiters import Waiters
-from workers.celery.redis_limiter import RedisLimiter
+from workers.state.limiter_waiters import Waiters
+from workers.state.redis_limiter import RedisLimiter
 from workers.runtask import ModelLimits
 
 

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from deploy.redis_server import RedisServer
-from workers.celery.redis_limiter import RedisLimiter
+from workers.state.redis_limiter import RedisLimiter
 from workers.limits import Lease, LimiterUnavailable, ModelDisabled
 from workers.runtask import ModelLimits
 
@@ -276,7 +276,7 @@ WORKER = textwrap.dedent(
     """
     import asyncio, json, random, sys
     import redis.asyncio as aioredis
-    from workers.celery.redis_limiter import RedisLimiter
+    from workers.state.redis_limiter import RedisLimiter
     from workers.runtask import ModelLimits
 
     async def main(url, prefix, who):

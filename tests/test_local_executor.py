@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.local import ExecutionSummary, LocalOptions, run_local
+from orchestrator.local.executor import ExecutionSummary, LocalOptions, run_local
 from storage.records import RunRecord
 from storage.runs import RunStore
 from workers.providers.base import ChatRequest

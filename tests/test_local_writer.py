@@ -1,4 +1,4 @@
-"""The local executor's writer process (``orchestrator/local_writer.py``) over real loopback HTTP
+"""The local executor's writer process (``orchestrator/local/writer.py``) over real loopback HTTP
 against the simulator: the records it stores are the in-process writer's; when either process
 dies, nothing acknowledged is lost and a resume completes the campaign without calling a stored
 run again."""
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.instruction import load_instruction
-from orchestrator.local import LocalOptions, run_local
-from orchestrator.local_writer import ProcessWriter, WriterConfig
+from orchestrator.campaign.instruction import load_instruction
+from orchestrator.local.executor import LocalOptions, run_local
+from orchestrator.local.writer import ProcessWriter, WriterConfig
 from simulator.config import SimConfig, SimModel
 from simulator.server import start_background
 from storage.errors import StorageError
@@ -133,7 +133,7 @@ _PARENT = textwrap.dedent("""
     from pathlib import Path
     sys.path.insert(0, sys.argv[3])
     from tests.test_local_writer import _tasks
-    from orchestrator.local import LocalOptions, run_event_loop, run_local
+    from orchestrator.local.executor import LocalOptions, run_event_loop, run_local
     from storage.runs import RunStore
     from workers.logs import configure_logging
     configure_logging(json=True, level="INFO")  # run_finished lines on stderr: logged once stored

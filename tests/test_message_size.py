@@ -17,12 +17,12 @@ import redis
 
 from deploy.celery_workers import CeleryWorkers
 from deploy.redis_server import RedisServer
-from orchestrator.campaign import prepare
-from orchestrator.celery_executor import _cancelled_records
-from orchestrator.celery_options import CeleryOptions
-from orchestrator.distributed_campaign import Bundle, DistributedCampaign
-from orchestrator.message_size import MAX_AUTO_RUNS, MessageSizer, auto_runs_per_message, message_slots
-from orchestrator.spec import load_campaign
+from orchestrator.campaign.driver import prepare
+from orchestrator.distributed.executor import _cancelled_records
+from orchestrator.distributed.options import CeleryOptions
+from orchestrator.distributed.campaign import Bundle, DistributedCampaign
+from orchestrator.distributed.message_size import MAX_AUTO_RUNS, MessageSizer, auto_runs_per_message, message_slots
+from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimConfig, SimModel
 from simulator.server import start_background
 from storage.runs import RunStore
@@ -30,7 +30,7 @@ from tests.support.campaign_files import one_endpoint, write_campaign
 from tests.support.distributed import executions_per_run, stats, wait_for
 from workers.celery import DEFAULT_THREADS
 from workers.celery.app import make_celery_app
-from workers.celery.presence import PRESENCE_PREFIX, PresencePublisher, WorkerPresence, read_presence
+from workers.state.presence import PRESENCE_PREFIX, PresencePublisher, WorkerPresence, read_presence
 from workers.celery.runtime import sync_redis
 from workers.errors import ConfigError
 

@@ -9,12 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator.audit_cli import analyze_command
+from orchestrator.cli.audit import analyze_command
 from simulator.config import SimConfig, SimModel, load_sim_config
 from simulator.server import start_background
 from storage.availability import AvailabilityStore
 
-IRBENCH = [sys.executable, "-m", "orchestrator.cli"]
+IRBENCH = [sys.executable, "-m", "orchestrator.cli.app"]
 REPO = Path(__file__).resolve().parent.parent
 LOG_LINE = re.compile(r"run_finished|campaign_start|\[info|\"level\": ?\"info\"")
 

@@ -1,5 +1,5 @@
 """Distributed analysis without the transport: the map and reduce task bodies
-(``orchestrator.analysis_tasks.run_map`` / ``run_reduce``) on the demo campaign's store and on
+(``orchestrator.jobs.analysis_tasks.run_map`` / ``run_reduce``) on the demo campaign's store and on
 a store whose cells span partitions, compared table by table with the local ``run_analysis``.
 The reduce runs with the run files moved away: it reads only the parts' summaries. (The same
 bodies under real Celery workers: tests/test_analysis_jobs.py.)
@@ -16,9 +16,9 @@ import pytest
 
 from analysis.options import AnalysisOptions
 from analysis.pipeline import run_analysis
-from orchestrator.analysis_plan import plan_analysis
-from orchestrator.analysis_tasks import run_map, run_reduce, scratch_dir, split_path
-from storage.atomic import write_parquet_atomic
+from orchestrator.jobs.analysis_plan import plan_analysis
+from orchestrator.jobs.analysis_tasks import run_map, run_reduce, scratch_dir, split_path
+from storage.parquet.atomic import write_parquet_atomic
 from tests.test_analysis_jobs import NOW, build_store
 
 OPTIONS = AnalysisOptions(seed=7, replicates=500)
@@ -26,9 +26,9 @@ OPTIONS = AnalysisOptions(seed=7, replicates=500)
 
 @pytest.fixture(scope="module")
 def demo_store(tmp_path_factory, examples_dir) -> Path:
-    from orchestrator.campaign import prepare, run_campaign_local
-    from orchestrator.local import LocalOptions
-    from orchestrator.spec import load_campaign
+    from orchestrator.campaign.driver import prepare, run_campaign_local
+    from orchestrator.local.executor import LocalOptions
+    from orchestrator.campaign.spec import load_campaign
     from simulator.config import load_sim_config
     from simulator.server import start_background
     from storage.runs import RunStore
@@ -105,7 +105,7 @@ def test_plan_keeps_every_cell_in_one_part(demo_store: Path) -> None:
     import pyarrow as pa
 
     from analysis.tables.part_summaries import shard_of
-    from orchestrator.analysis_plan import file_keys
+    from orchestrator.jobs.analysis_plan import file_keys
 
     plan = plan_analysis(demo_store, OPTIONS, max_files_per_part=1, min_parts=64)
     assert len(plan.parts) > 2 and any(s is not None for s in plan.shards), plan.shards

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.corpus import load_corpus
-from orchestrator.instruction import BEGIN_MARKER, END_MARKER, load_instruction
-from orchestrator.plan import pending, plan_runs, run_id
-from orchestrator.spec import load_campaign
+from orchestrator.campaign.corpus import load_corpus
+from orchestrator.campaign.instruction import BEGIN_MARKER, END_MARKER, load_instruction
+from orchestrator.campaign.plan import pending, plan_runs, run_id
+from orchestrator.campaign.spec import load_campaign
 from workers.errors import ConfigError
 from workers.runtask import RunTask
 
-TEMPLATE_FILE = Path(__file__).resolve().parents[1] / "orchestrator" / "templates" / "instruction_v1.txt"
+TEMPLATE_FILE = Path(__file__).resolve().parents[1] / "orchestrator" / "campaign" / "templates" / "instruction_v1.txt"
 
 CAMPAIGN = """
 name = "plan-test"

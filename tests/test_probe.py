@@ -18,7 +18,7 @@ from analysis.tables.probes import (
     probe_table,
     summarise_cells,
 )
-from orchestrator.probe import attribution_lines, load_probe, probe_rich_table, run_probe
+from orchestrator.jobs.probe import attribution_lines, load_probe, probe_rich_table, run_probe
 from simulator.config import load_sim_config
 from simulator.server import start_background
 from storage.probes import ProbeStore
@@ -160,7 +160,7 @@ def test_probe_command(tmp_path: Path, examples_dir: Path) -> None:
     import typer
     from typer.testing import CliRunner
 
-    from orchestrator.ops_cli import probe_command
+    from orchestrator.cli.ops import probe_command
 
     app = typer.Typer()
     app.command("probe")(probe_command)

@@ -7,8 +7,8 @@ import re
 
 from rich.console import Console
 
-from orchestrator.local import ModelProgress
-from orchestrator.progress import ModelBars
+from orchestrator.local.executor import ModelProgress
+from orchestrator.local.progress import ModelBars
 
 
 class _Clock:
@@ -64,8 +64,8 @@ def test_bars_default_to_stderr() -> None:
 def test_local_executor_reports_cancelled_apart_from_failed(tmp_path, sim_server, examples_dir) -> None:  # noqa: ANN001
     """A 410 closes the model: the runs never sent are `cancelled`, the 410 itself is `failed`,
     and the progress counts equal what the store holds."""
-    from orchestrator.campaign import prepare, run_campaign_local
-    from orchestrator.spec import load_campaign
+    from orchestrator.campaign.driver import prepare, run_campaign_local
+    from orchestrator.campaign.spec import load_campaign
     from storage.runs import RunStore
 
     path = tmp_path / "c.toml"
@@ -87,7 +87,7 @@ def test_rates_from_finished_executions_and_eta(tmp_path) -> None:  # noqa: ANN0
     """Rate = executions finished in the window / time since the first of them; ETA = remaining / rate."""
     import datetime as dt
 
-    from orchestrator.rates import model_rates
+    from orchestrator.cli.rates import model_rates
     from storage.runs import RunStore
     from tests.support.run_records import make_record
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import typer.main
 
-from orchestrator.cli import app
+from orchestrator.cli.app import app
 from tests.support.paths import SHARED
 
 REPO = Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.spec import load_campaign
+from orchestrator.campaign.spec import load_campaign
 from tests.support.paths import REPO
 
 SECTION = "## Pointing irbench at real servers and gateways"

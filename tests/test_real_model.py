@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.campaign import prepare, run_campaign_local
-from orchestrator.llama_server import (
+from orchestrator.campaign.driver import prepare, run_campaign_local
+from orchestrator.cli.llama_server import (
     LlamaServer,
     LlamaServerSettings,
     find_smollm2_gguf,
     llama_server_available,
     start_llama_server,
 )
-from orchestrator.real_demo import distinct_answers
-from orchestrator.spec import load_campaign
+from orchestrator.cli.real_demo import distinct_answers
+from orchestrator.campaign.spec import load_campaign
 from storage.records import Outcome
 from storage.runs import RunStore
 from workers.providers.base import ChatRequest, Reply

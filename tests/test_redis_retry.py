@@ -1,4 +1,4 @@
-"""The one Redis retry loop (``workers.celery.redis_retry``), sync and on an event loop: a
+"""The one Redis retry loop (``workers.state.redis_retry``), sync and on an event loop: a
 transient error is retried with a doubling back-off until the call succeeds, and re-raised once
 the budget would be exceeded; anything else is not retried."""
 
@@ -10,7 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from workers.celery.redis_retry import awith_retry, with_retry
+from workers.state.redis_retry import awith_retry, with_retry
 
 
 class _Flaky:

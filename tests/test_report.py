@@ -270,7 +270,7 @@ def test_report_command_runs_analysis_then_report(tmp_path) -> None:
     import typer
     from typer.testing import CliRunner
 
-    from orchestrator.report_cli import report_command
+    from orchestrator.cli.report import report_command
     from storage.records import Outcome, ParseOutcome, RunRecord
     from storage.runs import RunStore
 
@@ -336,7 +336,7 @@ def test_report_on_the_imported_artifact(tmp_path, artifact_dir) -> None:
     """The published study: import, analyse (few replicates, for speed), report every panel."""
     from analysis.pipeline import run_analysis
     from analysis.options import AnalysisOptions
-    from orchestrator.artifact_import import import_artifact
+    from orchestrator.jobs.artifact_import import import_artifact
 
     mapping = Path(__file__).resolve().parent.parent / "examples" / "artifact_campaigns.toml"
     data, out = tmp_path / "data", tmp_path / "out"

@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.campaign import prepare
-from orchestrator.retry_failed import TRANSIENT, parse_outcomes, retryable
-from orchestrator.spec import load_campaign
+from orchestrator.campaign.driver import prepare
+from orchestrator.campaign.retry import TRANSIENT, parse_outcomes, retryable
+from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimConfig, SimModel
 from simulator.server import start_background
 from storage.records import Outcome
 from storage.runs import RunStore
 from workers.errors import ConfigError
 
-IRBENCH = [sys.executable, "-m", "orchestrator.cli"]
+IRBENCH = [sys.executable, "-m", "orchestrator.cli.app"]
 PROMPTS = Path(__file__).resolve().parent.parent / "examples" / "prompts"
 N_PROMPTS = 12
 

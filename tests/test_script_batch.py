@@ -8,10 +8,10 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from workers.celery.campaign_state import CLAIMED, DONE, CampaignState
-from workers.celery.claim_permit import ClaimPermits
-from workers.celery.redis_limiter import RedisLimiter
-from workers.celery.script_batch import ScriptBatch
+from workers.state.campaign_state import CLAIMED, DONE, CampaignState
+from workers.state.claim_permit import ClaimPermits
+from workers.state.redis_limiter import RedisLimiter
+from workers.state.script_batch import ScriptBatch
 from workers.runtask import EndpointRef, ModelLimits, RunTask
 
 INCR = "return redis.call('INCRBY', KEYS[1], ARGV[1])"

@@ -57,7 +57,7 @@ max_attempts = 1
         log = tmp_path / "irbench.log"
         data = tmp_path / "data"
         proc = subprocess.run(
-            [sys.executable, "-m", "orchestrator.cli", "run", str(campaign), "--data", str(data),
+            [sys.executable, "-m", "orchestrator.cli.app", "run", str(campaign), "--data", str(data),
              "--no-progress", "--log-file", str(log), "--verbose"],
             capture_output=True, text=True, env=env, timeout=120,
         )

@@ -21,7 +21,7 @@ from deploy.redis_server import RedisServer
 from storage.runs import RunStore
 from tests.support.distributed import executions_per_run
 from tests.support.raw_http import serve_in_thread
-from workers.celery.campaign_state import CampaignState
+from workers.state.campaign_state import CampaignState
 from workers.celery.coalesce import Coalescer
 from workers.celery.runtime import RuntimeHolder, WorkerSettings
 from workers.celery.tasks import run_message

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.campaign import prepare
-from orchestrator.spec import load_campaign
+from orchestrator.campaign.driver import prepare
+from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimModel
 from storage.runs import RunStore
 from tests.support.distributed import (  # noqa: F401 - fixtures

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.spec import CampaignSpec, load_campaign
+from orchestrator.campaign.spec import CampaignSpec, load_campaign
 from workers.errors import ConfigError
 from workers.runtask import EndpointRef, ModelLimits, RetryPolicy, TimeoutPolicy
 

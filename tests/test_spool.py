@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from storage.runs import RunStore
-from storage.spool import RunSpool, SpoolConfig, pending_rows, recover_orphans, spool_dir
+from storage.parquet.spool import RunSpool, SpoolConfig, pending_rows, recover_orphans, spool_dir
 from tests.support.run_records import make_record
 
 REPO = Path(__file__).resolve().parent.parent
@@ -76,7 +76,7 @@ WRITER = textwrap.dedent(
     import sys, threading
     from pathlib import Path
     from storage.runs import RunStore
-    from storage.spool import RunSpool, SpoolConfig
+    from storage.parquet.spool import RunSpool, SpoolConfig
     from tests.support.run_records import make_record
     store = RunStore(Path(sys.argv[1]))
     spool = RunSpool(store.dataset, config=SpoolConfig(max_rows=40, max_age_s=60, idle_s=60), writer="victim")

@@ -15,9 +15,9 @@ import redis.asyncio as aioredis
 
 from deploy.redis_server import RedisServer
 from tests.support.permit_holds import PermitHolds
-from workers.celery.campaign_state import CampaignState
-from workers.celery.gate import RedisGate
-from workers.celery.redis_limiter import RedisLimiter
+from workers.state.campaign_state import CampaignState
+from workers.state.gate import RedisGate
+from workers.state.redis_limiter import RedisLimiter
 from workers.celery.runtime import Deferred, DeferringLimiter, WorkerSettings
 from workers.limits.base import Permit
 from workers.runtask import ModelLimits

@@ -13,7 +13,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from storage.dataset import ParquetDataset
+from storage.parquet.dataset import ParquetDataset
 from storage.errors import StorageError
 from storage.records import SCHEMA_VERSION, Attempt, Outcome, RunRecord
 from storage.runs import RunStore, file_stem_for, run_spec
@@ -340,7 +340,7 @@ def test_dedupe_without_key_sort():
     the rule and the result are the default ones."""
     import pyarrow as pa
 
-    from storage.dedupe import dedupe_table
+    from storage.parquet.dedupe import dedupe_table
 
     t = pa.table({"k": ["b", "a", "c"], "o": [1, 2, 3], "v": [10, 20, 30]})
     same = dedupe_table(t, "k", "o", sort_by_key=False)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
-from storage.compaction import (
+from storage.parquet.compaction import (
     CompactionConfig,
     CompactionManifest,
     compact,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from orchestrator.store_cursor import StoreCursor
+from orchestrator.distributed.store_cursor import StoreCursor
 from storage.runs import RunStore, latest_executions
 from tests.test_storage import make_record
 

@@ -19,8 +19,8 @@ import ollama
 import openai
 import pytest
 
-from orchestrator.campaign import prepare, run_campaign_local
-from orchestrator.spec import load_campaign
+from orchestrator.campaign.driver import prepare, run_campaign_local
+from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimConfig, SimModel
 from simulator.server import start_background
 from storage.records import Outcome

@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator.artifact_import import import_artifact
+from orchestrator.jobs.artifact_import import import_artifact
 
-IRBENCH = [sys.executable, "-m", "orchestrator.cli"]
+IRBENCH = [sys.executable, "-m", "orchestrator.cli.app"]
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -1,7 +1,7 @@
 """Every user error is one line on stderr, exit code 2, names what to fix, never a traceback.
 
 Table-driven: each case writes a campaign (or a prompt file, or passes options) into a fresh
-directory and runs the real CLI entry point (``python -m orchestrator.cli`` -> ``main()``) as a
+directory and runs the real CLI entry point (``python -m orchestrator.cli.app`` -> ``main()``) as a
 subprocess, so nothing is caught on the test's behalf.
 """
 
@@ -149,7 +149,7 @@ def _env(case: Case) -> dict[str, str]:
 
 def _run_subprocess(d: Path, case: Case) -> Result:
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), **_env(case)}
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", *_argv(case)], cwd=d, env=env,
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli.app", *_argv(case)], cwd=d, env=env,
                           capture_output=True, timeout=60)
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
@@ -157,7 +157,7 @@ def _run_subprocess(d: Path, case: Case) -> Result:
 def _run_in_process(d: Path, case: Case, monkeypatch, capfd) -> Result:  # type: ignore[no-untyped-def]
     """The real ``main()`` (what the ``irbench`` script calls), in this process: an exception
     it lets through fails the test, exactly as a traceback would show."""
-    from orchestrator import cli
+    from orchestrator.cli import app as cli
 
     monkeypatch.chdir(d)
     for k, v in _env(case).items():
@@ -210,7 +210,7 @@ SUBPROCESS_CASES = ("port-too-big", "missing-file", "prompt-binary", "redis-down
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.id in SUBPROCESS_CASES], ids=SUBPROCESS_CASES)
 def test_user_error_from_a_fresh_process(tmp_path: Path, case: Case) -> None:
-    """A few rows again as a separate `python -m orchestrator.cli` process, as a user runs it."""
+    """A few rows again as a separate `python -m orchestrator.cli.app` process, as a user runs it."""
     _prepare(tmp_path, case)
     _check(tmp_path, case, _run_subprocess(tmp_path, case))
 

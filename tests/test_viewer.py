@@ -213,7 +213,7 @@ def test_pages_escape_model_output_and_forbid_scripts(viewer) -> None:
 
 
 def test_cli_user_errors_are_one_line(tmp_path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "view", "--data",
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli.app", "view", "--data",
                            str(tmp_path / "missing")], capture_output=True, text=True,
                           timeout=60, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr

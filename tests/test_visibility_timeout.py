@@ -13,11 +13,11 @@ import redis
 
 from deploy.celery_workers import CeleryWorkers
 from deploy.redis_server import RedisServer
-from orchestrator.celery_executor import run_campaign_celery
-from orchestrator.celery_options import CeleryOptions
-from orchestrator.campaign import prepare
-from orchestrator.distributed_cli import worker_settings
-from orchestrator.spec import load_campaign
+from orchestrator.distributed.executor import run_campaign_celery
+from orchestrator.distributed.options import CeleryOptions
+from orchestrator.campaign.driver import prepare
+from orchestrator.cli.distributed import worker_settings
+from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimModel
 from storage.runs import RunStore
 from tests.support.distributed import WORKER_ENV, make_campaign, sim, stats, stored_count, wait_for

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.spec import EndpointSpec
+from orchestrator.campaign.spec import EndpointSpec
 from storage.errors import ConfigError
 from workers.providers.registry import make_provider
 from workers.runtask import WIRE_FORMATS, EndpointRef

@@ -95,7 +95,7 @@ def test_the_local_executor_tunes_the_collector_for_a_long_execution_only(collec
     callback), over real loopback HTTP."""
     import asyncio
 
-    from orchestrator.local import LocalOptions, run_local
+    from orchestrator.local.executor import LocalOptions, run_local
     from storage.runs import RunStore
     from tests.test_local_executor import _Counts, _serve, _tasks
 
@@ -126,7 +126,7 @@ def test_the_local_executor_tunes_the_collector_for_a_long_execution_only(collec
 
 
 def test_the_distributed_orchestrator_reads_the_same_variable() -> None:
-    from orchestrator.celery_options import CeleryOptions
+    from orchestrator.distributed.options import CeleryOptions
 
     assert CeleryOptions().gc_young_threshold == WorkerSettings(redis_url="redis://unused").gc_young_threshold
     assert CeleryOptions().with_env({"IRBENCH_GC_YOUNG_THRESHOLD": "0"}).gc_young_threshold == 0

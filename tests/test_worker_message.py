@@ -9,7 +9,7 @@ from pathlib import Path
 
 from deploy.redis_server import RedisServer
 from tests.support.raw_http import serve_fixed, serve_in_thread
-from workers.celery.campaign_state import CampaignState
+from workers.state.campaign_state import CampaignState
 from workers.celery.runtime import RuntimeHolder, WorkerSettings
 from workers.celery.tasks import run_message
 from workers.runtask import EndpointRef, ModelLimits, RunTask

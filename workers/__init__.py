@@ -1,6 +1,7 @@
 """The run engine (provider clients, limiter contract and in-memory limiter, retry, outcome
-classification, IR extraction, the execution loop) and, in ``workers.celery``, its Celery/Redis
-adapter (imports ``storage`` only; only ``workers.celery`` imports Celery or Redis).
+classification, IR extraction, the execution loop); ``workers.state``, the Redis state workers and
+the orchestrator share; and ``workers.celery``, the Celery adapter (imports ``storage`` only; only
+``workers.state`` and ``workers.celery`` import Redis, only ``workers.celery`` imports Celery).
 
 The public surface is these modules; anything named ``_x`` is private to ``workers``.
 """
@@ -23,4 +24,5 @@ __all__ = [
     "retry",
     "runtask",
     "secrets",
+    "state",
 ]

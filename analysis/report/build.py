@@ -34,7 +34,7 @@ from analysis.report.sections import (
     Availability, PanelData, ReportOptions, _correctness, _leaderboard, _pairs, _partition,
     _per_panel, _plots, _sensitivity,
 )
-from storage.atomic import write_text_atomic
+from storage.parquet.atomic import write_text_atomic
 from storage.clock import utc_now
 
 OUTPUT_TABLES = ("cells", "models", "excluded", "pairs", "sensitivity", "drift", "stabilisation",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from analysis.report.doc import Block, Document, Figure, Heading, Note, Paragraph, Table
-from storage.atomic import write_bytes_atomic
+from storage.parquet.atomic import write_bytes_atomic
 
 NOTE_PREFIX = {"missing": "ℹ️ ", "warning": "⚠️ ", "info": ""}
 

@@ -1,6 +1,6 @@
 """Everything per cell and per run of one *part* of the run store (a file group), computed where
 the part's files are, and the merge of the parts' compact summaries into what the local
-pipeline computes from all runs: what distributed analysis runs (:mod:`orchestrator.analysis_tasks`).
+pipeline computes from all runs: what distributed analysis runs (:mod:`orchestrator.jobs.analysis_tasks`).
 
 A part returns (:class:`PartSummary`):
 

@@ -1,5 +1,5 @@
 """The per-cell reduction split into parts (partitions or file groups) and combined again:
-what distributed analysis runs on workers (:mod:`orchestrator.analysis_jobs`).
+what distributed analysis runs on workers (:mod:`orchestrator.jobs.analysis`).
 """
 
 from __future__ import annotations

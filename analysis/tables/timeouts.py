@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage.atomic import write_parquet_atomic
+from storage.parquet.atomic import write_parquet_atomic
 
 from analysis.errors import AnalysisError
 from storage.records import succeeded_mask

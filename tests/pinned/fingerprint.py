@@ -89,8 +89,8 @@ def demo_outputs(workdir: Path, examples: Path) -> Path:
 
     from analysis.options import AnalysisOptions
     from analysis.pipeline import run_analysis
-    from orchestrator.campaign import prepare, run_campaign_local
-    from orchestrator.spec import load_campaign
+    from orchestrator.campaign.driver import prepare, run_campaign_local
+    from orchestrator.campaign.spec import load_campaign
     from simulator.config import load_sim_config
     from simulator.server import start_background
     from storage.runs import RunStore
@@ -107,7 +107,7 @@ def artifact_outputs(workdir: Path, artifact: Path, mapping: Path) -> Path:
     """Import the study's artifact and analyse every panel with seed 7 and 2,000 replicates."""
     from analysis.options import AnalysisOptions
     from analysis.pipeline import run_analysis
-    from orchestrator.artifact_import import import_artifact
+    from orchestrator.jobs.artifact_import import import_artifact
 
     data, out = workdir / "data", workdir / "out"
     import_artifact(artifact, data, mapping, fsync=False)

@@ -27,14 +27,14 @@ import pytest
 from bench._cluster import write_campaign
 from deploy.celery_workers import CeleryWorkers
 from deploy.redis_server import RedisServer
-from orchestrator.campaign import PreparedCampaign
-from orchestrator.celery_executor import CeleryOptions, run_campaign_celery
-from orchestrator.local import ExecutionSummary
+from orchestrator.campaign.driver import PreparedCampaign
+from orchestrator.distributed.executor import CeleryOptions, run_campaign_celery
+from orchestrator.local.executor import ExecutionSummary
 from simulator.config import SimConfig, SimModel
 from simulator.server import RunningSimulator, start_background
 from simulator.wire import WireCapture
 from storage.runs import RunStore
-from storage.spool import pending_rows
+from storage.parquet.spool import pending_rows
 from workers.celery.runtime import WorkerSettings
 
 LIMIT_PERIOD_S = 1.0  # workers count requests_per_minute per second here, to test windows quickly
@@ -147,7 +147,7 @@ def settle(store: RunStore, url: str, campaign: str, timeout_s: float = 15.0) ->
     orchestrator returns, and its call must be matched by its stored attempts."""
     import redis as _redis
 
-    from workers.celery.campaign_state import CampaignState
+    from workers.state.campaign_state import CampaignState
 
     client = _redis.Redis.from_url(url)
     try:

@@ -18,7 +18,7 @@ import redis
 import redis.asyncio as aioredis
 
 from deploy.redis_server import RedisServer
-from workers.celery.redis_limiter import RedisLimiter
+from workers.state.redis_limiter import RedisLimiter
 from workers.limits import MemoryLimiter
 
 

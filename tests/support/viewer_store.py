@@ -124,7 +124,7 @@ def write_store(data: Path) -> list[RunRecord]:
 
 def analyze(data: Path, out: Path) -> None:
     """The real ``irbench analyze`` (few replicates) over the store."""
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "analyze", "--data",
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli.app", "analyze", "--data",
                            str(data), "--out", str(out), "--replicates", "200"],
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -148,7 +148,7 @@ class ViewerProcess:
 
 def report(data: Path, analysis: Path, out: Path) -> None:
     """The real ``irbench report`` of the store and its analysis."""
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "report", "--data",
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli.app", "report", "--data",
                            str(data), "--analysis", str(analysis), "--out", str(out)],
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -157,7 +157,7 @@ def report(data: Path, analysis: Path, out: Path) -> None:
 def start_viewer(data: Path, analysis: Path | None = None, report_dir: Path | None = None,
                  timeout_s: float = 120) -> ViewerProcess:
     """Start the real CLI on a free port (``--port 0``) and wait for its "serving" line."""
-    args = [sys.executable, "-m", "orchestrator.cli", "view", "--data", str(data), "--port", "0"]
+    args = [sys.executable, "-m", "orchestrator.cli.app", "view", "--data", str(data), "--port", "0"]
     if analysis is not None:
         args += ["--analysis", str(analysis)]
     if report_dir is not None:

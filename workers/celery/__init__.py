@@ -1,6 +1,5 @@
-"""The Celery/Redis adapter of the run engine: app, tasks, worker runtime, campaign state, the
-Redis gate and limiter (with its Lua), the availability beat task, the broker view and the one
-Redis retry loop. Nothing outside this package in ``workers`` imports Celery or Redis."""
+"""The Celery adapter of the run engine: app, tasks, worker runtime, transport and the availability
+beat task. The Redis state they share with the orchestrator lives in ``workers.state``."""
 
 #: The Celery queue workers consume by default (``-Q``); importing it loads no Celery.
 DEFAULT_QUEUE = "irbench"
@@ -12,20 +11,11 @@ __all__ = [
     "DEFAULT_THREADS",
     "app",
     "availability_tasks",
-    "broker_view",
-    "campaign_state",
-    "claim_permit",
     "coalesce",
     "deferring",
-    "gate",
-    "limiter_waiters",
     "local_cooldowns",
     "message",
-    "presence",
-    "redis_limiter",
-    "redis_retry",
     "runtime",
-    "script_batch",
     "tasks",
     "transport",
 ]

@@ -1,10 +1,10 @@
 """The Celery application: JSON only, late acks, no result backend, threads pool.
 
-Start a worker (the deploy files assume exactly this; ``orchestrator.worker_app`` is this app
+Start a worker (the deploy files assume exactly this; ``orchestrator.distributed.worker_app`` is this app
 plus the analysis-job tasks, which may import ``analysis`` and so do not live in ``workers``)::
 
     IRBENCH_BROKER_URL=redis://host:6379/0 IRBENCH_DATA_DIR=/data \\
-        celery -A orchestrator.worker_app worker -P threads -c 16 -Q irbench
+        celery -A orchestrator.distributed.worker_app worker -P threads -c 16 -Q irbench
 
 Library code calls :func:`make_celery_app`; nothing is built or connects at import.
 
@@ -34,7 +34,8 @@ from celery import Celery
 from celery import signals as celery_signals
 from celery.signals import worker_init, worker_process_init, worker_shutdown
 
-from workers.celery import DEFAULT_QUEUE, DEFAULT_THREADS, presence
+from workers.celery import DEFAULT_QUEUE, DEFAULT_THREADS
+from workers.state import presence
 from workers.celery.availability_tasks import (
     beat_settings_from_env,
     configure_availability_beat,
@@ -46,7 +47,7 @@ from workers.celery.transport import transport_for
 from workers.cpu_policy import apply_cpu_policy
 from workers.logs import configure_logging
 
-#: Registers more tasks on an app (e.g. ``orchestrator.analysis_tasks.register_analysis_tasks``).
+#: Registers more tasks on an app (e.g. ``orchestrator.jobs.analysis_tasks.register_analysis_tasks``).
 Registrar = Callable[[Celery], None]
 
 
@@ -167,7 +168,7 @@ def start_worker(
 ) -> None:
     """Run a worker in this process until it is stopped (``irbench worker``); blocks.
 
-    Equivalent to ``celery -A orchestrator.worker_app worker -P threads -c N -Q queues`` with
+    Equivalent to ``celery -A orchestrator.distributed.worker_app worker -P threads -c N -Q queues`` with
     ``IRBENCH_BROKER_URL=broker_url`` (and ``IRBENCH_DATA_DIR=data_dir`` when given).
     """
     settings = settings or WorkerSettings.from_env(broker_url)

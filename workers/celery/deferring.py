@@ -8,7 +8,7 @@ the re-sent run is granted without a second rate charge. A Redis outage also bec
 for the first permit; a retry waits for Redis instead (its earlier attempts must be stored).
 
 Two round trips of a run's usual three limiter calls are made by the task thread instead of the
-shared event loop (``workers.celery.claim_permit``): the first permit may come with the claim
+shared event loop (``workers.state.claim_permit``): the first permit may come with the claim
 (``first``), and with ``release_later`` the last permit's release is handed back to the task
 thread (:meth:`DeferringLimiter.take_unreleased`), which sends it with the run's done marker.
 """
@@ -24,9 +24,9 @@ from typing import Any, Protocol
 import structlog
 from redis.exceptions import RedisError
 
-from workers.celery.gate import RedisGate
+from workers.state.gate import RedisGate
 from workers.celery.local_cooldowns import LocalCooldowns
-from workers.celery.redis_limiter import RedisLimiter
+from workers.state.redis_limiter import RedisLimiter
 from workers.errors import GateClosed, LimiterError, LimiterUnavailable, WaitBudgetExceeded
 from workers.limits.base import Permit
 from workers.limits.memory import CONCURRENCY, COOLDOWN

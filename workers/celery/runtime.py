@@ -10,7 +10,7 @@
   transport, ``workers.providers.aio``) and one ``RedisLimiter`` (async Redis client), all
   living on that loop;
 * one sync Redis client for campaign state, the gate and ``ClaimPermits`` (a run's claim with
-  its first permit, its done marker with its last release: ``workers.celery.claim_permit``);
+  its first permit, its done marker with its last release: ``workers.state.claim_permit``);
 * a heartbeat thread renewing the claims and limiter leases of the runs executing here (so a
   killed worker's runs and slots come back within a TTL instead of a call's worst-case
   duration), and the queued time of the runs waiting here for a slot (so the reconciler does
@@ -41,11 +41,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from storage.runs import RunStore
-from storage.spool import RunSpool, SpoolConfig, recover_orphans
+from storage.parquet.spool import RunSpool, SpoolConfig, recover_orphans
 from workers.celery import DEFAULT_THREADS
 from workers.celery.local_cooldowns import LocalCooldowns
-from workers.celery.claim_permit import ClaimPermits
-from workers.celery.redis_limiter import RedisLimiter
+from workers.state.claim_permit import ClaimPermits
+from workers.state.redis_limiter import RedisLimiter
 from workers.celery.transport import ACK_FLUSH_S
 from workers.celery.deferring import Deferred, DeferringLimiter
 from workers.celery.coalesce import Coalescer

@@ -10,7 +10,7 @@ a run slot of the worker (``run_slots``, 64 by default: however many runs the me
 carry, no more calls than that are in flight) → the claim (skip if done / live
 elsewhere; it reads the model's gate and decides the first permit in the same script) →
 ``execute_run`` → the slot handed on (to a run that cannot call before the next step is
-through) → the record into the process's spool (``storage.spool``: fsynced before we go on),
+through) → the record into the process's spool (``storage.parquet.spool``: fsynced before we go on),
 then the done marker and the permit releases → when every run of the message is through:
 return (ack). Nothing is acknowledged before it is durable. A crash
 between the write and the done marker makes the redelivery execute the run again: both
@@ -50,13 +50,13 @@ import structlog
 from celery import Celery
 
 from storage.records import ERROR_TEXT_MAX_CHARS, RunRecord
-from workers.celery.campaign_state import CLAIMED, Call, CampaignState
-from workers.celery.claim_permit import Claimed
+from workers.state.campaign_state import CLAIMED, Call, CampaignState
+from workers.state.claim_permit import Claimed
 from workers.celery.coalesce import Coalescer
 from workers.celery.deferring import Deferred, DeferringLimiter
-from workers.celery.gate import RedisGate
+from workers.state.gate import RedisGate
 from workers.celery.message import decode_runs
-from workers.celery.redis_retry import TRANSIENT, awith_retry
+from workers.state.redis_retry import TRANSIENT, awith_retry
 from workers.celery.runtime import RuntimeHolder, WorkerRuntime
 from workers.execute import RunContext, execute_run
 from workers.limits.base import Permit

@@ -1,7 +1,7 @@
 """Per-model limits: concurrency leases, GCRA requests/tokens per window (with a jitter allowance,
 a grant log and slot reservations), cooldown, disable.
 
-``MemoryLimiter`` (one process, injectable clock) and ``workers.celery.redis_limiter.RedisLimiter``
+``MemoryLimiter`` (one process, injectable clock) and ``workers.state.redis_limiter.RedisLimiter``
 (global, Redis clock) implement the same contract, checked by one shared test suite.
 """
 

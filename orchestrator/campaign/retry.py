@@ -1,0 +1,110 @@
+"""Which runs ``irbench run --retry-failed`` executes again, and how ``status`` counts them.
+
+A run is *retryable* when its latest stored execution (``storage.runs.EXECUTION_RULE``) ended in
+one of the chosen outcome classes. Retrying adds a new execution; the earlier ones stay in the
+store as history, and every reader (analysis, status, resume) uses the latest.
+
+The default classes are the transient ones (``../shared/spec/failures.md``): the endpoint may
+answer next time. ``auth_error``, ``not_found``, ``retired``, ``client_error`` and ``truncated``
+are not retried unless named, since repeating the call cannot change them (or, for truncated,
+would change the measurement).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from storage.records import Outcome
+from storage.runs import RunStore
+from storage.parquet.unreadable import read_checked
+from workers.errors import ConfigError
+from workers.runtask import RunTask
+
+if TYPE_CHECKING:  # orchestrator.campaign.driver imports this module
+    from orchestrator.campaign.driver import PreparedCampaign
+
+TIMEOUTS = frozenset({Outcome.TIMEOUT_CONNECT, Outcome.TIMEOUT_READ, Outcome.TIMEOUT_TOTAL})
+TRANSIENT = frozenset(
+    {Outcome.RATE_LIMITED, Outcome.SERVER_ERROR, Outcome.CONNECT_ERROR, Outcome.PROTOCOL_ERROR, Outcome.CANCELLED}
+) | TIMEOUTS
+#: Names accepted by ``--outcomes`` besides the outcome classes themselves.
+GROUPS: Mapping[str, frozenset[Outcome]] = {"timeouts": TIMEOUTS, "transient": TRANSIENT}
+
+
+def parse_outcomes(text: str | None) -> frozenset[Outcome]:
+    """``--outcomes a,b,…`` → outcome classes (default: the transient ones).
+
+    Accepts class names (``rate_limited``) and the groups ``timeouts`` and ``transient``;
+    anything else is a ConfigError naming the valid choices.
+    """
+    if text is None or not text.strip():
+        return TRANSIENT
+    chosen: set[Outcome] = set()
+    unknown = []
+    for name in (n.strip().lower() for n in text.split(",") if n.strip()):
+        if name in GROUPS:
+            chosen |= GROUPS[name]
+        elif name in {o.value for o in Outcome}:
+            chosen.add(Outcome(name))
+        else:
+            unknown.append(name)
+    if unknown:
+        valid = ", ".join([*GROUPS, *(o.value for o in Outcome)])
+        raise ConfigError(f"--outcomes: unknown class(es) {', '.join(unknown)}; choose from {valid}")
+    if Outcome.OK in chosen:
+        raise ConfigError("--outcomes: 'ok' runs are not failures; run a new campaign (or --runs N) to measure again")
+    return frozenset(chosen)
+
+
+def latest_outcomes(prepared: PreparedCampaign, store: RunStore, *, skip_corrupt: bool = False) -> dict[str, str]:
+    """run_id → outcome of its latest execution, for the planned runs that have one
+    (``skip_corrupt``: unreadable files are left out, as ``irbench status --skip-corrupt`` does)."""
+    planned = {t.run_id for t in prepared.tasks}
+    table, _ = read_checked(store.dataset, skip=skip_corrupt, filters={"campaign": [prepared.spec.name]},
+                            columns=["run_id", "outcome"])
+    return {r: o for r, o in zip(table.column("run_id").to_pylist(), table.column("outcome").to_pylist())
+            if r in planned}
+
+
+def retryable_tasks(
+    tasks: Iterable[RunTask], latest: Mapping[str, str], outcomes: frozenset[Outcome]
+) -> list[RunTask]:
+    """The tasks whose latest execution ended in ``outcomes``, in planned order."""
+    wanted = {o.value for o in outcomes}
+    return [t for t in tasks if latest.get(t.run_id) in wanted]
+
+
+@dataclass(frozen=True)
+class Retryable:
+    """Runs a ``--retry-failed`` would execute again, per latest outcome class."""
+
+    by_outcome: Mapping[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_outcome.values())
+
+    def describe(self) -> str:
+        return ", ".join(f"{k} {v}" for k, v in sorted(self.by_outcome.items()))
+
+
+def retryable(
+    prepared: PreparedCampaign, store: RunStore, outcomes: frozenset[Outcome] = TRANSIENT, *,
+    skip_corrupt: bool = False,
+) -> Retryable:
+    """Counts of the planned runs whose latest execution ended in ``outcomes``."""
+    latest = latest_outcomes(prepared, store, skip_corrupt=skip_corrupt)
+    return Retryable(dict(Counter(latest[t.run_id] for t in retryable_tasks(prepared.tasks, latest, outcomes))))
+
+
+def retry_command(campaign_file: Path, data: Path, outcomes: frozenset[Outcome] = TRANSIENT) -> str:
+    """The command line that retries them (``--outcomes`` only when not the default)."""
+    cmd = f"irbench run {campaign_file} --data {data} --retry-failed"
+    if outcomes != TRANSIENT:
+        cmd += " --outcomes " + ",".join(sorted(o.value for o in outcomes))
+    return cmd
+

@@ -1,0 +1,102 @@
+"""``irbench status CAMPAIGN --data D --json``: what the store holds for a campaign, as one object.
+
+Per model and in total: ``planned`` runs, ``stored`` runs (with at least one execution),
+``executions`` (every stored execution: more than ``stored`` when runs were executed twice
+under at-least-once delivery or retried), ``attempts`` (every HTTP attempt of every stored
+execution) and ``outcomes`` (the latest execution of each stored run,
+``storage.runs.EXECUTION_RULE``). Only runs of the current plan count.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pyarrow.compute as pc
+from pydantic import BaseModel, Field
+
+from orchestrator.campaign.driver import PreparedCampaign
+from storage.runs import RunStore, latest_executions
+from storage.parquet.unreadable import read_checked
+
+
+class StatusCounts(BaseModel):
+    planned: int = 0
+    stored: int = 0
+    executions: int = 0
+    attempts: int = 0
+    outcomes: dict[str, int] = Field(default_factory=dict)
+
+
+class CampaignStatusReport(BaseModel):
+    campaign: str
+    total: StatusCounts
+    models: dict[str, StatusCounts]
+    skipped_files: list[str] = Field(default_factory=list)  # unreadable files left out (--skip-corrupt)
+
+
+def status_report(prepared: PreparedCampaign, store: RunStore, *, skip_corrupt: bool = False) -> CampaignStatusReport:
+    """Counts from one read of the campaign's executions (columns needed only).
+
+    An unreadable Parquet file is a ``StorageError`` naming it, unless ``skip_corrupt``: then
+    the other files are counted and the skipped ones listed in ``skipped_files``."""
+    name = prepared.spec.name
+    planned_ids = {t.run_id for t in prepared.tasks}
+    models = {m: StatusCounts(planned=n) for m, n in sorted(Counter(t.model for t in prepared.tasks).items())}
+    execs, skipped = read_checked(
+        store.dataset, skip=skip_corrupt, filters={"campaign": [name]}, dedupe="executions",
+        columns=["run_id", "model", "outcome", "attempts", "execution_id", "finished_at", "measured_at"],
+    )
+    if execs.num_rows:
+        execs = execs.filter(pc.is_in(execs.column("run_id"), value_set=_ids(planned_ids)))
+    n_attempts = pc.fill_null(pc.list_value_length(execs.column("attempts")), 0).to_pylist() if execs.num_rows else []
+    for model, n in zip(execs.column("model").to_pylist(), n_attempts):
+        c = models.setdefault(model, StatusCounts())
+        c.executions += 1
+        c.attempts += int(n)
+    latest = latest_executions(execs.select(["run_id", "model", "outcome", "execution_id", "finished_at",
+                                             "measured_at"])) if execs.num_rows else execs
+    for model, outcome in zip(latest.column("model").to_pylist(), latest.column("outcome").to_pylist()):
+        c = models[model]
+        c.stored += 1
+        c.outcomes[outcome] = c.outcomes.get(outcome, 0) + 1
+    total = StatusCounts()
+    for c in models.values():
+        c.outcomes = dict(sorted(c.outcomes.items()))
+        total.planned += c.planned
+        total.stored += c.stored
+        total.executions += c.executions
+        total.attempts += c.attempts
+        for k, v in c.outcomes.items():
+            total.outcomes[k] = total.outcomes.get(k, 0) + v
+    total.outcomes = dict(sorted(total.outcomes.items()))
+    return CampaignStatusReport(
+        campaign=name, total=total, models=models, skipped_files=[str(p) for p in skipped]
+    )
+
+
+def _ids(ids: set[str]):  # noqa: ANN202 - a pyarrow array
+    import pyarrow as pa
+
+    return pa.array(sorted(ids), pa.string())
+
+
+def print_status_json(campaign_toml, data_dir, *, max_planned_runs: int, skip_corrupt: bool = False) -> None:  # noqa: ANN001
+    """The ``--json`` branch of ``irbench status``: the report on stdout; a user error is one
+    line on stderr and exit code 2; each skipped unreadable file is named on stderr too."""
+    import sys
+    from pathlib import Path
+
+    from orchestrator.campaign.driver import prepare
+    from orchestrator.campaign.spec import load_campaign
+    from orchestrator.cli.user_errors import fail
+    from workers.errors import IrbenchError
+
+    try:
+        prepared = prepare(load_campaign(Path(campaign_toml)), max_planned_runs=max_planned_runs,
+                           source=Path(campaign_toml).name)
+        report = status_report(prepared, RunStore(Path(data_dir)), skip_corrupt=skip_corrupt)
+    except IrbenchError as exc:
+        fail(exc)
+    for path in report.skipped_files:
+        print(f"warning: skipped unreadable file {path}", file=sys.stderr)
+    sys.stdout.write(report.model_dump_json() + "\n")

@@ -1,0 +1,13 @@
+"""The Parquet machinery: date-partitioned datasets, atomic writes, scans, dedupe, compaction, spool."""
+
+__all__ = [
+    "atomic",
+    "compaction",
+    "dataset",
+    "dedupe",
+    "read_checks",
+    "scan",
+    "spool",
+    "store_marker",
+    "unreadable",
+]

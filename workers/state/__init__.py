@@ -1,0 +1,13 @@
+"""The Redis state workers and the orchestrator share: campaign state, limiter, gate, claim permits."""
+
+__all__ = [
+    "broker_view",
+    "campaign_state",
+    "claim_permit",
+    "gate",
+    "limiter_waiters",
+    "presence",
+    "redis_limiter",
+    "redis_retry",
+    "script_batch",
+]

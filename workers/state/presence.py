@@ -1,0 +1,171 @@
+"""Workers announce themselves in Redis: name, queues, which store they write to, and how many
+messages and runs they take at once.
+
+Each worker process publishes ``<prefix>:<worker name>`` (a JSON ``WorkerPresence``) every
+``interval_s`` with a TTL of three intervals, from a daemon thread started when the worker is
+ready (``install``, one line in the Celery app module), and lists its name in the ``<prefix>``
+sorted set so readers find the live ones without scanning the keyspace (which holds a done
+marker per run: 100k keys in a 100k-run campaign). The orchestrator reads them
+(``read_presence``) to warn when no worker consumes its queue, to refuse to dispatch to workers
+whose store differs from its own (``orchestrator.distributed.worker_checks``) and to size its messages
+(``orchestrator.distributed.message_size``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import redis
+import structlog
+from redis.exceptions import RedisError
+
+from storage.parquet.store_marker import read_store_id
+
+log = structlog.get_logger("irbench.presence")
+PRESENCE_PREFIX = "irbench:presence"
+
+
+@dataclass(frozen=True)
+class WorkerPresence:
+    """What one worker says about itself. ``data_dir`` is ``None`` when the worker writes where
+    each task says (the orchestrator's path); ``store_id`` is the id found there."""
+
+    name: str
+    queues: tuple[str, ...]
+    data_dir: str | None
+    store_id: str | None
+    host: str
+    pid: int
+    published_at_s: float  # unix time
+    threads: int | None = None  # messages it holds at once (its -c, prefetch multiplier 1); None: not said
+    run_slots: int | None = None  # runs it executes at once; None: not said
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> WorkerPresence | None:
+        try:
+            data = json.loads(text)
+            return cls(
+                name=str(data["name"]), queues=tuple(str(q) for q in data["queues"]),
+                data_dir=data.get("data_dir"), store_id=data.get("store_id"), host=str(data["host"]),
+                pid=int(data["pid"]), published_at_s=float(data["published_at_s"]),
+                threads=_count(data.get("threads")), run_slots=_count(data.get("run_slots")),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def _count(value: Any) -> int | None:
+    """A positive count from a presence's JSON, else None (an older worker, or nonsense)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+#: Index entries older than this are dropped by every publish: a worker that stopped without its
+#: shutdown hook (SIGKILL) left its name there; its key is long gone by TTL.
+INDEX_KEEP_S = 3600.0
+
+
+def read_presence(client: redis.Redis, prefix: str = PRESENCE_PREFIX) -> list[WorkerPresence]:
+    """Every live worker's presence (expired ones are gone by TTL): the names in the index,
+    then their keys in one ``MGET`` — two commands, whatever the keyspace holds; it writes
+    nothing."""
+    names = [n.decode() if isinstance(n, bytes) else str(n) for n in client.zrange(prefix, 0, -1)]
+    if not names:
+        return []
+    out = []
+    for value in client.mget([f"{prefix}:{n}" for n in names]):
+        presence = WorkerPresence.from_json(value) if value is not None else None
+        if presence is not None:
+            out.append(presence)
+    return sorted(out, key=lambda p: p.name)
+
+
+class PresencePublisher:
+    """Publishes one worker's presence until ``stop()``; Redis errors are logged and retried."""
+
+    def __init__(self, client: redis.Redis, name: str, queues: tuple[str, ...], data_dir: str | None,
+                 *, interval_s: float = 2.0, prefix: str = PRESENCE_PREFIX,
+                 threads: int | None = None, run_slots: int | None = None) -> None:
+        self._client, self._name, self._queues, self._data_dir = client, name, queues, data_dir
+        self._threads, self._run_slots = threads, run_slots
+        self._interval_s, self._key, self._index = interval_s, f"{prefix}:{name}", prefix
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="irbench-presence", daemon=True)
+
+    def presence(self) -> WorkerPresence:
+        store_id = read_store_id(Path(self._data_dir)) if self._data_dir else None
+        return WorkerPresence(self._name, self._queues, self._data_dir, store_id, socket.gethostname(),
+                              os.getpid(), time.time(), self._threads, self._run_slots)
+
+    def publish_once(self) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        pipe.set(self._key, self.presence().to_json(), px=int(self._interval_s * 3000))
+        pipe.zadd(self._index, {self._name: time.time()})
+        pipe.zremrangebyscore(self._index, "-inf", time.time() - INDEX_KEEP_S)
+        pipe.execute()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                self.publish_once()
+            except RedisError as exc:
+                log.warning("presence_publish_failed", error=str(exc))
+            if self._stop.wait(self._interval_s):
+                return
+
+    def start(self) -> PresencePublisher:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.ident is not None:  # started
+            self._thread.join(2.0)
+        try:
+            self._client.delete(self._key)
+            self._client.zrem(self._index, self._name)
+        except RedisError:
+            pass
+
+
+def _queues_of(consumer: Any) -> tuple[str, ...]:
+    try:
+        return tuple(sorted(q.name for q in consumer.task_consumer.queues))
+    except AttributeError:
+        return tuple(sorted(consumer.app.amqp.queues.keys()))
+
+
+def install(signals: Any, data_dir_for: Any, slots_for: Any) -> None:
+    """Start a publisher when a worker is ready and stop it at shutdown.
+
+    ``signals``: ``celery.signals``; ``data_dir_for(app) -> str | None``: the worker's store root;
+    ``slots_for(app) -> (threads, run_slots)``: how many messages and runs it takes at once.
+    The interval comes from ``IRBENCH_PRESENCE_INTERVAL_S`` (default 2 s).
+    """
+    running: list[PresencePublisher] = []
+
+    def on_ready(sender: Any = None, **_: Any) -> None:
+        app = sender.app
+        client = redis.Redis.from_url(app.conf.broker_url, socket_timeout=5.0, socket_connect_timeout=2.0)
+        interval = float(os.environ.get("IRBENCH_PRESENCE_INTERVAL_S", "2"))
+        data_dir = data_dir_for(app)
+        threads, run_slots = slots_for(app)
+        running.append(PresencePublisher(client, sender.hostname, _queues_of(sender),
+                                         str(Path(data_dir).resolve()) if data_dir else None,
+                                         interval_s=interval, threads=threads, run_slots=run_slots).start())
+
+    def on_shutdown(**_: Any) -> None:
+        while running:
+            running.pop().stop()
+
+    signals.worker_ready.connect(on_ready, weak=False, dispatch_uid="irbench-presence-ready")
+    signals.worker_shutdown.connect(on_shutdown, weak=False, dispatch_uid="irbench-presence-stop")
