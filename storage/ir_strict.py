@@ -11,7 +11,7 @@ encoding in C) gives the same canonical JSON in ~8 us.
 ``strict_ir(value)`` returns ``None`` for any IR outside that set (an unknown field anywhere, a
 value of another type, a ``null`` where a default is due, a number the encoder would spell
 differently from ``json.dumps``); the caller then takes the ``IRDocument`` path. Equality of the
-two paths on everything accepted here is a property test (tests/test_ir_strict.py), and the
+two paths on everything accepted here is a property test (tests/storage/test_ir_strict.py), and the
 twin's fields are pinned to ``IRDocument``'s there too.
 """
 

@@ -54,7 +54,7 @@ from workers.ir_validate import COSMETIC_REPAIRS, IRExtraction, clip_error, is_i
 __all__ = ["COSMETIC_REPAIRS", "IRExtraction", "extract_ir"]
 
 
-# The fence grammar; ``_fences`` matches it with str.find (tests/test_ir_extract.py compares them).
+# The fence grammar; ``_fences`` matches it with str.find (tests/workers/test_ir_extract.py compares them).
 _FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(```|\Z)", re.S)
 _THINK_RE = re.compile(r"\s*<think>(.*?)</think>", re.S)
 # A closed JSON string (group 1, skipped by the scan), a string cut off by the end of the text
@@ -185,7 +185,7 @@ def _decode_at(text: str, start: int) -> tuple[Any, int]:
     """``json.JSONDecoder().raw_decode(text, start)``; by msgspec, at half the CPU, when the value
     is all of the text up to its last ``}`` (the common answer: the JSON, then at most whitespace
     or a closing fence). msgspec refuses every JSON text ``json`` refuses and decodes the rest
-    to the same values, key order included (tests/test_ir_strict.py); what it refuses besides
+    to the same values, key order included (tests/storage/test_ir_strict.py); what it refuses besides
     (a lone surrogate, NaN, a number past float range, prose after the JSON) goes to ``json``."""
     last = text.rfind("}")
     if last > start:

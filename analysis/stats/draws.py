@@ -8,7 +8,7 @@ stream, rejecting (and drawing another word) only when the low half of the produ
 ``(2³² − high) mod high`` (a chance below high / 2³², ~10⁻⁶ for bootstrap sizes). Here the
 words come in one vectorised call (the generator's raw 64-bit outputs, split as it splits them), the products are vectorised, and in the rare call where a word would be
 rejected the generator is put back and numpy's own broadcast call draws the whole array.
-tests/test_draws.py checks both paths against ``rng.integers``.
+tests/analysis/test_draws.py checks both paths against ``rng.integers``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Input: one array of values per model (1-D (n_m,) or 2-D (K, n_m): K metrics of t
 resampled together). Output: replicate means (K, models, replicates), in the units of the
 values. The scheme and its draws are described in :func:`shared_bootstrap_means`; the sums are
 formed so that every figure is bit-for-bit what the dense form of the scheme gave
-(tests/test_shared_stream.py keeps that form as the reference).
+(tests/analysis/test_shared_stream.py keeps that form as the reference).
 """
 
 from __future__ import annotations

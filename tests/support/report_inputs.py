@@ -1,5 +1,5 @@
 """Report inputs written the way ``irbench analyze`` writes them, and an HTML table parser, for
-the report tests (tests/test_report.py, the browser checks): ``write_synthetic_analysis`` lays out
+the report tests (tests/analysis/test_report.py, the browser checks): ``write_synthetic_analysis`` lays out
 an analysis directory with every section's files, ``write_availability`` availability checks,
 ``parse`` the report's tables, headings and images."""
 

@@ -43,7 +43,7 @@ refused; a reset inside a body (which aiohttp reports like a short body, or not 
 body delimited by the close) is a ``ReadError``; bytes arriving on an idle kept-alive connection
 (a late 408) close it instead of becoming the next request's answer.
 
-What stays different (aiohttp's parser is stricter than h11; tests/test_client_hostile.py pins
+What stays different (aiohttp's parser is stricter than h11; tests/workers/test_client_hostile.py pins
 each): a listed ``Content-Length`` ("2, 2") and ``Content-Length`` beside ``Transfer-Encoding:
 chunked`` are ``RemoteProtocolError`` here, where httpcore takes the answer; with llhttp (aiohttp's C parser, what its wheels ship) so are a
 duplicated ``Content-Length``, an ``HTTP/1.2`` status line, and bytes after a complete response

@@ -17,7 +17,7 @@ over aiohttp and about half the CPU per call again (httpcore's anyio cancel scop
 pure-Python parsing were ~85 % of the local executor's event-loop CPU): 0.18-0.22 ms against
 0.31-0.41 ms here on uvloop (bench/http_clients.py, 2026-12-02). ``DirectClient`` stays the other choice
 (``PooledProvider(..., client_factory=DirectClient)``) and the reference ``AioClient``'s
-classification of failures is tested against (tests/test_pooled_clients.py).
+classification of failures is tested against (tests/workers/test_pooled_clients.py).
 """
 
 from __future__ import annotations

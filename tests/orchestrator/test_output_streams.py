@@ -1,0 +1,102 @@
+"""stdout holds results, stderr logs and hints; messages say what the user needs (issue 14, req. 4)."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from orchestrator.cli.audit import analyze_command
+from simulator.config import SimConfig, SimModel, load_sim_config
+from simulator.server import start_background
+from storage.availability import AvailabilityStore
+
+IRBENCH = [sys.executable, "-m", "orchestrator.cli.app"]
+REPO = Path(__file__).resolve().parents[2]
+LOG_LINE = re.compile(r"run_finished|campaign_start|\[info|\"level\": ?\"info\"")
+
+
+def _irbench(*args: str) -> subprocess.CompletedProcess:
+    out = subprocess.run([*IRBENCH, *args], capture_output=True, text=True, timeout=240,
+                         env={**os.environ, "COLUMNS": "250"}, cwd=REPO)
+    assert "Traceback" not in out.stderr, out.stderr
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_probe_before_and_after_starting_its_simulator(tmp_path: Path, examples_dir: Path) -> None:
+    """The README's probe, endpoint not yet started: a hint on stderr; then --retry-failed measures it."""
+    port = _free_port()
+    args = ["probe", str(examples_dir / "probe.toml"), "--data", str(tmp_path / "data"), "--reference-timeout", "1",
+            "--endpoint-url", f"sim=http://127.0.0.1:{port}", "--no-progress"]
+    down = _irbench(*args)
+    assert down.returncode == 0
+    assert not LOG_LINE.search(down.stdout), down.stdout[:500]  # no per-run log lines on stdout
+    hint = " ".join(down.stderr.split())
+    assert "48/48 of the latest runs never reached the endpoint" in hint and "--retry-failed" in hint
+    with start_background(load_sim_config(examples_dir / "sim_probe.toml"), port=port):
+        plain = _irbench(*args)
+        assert "48 already stored, 0 executed now" in " ".join(plain.stdout.split())
+        up = _irbench(*args, "--retry-failed")
+    assert up.returncode == 0
+    text = " ".join(up.stdout.split())
+    assert "48 executed now" in text and not LOG_LINE.search(up.stdout)
+    for word in ("budget_bound", "timeout_bound", "works_under_both", "fails_under_both"):
+        assert word in text
+    assert "never reached" not in up.stderr
+
+
+def test_availability_check_shows_the_stored_message(tmp_path: Path) -> None:
+    cfg = SimConfig(models={"alive": SimModel(), "hidden": SimModel(listed=False)})
+    data = tmp_path / "data"
+    with start_background(cfg) as sim:
+        out = _irbench("availability", "check", "--data", str(data), "--models", "alive,ghost",
+                       "--base-url", sim.base_url, "--timeout", "5")
+    assert out.returncode == 0, out.stderr
+    rows = {r["model"]: r for r in AvailabilityStore(data).read().to_pylist()}
+    assert rows["ghost"]["status"] != "available" and rows["ghost"]["message"]
+    flat = " ".join(out.stdout.split()).replace("│", " ")
+    first_words = " ".join(rows["ghost"]["message"].split()[:4])
+    assert first_words in " ".join(flat.split()), (first_words, out.stdout)
+
+
+def test_history_filter_matching_nothing_says_so(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    empty = _irbench("availability", "history", "--data", str(data), "--models", "nope")
+    assert "no availability checks" in empty.stdout
+    with start_background(SimConfig(models={"alive": SimModel()})) as sim:
+        assert _irbench("availability", "check", "--data", str(data), "--models", "alive",
+                        "--base-url", sim.base_url).returncode == 0
+    miss = _irbench("availability", "history", "--data", str(data), "--models", "nope")
+    text = " ".join(miss.stdout.split())
+    assert miss.returncode == 0 and "matched no checked model" in text and "alive" in text
+    assert "no availability checks" not in text
+
+
+def test_analyze_help_example_points_at_folders_that_exist() -> None:
+    example = next(line for line in (analyze_command.__doc__ or "").splitlines() if "Example:" in line)
+    args = example.split("irbench", 1)[1].split()
+    corpus = args[args.index("--corpus") + 1]
+    assert (REPO / corpus).is_dir(), corpus
+
+
+def test_analyze_says_it_uses_the_latest_execution(tmp_path: Path) -> None:
+    from tests.support.run_records import make_record
+
+    from storage.runs import RunStore
+
+    store = RunStore(tmp_path)
+    store.write([make_record(1), make_record(2)])
+    store.write([make_record(1, run_id="run-000001")])  # a second execution of run 1
+    out = _irbench("analyze", "--data", str(tmp_path), "--out", str(tmp_path / "out"), "--replicates", "50",
+                   "--min-prompts", "1", "--min-runs", "2")
+    text = " ".join(out.stdout.split())
+    assert "the latest execution of each of 2 runs is analysed" in text and "1 earlier executions" in text, out

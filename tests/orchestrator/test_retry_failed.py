@@ -1,0 +1,182 @@
+"""`irbench run --retry-failed`: the runs whose latest execution failed transiently run again,
+earlier executions stay stored, and status says how many are retryable. Counted on both sides:
+the calls the simulated endpoint received and the executions the store holds."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from orchestrator.campaign.driver import prepare
+from orchestrator.campaign.retry import TRANSIENT, parse_outcomes, retryable
+from orchestrator.campaign.spec import load_campaign
+from simulator.config import SimConfig, SimModel
+from simulator.server import start_background
+from storage.records import Outcome
+from storage.runs import RunStore
+from workers.errors import ConfigError
+
+IRBENCH = [sys.executable, "-m", "orchestrator.cli.app"]
+PROMPTS = Path(__file__).resolve().parents[2] / "examples" / "prompts"
+N_PROMPTS = 12
+
+
+def _irbench(*args: str) -> subprocess.CompletedProcess:
+    out = subprocess.run([*IRBENCH, *args, "--no-progress"] if args[0] == "run" else [*IRBENCH, *args],
+                         capture_output=True, text=True, timeout=180, env={**os.environ, "COLUMNS": "250"})
+    assert "Traceback" not in out.stderr, out.stderr
+    return out
+
+
+def _requests(base_url: str, model: str) -> int:
+    with urllib.request.urlopen(f"{base_url}/_stats") as resp:
+        stats = json.load(resp)
+    return int(stats.get("models", stats).get(model, {}).get("requests", 0))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _campaign(tmp_path: Path, port: int, models: dict[str, str]) -> Path:
+    path = tmp_path / "retry.toml"
+    body = "".join(f"[models.{m}]\n{extra}\n" for m, extra in models.items())
+    path.write_text(f'name = "retry-demo"\nruns = 2\n[corpus]\npaths = ["{PROMPTS}"]\n'
+                    f'[endpoints.sim]\nbase_url = "http://127.0.0.1:{port}"\n'
+                    f'[defaults]\nconnect_timeout_s = 2\ntotal_timeout_s = 20\n'
+                    f'[retry]\nmax_attempts = 1\n{body}')
+    return path
+
+
+def test_endpoint_down_then_up_retry_executes_each_failed_run_once_more(tmp_path: Path) -> None:
+    port = _free_port()
+    campaign = _campaign(tmp_path, port, {"sim-a": ""})
+    data = tmp_path / "data"
+    planned = 2 * N_PROMPTS
+    first = _irbench("run", str(campaign), "--data", str(data))  # nothing listens: connect_error
+    assert first.returncode == 0, first.stderr
+    store = RunStore(data)
+    assert store.count_by_outcome("retry-demo") == {"connect_error": planned}
+
+    status = _irbench("status", str(campaign), "--data", str(data))
+    text = " ".join(status.stdout.split())
+    assert f"{planned} runs retryable (latest execution connect_error {planned})" in text
+    assert f"irbench run {campaign} --data {data} --retry-failed" in text
+
+    with start_background(SimConfig(models={"sim-a": SimModel()}), port=port) as sim:
+        plain = _irbench("run", str(campaign), "--data", str(data))  # a plain re-run keeps failures
+        assert plain.returncode == 0 and _requests(sim.base_url, "sim-a") == 0
+        again = _irbench("run", str(campaign), "--data", str(data), "--retry-failed")
+        assert again.returncode == 0, again.stderr
+        assert _requests(sim.base_url, "sim-a") == planned  # each failed run called exactly once
+        assert f"{planned} retried (latest execution: connect_error {planned}), {planned} executed now" in " ".join(
+            again.stdout.split())
+        executions = store.read_executions(campaigns=["retry-demo"], columns=["run_id", "outcome"])
+        assert executions.num_rows == 2 * planned  # the failed executions stay stored as history
+        assert sorted(executions.column("outcome").to_pylist()) == ["connect_error"] * planned + ["ok"] * planned
+        assert store.count_by_outcome("retry-demo") == {"ok": planned}  # readers use the latest
+        once_more = _irbench("run", str(campaign), "--data", str(data), "--retry-failed")
+        assert once_more.returncode == 0 and _requests(sim.base_url, "sim-a") == planned  # nothing left to retry
+    assert "retryable" not in _irbench("status", str(campaign), "--data", str(data)).stdout
+
+
+def test_only_the_chosen_classes_are_retried(tmp_path: Path) -> None:
+    cfg = SimConfig(seed=3, models={"sim-flaky": SimModel(server_error_prob=0.4), "sim-ok": SimModel()})
+    with start_background(cfg) as sim:
+        campaign = _campaign(tmp_path, sim.port, {"sim-flaky": "", "sim-ok": ""})
+        data = tmp_path / "data"
+        assert _irbench("run", str(campaign), "--data", str(data)).returncode == 0
+        store = RunStore(data)
+        prepared = prepare(load_campaign(campaign))
+        failed = retryable(prepared, store).by_outcome.get("server_error", 0)
+        assert failed > 0 and retryable(prepared, store).total == failed
+        calls = _requests(sim.base_url, "sim-flaky")
+        assert calls == 2 * N_PROMPTS
+
+        none = _irbench("run", str(campaign), "--data", str(data), "--retry-failed", "--outcomes", "rate_limited,timeouts")
+        assert none.returncode == 0 and _requests(sim.base_url, "sim-flaky") == calls
+        rounds = 0
+        while (left := retryable(prepared, store).total) and rounds < 20:
+            before = _requests(sim.base_url, "sim-flaky")
+            assert _irbench("run", str(campaign), "--data", str(data), "--retry-failed").returncode == 0
+            assert _requests(sim.base_url, "sim-flaky") - before == left  # exactly the retryable runs
+            rounds += 1
+        assert retryable(prepared, store).total == 0
+        total_calls = _requests(sim.base_url, "sim-flaky") + _requests(sim.base_url, "sim-ok")
+        executions = store.read_executions(campaigns=["retry-demo"], columns=["run_id"])
+        assert executions.num_rows == total_calls  # one execution stored per call received
+        assert _requests(sim.base_url, "sim-ok") == 2 * N_PROMPTS  # never retried: all ok
+
+
+def test_outcome_names_and_groups() -> None:
+    assert parse_outcomes(None) == TRANSIENT
+    assert parse_outcomes("timeouts") == {Outcome.TIMEOUT_CONNECT, Outcome.TIMEOUT_READ, Outcome.TIMEOUT_TOTAL}
+    assert parse_outcomes("auth_error, rate_limited") == {Outcome.AUTH_ERROR, Outcome.RATE_LIMITED}
+    with pytest.raises(ConfigError, match="unknown class"):
+        parse_outcomes("rate-limited")
+    with pytest.raises(ConfigError, match="not failures"):
+        parse_outcomes("ok")
+
+
+def test_outcomes_without_retry_failed_is_a_user_error(tmp_path: Path) -> None:
+    campaign = _campaign(tmp_path, _free_port(), {"sim-a": ""})
+    out = _irbench("run", str(campaign), "--data", str(tmp_path / "d"), "--outcomes", "rate_limited")
+    assert out.returncode == 2 and "--retry-failed" in out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_retry_failed_on_the_celery_executor_with_a_real_worker(tmp_path: Path) -> None:
+    """Endpoint down: every run is connect_error; endpoint up + --retry-failed on real `irbench
+    worker` processes (deploy.celery_workers): each failed run is called once more, both executions are stored, and
+    `status --broker` shows nothing left to retry."""
+    from deploy.celery_workers import CeleryWorkers
+    from deploy.redis_server import RedisServer
+
+    port = _free_port()
+    campaign = _campaign(tmp_path, port, {"sim-a": ""})
+    data = tmp_path / "data"
+    planned = 2 * N_PROMPTS
+    with RedisServer() as redis_srv, CeleryWorkers(redis_srv.url, count=1):
+        env = {**os.environ, "IRBENCH_BROKER_URL": redis_srv.url, "COLUMNS": "250"}
+
+        def celery(*args: str) -> subprocess.CompletedProcess:
+            out = subprocess.run([*IRBENCH, "run", str(campaign), "--data", str(data), "--executor", "celery",
+                                  "--no-progress", "--no-analyze", *args], capture_output=True, text=True,
+                                 timeout=240, env=env)
+            assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+            return out
+
+        first = celery()
+        assert f"{planned} executed now" in " ".join(first.stdout.split())
+        store = RunStore(data)
+        assert store.count_by_outcome("retry-demo") == {"connect_error": planned}
+        with start_background(SimConfig(models={"sim-a": SimModel()}), port=port) as sim:
+            plain = celery()
+            assert "0 executed now" in " ".join(plain.stdout.split()) and _requests(sim.base_url, "sim-a") == 0
+            again = celery("--retry-failed")
+            text = " ".join(again.stdout.split())
+            assert f"{planned} retried (latest execution: connect_error {planned}), {planned} executed now" in text
+            assert _requests(sim.base_url, "sim-a") == planned
+            executions = store.read_executions(campaigns=["retry-demo"], columns=["outcome"])
+            assert sorted(executions.column("outcome").to_pylist()) == ["connect_error"] * planned + ["ok"] * planned
+            assert store.count_by_outcome("retry-demo") == {"ok": planned}
+            status = subprocess.run([*IRBENCH, "status", str(campaign), "--data", str(data)], env=env,
+                                    capture_output=True, text=True, timeout=120)
+            assert "retryable" not in status.stdout and f"{planned}/{planned} runs stored" in " ".join(status.stdout.split())
+            assert _requests(sim.base_url, "sim-a") == planned
+            live = subprocess.run([*IRBENCH, "status", str(campaign), "--data", str(data), "--broker", redis_srv.url],
+                                  env=env, capture_output=True, text=True, timeout=120)
+            flat = " ".join(live.stdout.split())
+            assert live.returncode == 0 and "runs finished in the last 120 s" in flat, live.stdout + live.stderr
+            assert re.search(rf"sim-a │ 0 │ {2 * planned} │ [\d.]+ │ 0 │ 0:00:00", flat), flat  # both executions, just now
