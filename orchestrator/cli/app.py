@@ -69,7 +69,7 @@ def _broker_url(cli_value: str | None, spec_value: str | None) -> str:
 
 
 def _examples_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "examples"
+    return Path(__file__).resolve().parents[2] / "examples"
 
 
 def _setup_logging(log_file: Path | None, verbose: bool) -> Redactor:

@@ -20,7 +20,7 @@ from orchestrator.jobs.analysis_progress import StageProgress
 from orchestrator.cli.user_errors import fail as _fail
 from storage.errors import IrbenchError
 
-_EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+_EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _console() -> Console:

@@ -13,7 +13,7 @@ from rich.console import Console
 def demo_real_command(
     workdir: Annotated[Path, typer.Option(help="Where data, analysis outputs and logs go.")] = Path("irbench-demo-real"),
     examples: Annotated[Path, typer.Option(help="Folder with real/t0.toml, real/t07.toml and prompts/.")] = (
-        Path(__file__).resolve().parents[1] / "examples"),
+        Path(__file__).resolve().parents[2] / "examples"),
     n_ctx: Annotated[int, typer.Option(help="Context window of the llama.cpp server, in tokens.")] = 2048,
     n_threads: Annotated[int, typer.Option(help="CPU threads of the llama.cpp server (1 is faster on a busy machine).")] = 2,
 ) -> None:
