@@ -23,7 +23,7 @@ from deploy.local_cluster import free_port
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 LAUNCHER = DEPLOY / "local_cluster.py"
-REAL_APP = REPO / "orchestrator" / "worker_app.py"
+REAL_APP = REPO / "orchestrator" / "distributed" / "worker_app.py"
 
 needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
 
