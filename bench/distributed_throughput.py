@@ -144,7 +144,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     def time_celery(c: BenchCluster, prepared: Any, store: RunStore, k: int) -> None:
         # no analysis (on the workers it would overlap the next timing); the default poll interval
-        # (0.25 s): 0.05 s cost the orchestrator more CPU than it saved in lag (bench/README.md)
+        # (0.25 s), the product's own; 0.05 s costs the orchestrator more CPU than it saves in lag
         opts = CeleryOptions(analyze_on_complete=False, runs_per_message=k)
         summary = run_campaign_celery(prepared, store, c.url, options=opts, timeout_s=600)
         n = len(prepared.tasks)

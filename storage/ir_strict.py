@@ -3,7 +3,7 @@
 ``IRDocument`` is lenient: Python field validators coerce priorities, ranges, ids and triggers,
 unknown fields are kept. Validating one IR with it, dumping it and sorting its keys into
 ``canonical_json`` cost ~75 us per 7-node answer, most of the writer process's CPU per run
-(bench/README.md, 2026-12-02 writer-cpu). Most answers need none of that leniency: every field
+(bench/writer_cpu.py measures this). Most answers need none of that leniency: every field
 already has its type, there is nothing unknown, nothing to coerce. For exactly those, the
 lenient validation is the identity plus the defaults, and msgspec (validation and sorted-key
 encoding in C) gives the same canonical JSON in ~8 us.

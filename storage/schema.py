@@ -177,7 +177,7 @@ def records_to_table(records: Sequence[RunRecord]) -> pa.Table:
     """Convert records to a table with exactly :data:`RUN_SCHEMA` (row order preserved).
 
     Built a column at a time (one list and one ``pa.array`` per field): ~5 us per record less
-    than dumping every record to a dict and converting the rows (bench/README.md, 2026-12-02 writer-cpu).
+    than dumping every record to a dict and converting the rows (bench/writer_cpu.py measures this).
     Raises StorageError for naive datetimes or records from another schema version.
     """
     columns = _columns(records, RUN_SCHEMA)

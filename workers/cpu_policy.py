@@ -8,7 +8,7 @@ where one or two workers needed 0.68 ms. ``SCHED_BATCH`` tells the scheduler the
 not interactive: a woken worker thread waits for the running one's slice instead of preempting
 it. Same nice level, same share of the CPU; with 4 workers 3.0-3.4 instead of 5.8-6.8 switches
 per run and 0.45x instead of 0.39x the local executor's runs/s at 64 runs per message (medians
-of 6 paired rounds; bench/README.md, 2026-12-04, eleventh session). The cost: a reply may wait
+of 6 paired rounds; bench/distributed_throughput.py measures this). The cost: a reply may wait
 up to one scheduler slice (a few ms) longer before its worker notices it *when the machine is
 saturated*; measure latency-sensitive things (first-token times on a fast local server) with
 ``normal``, which leaves the process as it was started (e.g. under ``chrt``).

@@ -144,7 +144,7 @@ def log_finished(campaign: str, run_id: str, model: str, fields: dict[str, Any])
 @dataclass(frozen=True)
 class PendingRecord:
     """An answered run's record less the IR extraction and validation (~0.5 ms of CPU per run,
-    a quarter of the local executor's per-run CPU on the event loop; bench/README.md): plain,
+    a quarter of the local executor's per-run CPU on the event loop; bench/writer_cpu.py): plain,
     picklable parts, so ``finish()`` can run in another process. ``finish()`` gives the same
     record ``execute_run`` would have returned (``finished_at`` was taken when the run ended)."""
 
@@ -162,7 +162,7 @@ class PendingRecord:
     def __getstate__(self) -> dict[str, Any]:
         """Pickled with the attempts as dicts: an ``Attempt`` pickles through pydantic's
         Python-level ``__getstate__``/``__setstate__`` on both ends of the writer process's pipe
-        (bench/README.md, 2026-12-02 writer-cpu); the record validates the dicts back into the same
+        (bench/writer_cpu.py measures the unpickling); the record validates the dicts back into the same
         ``Attempt``s. The rest unpickles in C (``__dict__`` restored, no ``__init__``)."""
         base = dict(self.base)
         base["attempts"] = [a if isinstance(a, dict) else dict(a.__dict__) for a in base["attempts"]]

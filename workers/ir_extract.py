@@ -166,8 +166,8 @@ def _decode_ir_at(text: str, first: int, max_depth: int) -> tuple[dict[str, Any]
     nests at most ``max_depth`` deep; else None (the full search decides). Same answer as the
     bracket scan followed by ``_find_json`` for that case: the scan from ``first`` covers exactly
     this value, and its depth is the value's container depth. The C decoder's own recursion
-    guard bounds what a hostile nesting costs before it fails here (bench/README.md, local
-    executor session 3: the scan was ~30 % of the extraction's CPU per run)."""
+    guard bounds what a hostile nesting costs before it fails here (bench/hostile_extract.py
+    measures it). The bracket scan this skips is ~30 % of the extraction's CPU per run."""
     try:
         value, end = _decode_at(text, first)
     except (json.JSONDecodeError, RecursionError):
@@ -213,7 +213,7 @@ def _fences(text: str) -> Iterator[tuple[int, int, str]]:
     """``(start, end, body)`` of each fenced block, as ``_FENCE_RE.finditer`` would match them:
     an opening fence runs to the end of its line, the body to the next fence or the end of the
     text. With ``str.find`` instead of the regex's lazy ``.*?``, which cost ~80 us per 2 KB
-    answer (a fifth of the extraction, bench/README.md 2026-12-02)."""
+    answer (a fifth of the extraction; bench/writer_cpu.py measures the extraction)."""
     pos = 0
     while (start := text.find("```", pos)) >= 0:
         newline = text.find("\n", start + 3)

@@ -1,7 +1,7 @@
 """The event loop irbench runs its calls on: uvloop's where it is installed, else asyncio's.
 
 uvloop's transports and scheduling cost less CPU per call than asyncio's selector loop (0.1-0.3
-ms per run in one paired measurement of the local executor; bench/README.md has the figures),
+ms per run in one paired measurement; bench/local_throughput.py measures this),
 and on two shared cores CPU per run is the throughput. Both executors use it: the local one for
 ``irbench run``, a Celery worker for the loop its task threads hand their runs to.
 """

@@ -3,7 +3,7 @@
 A message costs a worker a fixed amount whatever it carries (kombu's delivery and late ack, the
 task's decoding, a thread hand-off), and its runs' claims and finishes share Redis batches: on
 the zero-latency simulator 16 runs per message gave 1.8x the runs/s of 1, 64 more again
-(bench/README.md). Large messages have one cost: a worker holds its messages' runs until it has
+(bench/distributed_throughput.py measures this). Large messages have one cost: a worker holds its messages' runs until it has
 executed them, so at the end of a campaign one worker can still hold runs while others idle.
 The orchestrator already keeps at most ``max_outstanding`` runs queued or executing, so the auto
 size splits that window (or what is left of the campaign, if less) into **twice as many

@@ -43,7 +43,7 @@ class CeleryOptions:
     dispatch order (models interleaved); the worker runs them concurrently in its run slots and
     acknowledges the message after the last. kombu's per-message cost (delivery bookkeeping,
     late ack) and the claim, fsync and done round trips are then shared: on the zero-latency
-    simulator 16 runs per message gave 1.8x the runs/s of 1 (bench/README.md, 2026-12-02 20:13).
+    simulator 16 runs per message give 1.8x the runs/s of 1 (bench/distributed_throughput.py measures this).
     Default 0, auto (``orchestrator.distributed.message_size``): the outstanding window (or the runs left)
     over twice the live workers' threads, between 1 and 64, so every worker thread holds a
     message and as many wait in the broker for whichever worker is free first. A fixed value

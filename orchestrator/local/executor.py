@@ -4,7 +4,8 @@ Each model gets its own pool of ``max_concurrency`` coroutines pulling from its 
 model waiting on its rate limit never holds up another model. Each endpoint's calls go through a
 ``PooledProvider``: a call borrows an idle single-connection client of that endpoint (or makes
 one), so a client's per-request walk over its pool is one connection long (a shared httpx pool
-of 64 cost more CPU per call at 64 coroutines than the call itself, bench/README.md) and an
+of 64 costs more CPU per call at 64 coroutines than the call itself; bench/local_throughput.py
+measures it) and an
 endpoint sees no more connections than its peak of concurrent calls. The clients are
 ``AioClient``s (aiohttp on this uvloop loop; half the CPU per call of httpx's transport,
 ``workers.providers.aio``). Finished records go to a single

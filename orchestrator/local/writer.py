@@ -131,7 +131,7 @@ class ProcessWriter:
         acks_r, acks_w = os.pipe()
         # The child's garbage collections would walk every object it inherited, and so copy
         # (copy-on-write) most of the parent's heap: ~5 page faults per run over 1,000 runs,
-        # 0.05-0.1 ms of the child's CPU per run (bench/README.md, 2026-12-02 writer-cpu).
+        # 0.05-0.1 ms of the child's CPU per run (bench/writer_cpu.py measures this).
         # Frozen, the inherited objects are never walked there; the parent unfreezes them at
         # once (unless something else of this process had frozen objects: then they stay).
         thaw = gc.get_freeze_count() == 0
@@ -280,7 +280,7 @@ class _Child:
     (IR extraction, record validation) only when their batch is written. Doing a batch in one
     go keeps the code and data it touches in the CPU's caches: done as each frame arrived,
     between the parent's and the simulator's turns on the same cores, the same work cost
-    ~25 % more CPU (bench/README.md, 2026-12-02 writer-cpu)."""
+    ~25 % more CPU (bench/writer_cpu.py measures this)."""
 
     def __init__(self, config: WriterConfig, ack_fd: int) -> None:
         self.config = config

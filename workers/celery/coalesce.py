@@ -2,7 +2,7 @@
 
 A worker's runs finish on one event loop, each wanting its record made durable (an fsync) and
 its done marker and permit releases sent to Redis (a round trip). One flush per run costs as
-much CPU as the run's own work on a fast endpoint (bench/README.md); so the first run to finish
+much CPU as the run's own work on a fast endpoint (bench/worker_path.py measures this); so the first run to finish
 flushes at once, and every run finishing meanwhile waits for that flush to end and goes out with
 the others in the next one: no timer, no added latency when the worker is idle, batches as large
 as the load makes them (group commit).

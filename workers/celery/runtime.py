@@ -80,7 +80,7 @@ class WorkerSettings:
     ``max_defer_s`` ahead. ``limit_period_s``: the window ``requests_per_minute``/
     ``tokens_per_minute`` are counted over. ``limit_jitter_allowance_s``: added to that window by
     the limiter so the spread of grant-to-provider delays cannot push one request too many into a
-    provider's window (0.25 s: the worst spread measured in ``bench/README.md``; 0.4 % of a 60 s
+    provider's window (0.25 s: the worst spread ``bench/rate_limits.py`` measures; 0.4 % of a 60 s
     window). ``reservation_grace_s``: how long after its slot a deferred run's reservation waits
     to be claimed before it is abandoned. ``redis_retry_s``: how long to keep retrying Redis for
     the done marker before giving up to the reconciler. ``visibility_timeout_s``: the broker
@@ -93,7 +93,7 @@ class WorkerSettings:
     messages, the runs are coroutines on one loop, and the models' own ``max_concurrency``
     bounds what an endpoint sees, so slots sized to threads (8) capped a 4-worker fleet at 32
     calls whatever the models allowed (and on a fast endpoint cost 0.41x the local executor's
-    runs/s against 0.56x with 64: bench/README.md, 2026-12-04 twelfth session). Worst-case
+    runs/s against 0.56x with 64; bench/distributed_throughput.py measures this). Worst-case
     response memory is ``run_slots`` x each model's ``max_response_bytes`` (8 MiB by default:
     512 MiB at 64 slots, should every endpoint answer at the bound at once).
     ``gc_young_threshold``: once the runtime is up, the start-up heap is frozen and the young

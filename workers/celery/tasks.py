@@ -20,7 +20,7 @@ does not take it for lost, and if the worker is stopped long enough for the run 
 its claim here finds it done or busy and steps aside.
 
 Why whole messages on one loop: a run's own work on a fast endpoint is ~0.5 ms of CPU, and each
-per-run Redis round trip, thread hand-off and fsync cost about as much again (bench/README.md).
+per-run Redis round trip, thread hand-off and fsync cost about as much again (bench/worker_path.py measures this).
 The claims of the runs that get a slot together, and the appends and done markers of the runs
 that finish together, go out together (``workers.celery.coalesce``): under load, one fsync (in
 a thread) and one ``EVALSHA`` (on the loop's async client) for many runs.
@@ -310,7 +310,7 @@ def _drop_permits(rt: WorkerRuntime, r: _Run) -> None:
 def _log_end(r: _Run, reply: Any) -> None:
     if r.record is not None:
         # no line: execute_run's run_finished already says how the run ended. A second INFO line
-        # per run cost a worker 0.06-0.1 ms of CPU (bench/README.md, 2026-12-03), and even at
+        # per run costs a worker 0.06-0.1 ms of CPU (bench/worker_path.py measures it), and even at
         # DEBUG, filtered out, structlog binds a logger per call (~3 us a run)
         return
     with structlog.contextvars.bound_contextvars(campaign=r.task.campaign, run_id=r.task.run_id, model=r.task.model):

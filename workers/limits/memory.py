@@ -15,7 +15,7 @@ Semantics (identical in ``redis_limiter``), per model:
   (60 s by default).
 * **Jitter allowance**: grants are decided on the limiter's clock but requests reach the provider
   after a variable delay (event loop, GIL, network; 50 ms typical, 250 ms measured on a saturated
-  2-core box, see ``bench/README.md``). With an interval of exactly ``period_s / limit``,
+  2-core box; ``bench/rate_limits.py`` measures it). With an interval of exactly ``period_s / limit``,
   ``limit + 1`` grants span exactly one period, so any spread in that delay puts one request too
   many into some provider window. The window the limiter enforces is therefore
   ``window_s = period_s + jitter_allowance_s`` (default 0.25 s: 0.4 % of a 60 s window), which

@@ -3,8 +3,8 @@
 Profiles of the local executor put ~85 % of its event-loop CPU in the HTTP call through
 httpx/httpcore: anyio cancel scopes around every socket operation, h11 parsing in pure Python.
 aiohttp reads through asyncio protocol callbacks and parses in C (llhttp). CPU per call on the
-zero-latency simulator, ``process_time``, concurrency 1-64 (bench/http_clients.py, 2026-12-02,
-load 2.5-3.3; bench/README.md): on uvloop ``httpx.AsyncClient.post`` 0.43-0.54 ms,
+zero-latency simulator, ``process_time``, concurrency 1-64 (bench/http_clients.py measures
+this): on uvloop ``httpx.AsyncClient.post`` 0.43-0.54 ms,
 ``DirectClient`` 0.31-0.41 ms, ``AioClient`` 0.18-0.22 ms (bare aiohttp 0.13-0.20); on asyncio's
 loop 0.50-0.65, 0.37-0.50 and 0.20-0.27 ms.
 It runs on uvloop (local executor) and on asyncio's own loop (the Celery worker's loop thread).

@@ -3,7 +3,7 @@
 ``httpx.AsyncClient.send`` wraps every request in layers the providers never use: auth flows,
 redirect handling (off), cookie extraction into a client-wide jar, event hooks, URL merging in
 ``build_request``. On the zero-latency simulator those layers cost about 0.4 ms of CPU per call,
-15-20 % of the whole call (bench/README.md, 2026-12-02 04:30). ``DirectClient`` offers the two
+15-20 % of the whole call (bench/http_clients.py measures this). ``DirectClient`` offers the two
 methods ``_http.send`` uses (``build_request`` and ``send(..., stream=True)``) over one
 ``httpx.AsyncHTTPTransport``, the transport an ``AsyncClient`` would use itself, so connection
 handling, TLS, content decoding and the httpcore -> httpx exception mapping are httpx's own.
@@ -12,10 +12,10 @@ Differences from an ``AsyncClient`` made by ``registry.make_http_client``: no co
 cookie set by one answer is never sent with another run's call), no redirects (as there), no
 proxy variables (``trust_env=False`` there too). The default headers are the same.
 
-``PooledProvider`` (both executors) now defaults to ``aio.AioClient``, which has this surface
+``PooledProvider`` (both executors) defaults to ``aio.AioClient``, which has this surface
 over aiohttp and about half the CPU per call again (httpcore's anyio cancel scopes and h11's
 pure-Python parsing were ~85 % of the local executor's event-loop CPU): 0.18-0.22 ms against
-0.31-0.41 ms here on uvloop (bench/http_clients.py, 2026-12-02). ``DirectClient`` stays the other choice
+0.31-0.41 ms here on uvloop (bench/http_clients.py measures this). ``DirectClient`` stays the other choice
 (``PooledProvider(..., client_factory=DirectClient)``) and the reference ``AioClient``'s
 classification of failures is tested against (tests/workers/test_pooled_clients.py).
 """
@@ -45,7 +45,7 @@ class RequestBuilder:
     the wire.
 
     A provider sends the same URL and header set on every call: parsing and merging them once
-    saves ~10 % of a call's CPU (a profile of the local executor, bench/README.md), and handing
+    saves ~10 % of a call's CPU (a profile of the local executor), and handing
     httpx the finished header list skips its per-request header merge (another ~10 µs a call).
     The caches stay tiny (one entry per route and per header set a provider uses).
     """

@@ -2,7 +2,7 @@
 
 httpcore walks every connection of a client's pool on each request (``has_expired`` polls each
 idle socket), so one client with a pool of 64 connections spent more CPU per call at 64
-concurrent calls than the call itself (bench/README.md). ``PooledProvider`` gives each call a
+concurrent calls than the call itself (bench/local_throughput.py's shared-pool loop shows it). ``PooledProvider`` gives each call a
 client of its own instead: a call takes an idle (provider, client) pair of the endpoint, or makes
 one, and puts it back when it is done. A client therefore keeps one keep-alive connection, the
 walk is one connection long, and the endpoint never sees more connections than its peak of

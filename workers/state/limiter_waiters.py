@@ -1,10 +1,9 @@
 """``Waiters``: a process's limiter waiters per model, woken one per freed lease.
 
-A release frees one lease. Waking every local waiter of the model on it made each of them run
-its acquire script again, and all but one lose: with 64 run slots, 4 workers and a model capped
-at 4 calls, ~250 runs wait, and each release cost ~60 script calls per worker
-(bench/README.md, 2026-12-04 twelfth session). So a ``release`` message wakes the oldest waiter
-still waiting for a lease (FIFO), one per message per process; the first process to ask wins the
+A release frees one lease. Waking every local waiter of the model on it would make each of them
+run its acquire script again, and all but one lose: with 64 run slots, 4 workers and a model
+capped at 4 calls, ~250 runs wait, and each release would cost ~60 script calls per worker. So a
+``release`` message wakes the oldest waiter still waiting for a lease (FIFO), one per message per process; the first process to ask wins the
 lease, the others' woken waiter waits again. Everything else — a cooldown, a disable, a
 reconnect of the listener (messages may have been lost) — wakes every waiter of the model (or
 of all models), as a rate or cooldown wait must re-check. A waiter whose decision is still

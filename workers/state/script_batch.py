@@ -3,7 +3,7 @@
 A worker's Redis batch (``workers.celery.tasks._flush``) sends, per run, its claim, its
 done marker and the release of its last permit: three script calls. In a redis-py pipeline each
 call costs the worker ~17 us of CPU (command packing, per-command bookkeeping, reply parsing)
-and redis-server a script invocation (bench/README.md, 2026-12-04). This module wraps the
+and redis-server a script invocation (bench/worker_path.py measures the batch). This module wraps the
 scripts in one script that takes every call's KEYS and ARGV flattened and runs them in order,
 so a batch of any size is one command, one reply and one script invocation.
 
@@ -19,7 +19,7 @@ would have sent it. Reply: one element per call. One JSON string instead of ever
 and arguments as command arguments because redis-py packs each argument in Python (an
 ``Encoder.encode`` call and a generator step): ~0.5 us an argument, ~180 us for a batch of 16
 runs' claims and finishes (~350 arguments), against ~45 us for ``json.dumps`` of the same
-(bench/README.md, 2026-12-04 tenth session). The keys are not declared in KEYS: like the scripts
+(``timeit``, in isolation). The keys are not declared in KEYS: like the scripts
 it runs (campaign and limiter keys under different hash tags), this needs a single Redis, not a
 cluster.
 """
