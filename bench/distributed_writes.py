@@ -1,4 +1,4 @@
-"""Storage and completion figures of the distributed executor at campaign scale (issue 9).
+"""Storage and completion figures of the distributed executor at campaign scale.
 
 One zero-latency campaign (``--models`` x ``--prompts`` x ``--runs``) on ``--workers`` celery
 workers x ``--threads`` threads, a private redis-server and the simulator in its own process.

@@ -5,7 +5,7 @@ run_id) for one panel. Output: per model (and per measurement date) ``runs``, th
 retries per run (attempts − 1), final-attempt latency p50/p90 (ms, linear interpolation),
 completion and reasoning token sums, truncations (outcome truncated or finish_reason length),
 HTTP 429 answers over all attempts and the Retry-After seconds those answers announced. A model
-that needed many retries no longer looks like a clean one.
+that needed many retries does not look like a clean one.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Input: one :class:`PanelData` per panel (tables read from ``OUT/<panel>/*.parquet`` and the
 manifest) and, optionally, the availability checks. Output: :class:`analysis.report.doc.Section`
-objects in the order issue 6 fixes. A section whose file or columns are absent says so in one
+objects in the report's fixed order. A section whose file or columns are absent says so in one
 line ("not available: … (run irbench analyze)") instead of failing.
 """
 

@@ -1,7 +1,7 @@
 """One distributed campaign run by the orchestrator: dispatch, progress, completion, reconcile, cancel.
 
 Every per-iteration cost grows with the work done since the last iteration, never with the
-campaign or the store (issue 9):
+campaign or the store:
 
 * **dispatch** publishes pending runs (task id = run_id, models interleaved) while fewer than
   ``max_outstanding`` are queued or running, and re-publishes deferred runs whose time has come
@@ -14,7 +14,7 @@ campaign or the store (issue 9):
   record never shows up (lost) is sent again;
 * **reconcile** (every ``reconcile_interval_s``) re-sends a running run whose claim expired (its
   worker died or stalled past ``claim_ttl_s``: recovery within ~claim TTL + interval) and a
-  queued run the broker no longer holds (a Redis restart lost it); after a Redis restart (its
+  queued run the broker has lost (a Redis restart); after a Redis restart (its
   ``run_id`` changed) it re-sends every pending run Redis does not know. A run that failed
   ``max_task_failures`` times (its task raised or its worker died) is stored as ``worker_error``
   with the failure text and never sent again;

@@ -8,7 +8,7 @@ again. Redis errors are retried with backoff, never fatal. Duplicated messages a
 workers claim runs, and a run executed twice is stored as two executions (readers use the
 latest, ``storage.runs.EXECUTION_RULE``).
 
-Availability (issue 5), as in the local executor: a model whose latest availability check found
+Availability, as in the local executor: a model whose latest availability check found
 it gone (``AvailabilityStore.unavailable_models``) is closed in the campaign's Redis gate, so a
 worker holding one of its queued runs records it ``cancelled`` with the reason and makes no
 call, and its never-dispatched runs are recorded ``cancelled`` here. A 410 a worker meets

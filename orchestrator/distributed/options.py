@@ -31,7 +31,7 @@ class CeleryOptions:
     """``max_outstanding``: runs queued in the broker or executing at most (bounds broker memory
     and the reconciler's broker listing; messages carry the prompt). ``dispatch_batch``:
     messages per producer round. ``claim_ttl_s``: the workers' claim TTL: a running run whose
-    claim expired, or a queued run the broker no longer holds after this long, is re-sent (so
+    claim expired, or a queued run the broker has lost for this long, is re-sent (so
     recovery after a worker SIGKILL or a Redis restart takes ~claim TTL + reconcile interval).
     ``reconcile_interval_s``: how often the reconciler looks (and the store cursor reads the
     files published since its last look, so the check at the end reads only the last ones). ``max_task_failures``: task

@@ -1,7 +1,7 @@
 """Group commit of run records: one writer process, many threads, few Parquet files.
 
 A worker acknowledges a run only once its record is durable, but one Parquet file per run is
-~30 KiB and one file per run (issue 9). So each writer process appends records to a spool
+~30 KiB, and a store of one file per run reads slowly. So each writer process appends records to a spool
 *segment* (JSON lines) and acknowledges after the segment is fsynced — concurrent appends share
 one fsync (group commit) — and a publisher thread turns each closed segment into one Parquet
 file of the runs dataset, then deletes it. Layout (hidden from readers: ``_`` prefix)::

@@ -1,7 +1,7 @@
 """The dated report (analysis/report*.py): built from analysis outputs on disk, never recomputed.
 
 Synthetic analysis directories are written directly with pyarrow in the layout and column names
-of ``irbench analyze`` (issue 4), so the report is tested with every section present, with only
+of ``irbench analyze``, so the report is tested with every section present, with only
 the files the current analysis writes, and at 100 models × 1,000 prompts. One test runs the real
 ``run_analysis`` on a real RunStore and then the ``report_command`` through typer.
 """

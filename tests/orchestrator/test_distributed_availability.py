@@ -6,7 +6,7 @@ subprocesses, the simulator over loopback, the Parquet stores. No mocks.
 * a 410 met by a worker becomes an availability event (``source="campaign"``) with the
   retirement date, and the next campaign skips the model;
 * the gate is reopened for a model found available again;
-* the failure-attribution probe runs on the Celery executor (issue 5: "on either executor").
+* the failure-attribution probe runs on the Celery executor, as on the local one.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""stdout holds results, stderr logs and hints; messages say what the user needs (issue 14, req. 4)."""
+"""stdout holds results, stderr logs and hints; messages say what the user needs."""
 
 from __future__ import annotations
 

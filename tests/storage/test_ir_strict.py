@@ -158,8 +158,8 @@ JSON_TEXTS = jsonish() | DOCUMENT.map(json.dumps) | st.builds(
 def test_decode_at_is_raw_decode(text: str, data: st.DataObject | None) -> None:
     """msgspec's decode, where ``_decode_at`` takes it, gives what ``json``'s raw_decode does.
     Not at a nesting near the recursion limit: there ``json`` accepts or raises RecursionError
-    by how deep the caller's stack already is (one frame more in ``_decode_at``; a flaky
-    example in a fresh-clone run, 2026-12-04), which says nothing about the decoder."""
+    by how deep the caller's stack already is (one frame more in ``_decode_at``, enough to
+    flip a hypothesis example), which says nothing about the decoder."""
     assume(_max_depth(text) < sys.getrecursionlimit() // 2)
     starts = [i for i, c in enumerate(text) if c in "{["] or [0]
     start = data.draw(st.sampled_from(starts)) if data is not None else starts[0]

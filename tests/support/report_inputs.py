@@ -27,8 +27,8 @@ def write_synthetic_analysis(root: Path, *, n_models: int = 8, n_prompts: int = 
                              runs: int = 5, seed: int = 7, missing: float = 0.3,
                              panel: str = "synth", full: bool = True,
                              small_models: int = 0) -> Path:
-    """Write OUT/<panel>/ with cells, models, excluded, manifest and (``full``) every issue-4
-    file. ``small_models`` models keep only 5 prompts (n < 8). Returns the panel directory."""
+    """Write OUT/<panel>/ with cells, models, excluded, manifest and (``full``) every other
+    analysis output file. ``small_models`` models keep only 5 prompts (n < 8). Returns the panel directory."""
     rng = np.random.default_rng(seed)
     pdir = root / panel
     pdir.mkdir(parents=True, exist_ok=True)

@@ -83,7 +83,7 @@ def test_broken_answers_are_classified_and_stored(server, tmp_path: Path, wire: 
 @pytest.mark.parametrize("wire", WIRES)
 def test_unpaired_surrogate_escapes_are_stored_not_a_crash(server, tmp_path: Path, wire: str) -> None:  # type: ignore[no-untyped-def]
     """An unpaired ``\\ud800`` escape is valid JSON but decodes to a lone surrogate, which no UTF-8
-    store holds: it used to fail the whole Parquet batch (and every resume). Now the texts keep
+    store holds: kept as is it would fail the whole Parquet batch (and every resume). The texts keep
     U+FFFD in its place and an IR holding one is schema_invalid."""
     records = _run(server, tmp_path, "lone-surrogate", wire, n=3)
     assert _run.requests == 3  # type: ignore[attr-defined]
@@ -101,7 +101,7 @@ def test_deeply_nested_answer_is_invalid_json_not_a_crash(server, tmp_path: Path
     for r in records:
         assert r.outcome is Outcome.OK and r.parse_outcome is ParseOutcome.INVALID_JSON
         assert r.response_text == "[" * 100_000 + "]" * 100_000  # the raw answer is kept whole
-    assert time.monotonic() - t0 < 30  # it used to run for minutes; generous for a loaded CI
+    assert time.monotonic() - t0 < 30  # an unbounded bracket scan runs for minutes; generous for a loaded CI
 
 
 @pytest.mark.parametrize("wire", WIRES)

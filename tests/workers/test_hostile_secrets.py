@@ -1,7 +1,7 @@
 """An endpoint that echoes the API key back (inside a 200 answer and in a 500 body): the key
 reaches the endpoint, and nothing we write holds it — Parquet bytes and decoded columns, JSON
 logs, stdout/stderr, and (distributed) everything Redis ever saw (its append-only file), on both
-executors and both wire formats. The same campaign carries the answers that used to kill a run
+executors and both wire formats. The same campaign carries answers built to kill a run
 (200k ``[`` in the body, 100k-deep answer): classified and stored on both executors too.
 Both executors call through ``PooledProvider``'s ``AioClient`` (aiohttp); a key the client cannot
 send is never quoted by either client (``AioClient`` and ``DirectClient``). The same key in a
@@ -68,7 +68,7 @@ def _check_store(data: Path, expect_runs: int) -> None:
     outcomes = {r["model"]: r["outcome"] for r in rows}
     assert outcomes["echo-key"] == outcomes["echo-key--ollama"] == "ok"
     assert outcomes["echo-key-error"] == "server_error"
-    # the answers that used to kill a run (RecursionError) are classified and stored, every one
+    # answers built to kill a run (RecursionError) are classified and stored, every one
     assert {r["outcome"] for r in rows if r["model"] == "deep-body"} == {"protocol_error"}
     deep = [r for r in rows if r["model"] == "deep-answer--ollama"]
     assert len(deep) == 4 and {(r["outcome"], r["parse_outcome"]) for r in deep} == {("ok", "invalid_json")}
@@ -141,8 +141,8 @@ def test_echoed_key_never_stored_distributed(server, tmp_path: Path) -> None:  #
 @pytest.mark.parametrize("suffix", ["\n", "\r\nX-Injected: 1", "\x00", "é"])
 def test_a_key_no_client_can_send_is_never_quoted(client: str, suffix: str) -> None:
     """A key with a newline or NUL (a stray ``.env`` quote): the request is refused before it
-    leaves (``protocol_error``), and the message names no part of the key. h11 used to quote the
-    header value escaped (``\\n``), which masking of the raw key missed."""
+    leaves (``protocol_error``), and the message names no part of the key, not even escaped (an
+    h11 error quotes the header value with ``\\n``, which masking of the raw key would miss)."""
     import asyncio
 
     from tests.support.raw_http import serve_fixed

@@ -319,7 +319,7 @@ class CampaignState:
 
     def reopen(self, runs: Mapping[str, str]) -> int:
         """Make ``runs`` (run_id -> model) executable again (``--retry-failed``): their done
-        markers and counts are dropped, so claims no longer see them done. Returns markers removed."""
+        markers and counts are dropped, so claims do not see them done. Returns markers removed."""
         items = list(runs.items())
         removed = 0
         for i in range(0, len(items), 500):  # bounded script arguments

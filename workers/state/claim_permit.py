@@ -2,8 +2,8 @@
 
 Every Redis round trip costs a worker ~0.1–0.5 ms of CPU (redis-py's command packing and reply
 parsing, more on the async client), and on two shared cores CPU per run is the throughput. A
-run used to make six: claim, acquire, the gate re-check after the grant, release, done marker,
-plus the broker's. Here:
+run with one call per step would make six: claim, acquire, the gate re-check after the grant,
+release, done marker, plus the broker's. Here:
 
 * :meth:`ClaimPermits.claim` runs one script that is the claim script (``CampaignState``'s,
   reading the model's gate) followed, only when the run is claimed and its model's gate is open,
@@ -16,7 +16,7 @@ plus the broker's. Here:
   permit in one call. A worker's runs go through :meth:`ClaimPermits.arun_calls` instead: the
   claims and finishes of a whole batch as one ``EVALSHA`` (``workers.state.script_batch``) on
   the loop's async client; with one command per batch, the async client's higher cost per
-  command no longer matters. The lease is thus held until the record is durable (a few ms of fsync longer than the
+  command does not matter. The lease is thus held until the record is durable (a few ms of fsync longer than the
   call itself): never more calls in flight than the cap, only a slightly later free slot.
 
 Models with a request or token limit skip the combined acquire: their first permit comes the
