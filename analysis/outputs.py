@@ -91,8 +91,8 @@ def _sum(mask: pa.ChunkedArray | pa.Array) -> int:
 def build_manifest(*, panel: str, data_dir: Path, options: AnalysisOptions, runs: pa.Table,
               runs_read: int, cells: pa.Table, models: ModelTable, generated_at: dt.datetime,
               imported: pa.Table) -> dict[str, Any]:
-    # min/max per column in Arrow (a to_pylist of 700k imported dates was 8 % of the panel's
-    # analyze); nulls skipped, as window_end's always were
+    # min/max per column in Arrow (a to_pylist of 700k imported dates would be 8 % of the
+    # panel's analyze); nulls skipped, window_end's included
     bounds = [pc.min_max(col).as_py() for col in (runs.column("measurement_date"),
               imported.column("measurement_date"), imported.column("window_end"))]
     lows = [b["min"] for b in bounds if b["min"] is not None]

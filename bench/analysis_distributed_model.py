@@ -16,8 +16,8 @@ link). ``startup`` is a fresh interpreter importing the CLI and the analysis (me
 ``dispatch`` the Celery round trips (``--dispatch-s``, default the orchestrator's 0.5 s poll
 plus one task hop); with ``--cold-workers`` the celery side pays start-up twice (each fresh
 worker imports the analysis on its first task). The validation runs the measured parts on one
-machine (list scheduling on ``--cores``). Validation: with ``--measured-celery-s`` (bench/analysis_distributed.py in
-the same session) it prints the 1-machine prediction with ``--cores`` slots beside it.
+machine (list scheduling on ``--cores``). Validation: with ``--measured-celery-s`` (bench/analysis_distributed.py on
+the same store) it prints the 1-machine prediction with ``--cores`` slots beside it.
 
 Usage: python bench/analysis_distributed_model.py --store DIR [--replicates 10000] [--cores 2] [--cold-workers]
        [--cores 2] [--measured-celery-s S --measured-local-s S]

@@ -1,18 +1,18 @@
-"""The distributed orchestrator's last store look, on a real campaign's store, old way and new.
+"""The distributed orchestrator's last store look on a real campaign's store, beside a whole-store look.
 
-The orchestrator confirms completion against the store through ``StoreCursor``. Before, the
-cursor was first refreshed when Redis said every run was done, so that one look read every file
-of the campaign; now it also refreshes every ``reconcile_interval_s`` while runs are pending, and
-the end reads only what was published since. This replays a finished store's publication: its
+The orchestrator confirms completion against the store through ``StoreCursor``. It refreshes the
+cursor every ``reconcile_interval_s`` while runs are pending, so the end reads only what was
+published since the last look; a cursor first refreshed when Redis says every run is done would
+read every file of the campaign in that one look. This replays a finished store's publication: its
 data files are hard-linked, in modification-time order, into a scratch store, ``--interval-s``
 of publication at a time, and the cursor refreshes after each step, as during a campaign.
 Printed, side by side in one run:
 
-* **one look over everything** (old end look): a fresh cursor's ``refresh()`` of the whole store;
-* **the last incremental look** (new end look): the cursor's ``refresh()`` after the last step,
+* **one look over everything**: a fresh cursor's ``refresh()`` of the whole store;
+* **the last incremental look** (the orchestrator's end look): the cursor's ``refresh()`` after the last step,
   i.e. the files of the last ``--interval-s`` of publication only;
-* ``latest()`` (the summary table) after each, and once more with the execution rule's sort it
-  always did before (now skipped when every run has one row); the peak RSS of this process.
+* ``latest()`` (the summary table) after each, and once more with the execution rule's sort
+  (which ``latest()`` skips when every run has one row); the peak RSS of this process.
 
     python bench/completion_look.py STORE CAMPAIGN [--interval-s 5]
 
@@ -91,7 +91,7 @@ def main() -> None:
     t0 = time.perf_counter()
     rows = cursor.latest().num_rows
     latest_now_s = time.perf_counter() - t0
-    # the summary table as it was built before: the execution rule's sort over every row
+    # the summary table with the execution rule's sort over every row (skipped when each run has one row)
     t0 = time.perf_counter()
     latest_executions(pa.concat_tables(cursor._tables))
     latest_old_s = time.perf_counter() - t0

@@ -97,7 +97,7 @@ def bootstrap_means(values: np.ndarray, *, replicates: int, seed: int,
     values: 1-D (n,) or 2-D (models, n). Returns (replicates,) or (models, replicates) floats.
     One index matrix ``default_rng(seed).integers(0, n, (replicates, n))`` is shared by all rows.
     The gathered values are reduced in blocks of at most ``max_elements`` (16 MB of float64;
-    50 models × 10,000 replicates × 80 prompts at once was a 320 MB temporary); each mean is
+    50 models × 10,000 replicates × 80 prompts at once would be a 320 MB temporary); each mean is
     computed from the same values in the same order as on the whole array, so blocks change
     nothing.
     """

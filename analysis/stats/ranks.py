@@ -322,7 +322,7 @@ def joint_cluster_bootstrap(scores: np.ndarray, *, replicates: int = 10_000, see
             raise AnalysisError(f"point_order must be a permutation of range({m}); got {order}")
     point_position = np.empty(m, dtype=np.int64)
     point_position[order] = np.arange(1, m + 1)
-    # at most ~2M counts per draw call (16 MB per temporary; 1000 × 10,000 prompts was 240 MB
+    # at most ~2M counts per draw call (16 MB per temporary; 1000 × 10,000 prompts would be 240 MB
     # of draws, counts and their float copy); successive integers() calls continue one stream,
     # so the chunk size does not change the draws
     chunk = max(1, min(chunk, max(64, 2_000_000 // max(1, p))))

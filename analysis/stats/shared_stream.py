@@ -107,7 +107,7 @@ def _add_top_ups(sums: np.ndarray, extra: np.ndarray, deficit: np.ndarray, short
 
     extra: (c, S, top) positions in xt's rows; deficit: (c, S) draws used of each row. Only the
     used positions are gathered; the zero-filled rows that hold any are summed exactly as the
-    dense (c, S, top) array was (numpy's pairwise sum along the contiguous last axis, whose
+    dense (c, S, top) array would be (numpy's pairwise sum along the contiguous last axis, whose
     grouping depends on the row length, so the rows keep their zeros); rows without a top-up
     add 0.0, i.e. nothing.
     """

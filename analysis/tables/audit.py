@@ -318,7 +318,7 @@ class RunLevel:
 def run_level(runs: pa.Table, options: AnalysisOptions, index: dict[str, Path]) -> RunLevel:
     """Drift, stabilisation, normalised and correctness tables from one panel's raw runs."""
     # correctness first: its per-run Python rows are freed before the cells' copies are made
-    # (both at once were the memory peak of a 100k-run analysis)
+    # (both at once would be the memory peak of a 100k-run analysis)
     corr, missing = correctness_table(runs, index)
     cells = _raw_cells(runs, options.min_runs)
     drift, dsum = drift_table(cells)

@@ -57,7 +57,7 @@ def score_matrix(merged: pa.Table, models: Sequence[str], column: str = "mean_ja
     prompts = sorted(pc.unique(_plain_values(sel.column("prompt_sha256"))).to_pylist())
     pj = _index_in(sel.column("prompt_sha256"), pa.array(prompts, pa.string()))
     s = np.full((len(models), len(prompts)), np.nan)
-    # vectorised scatter (a to_pylist loop was the memory peak at 100 models x 10,000 prompts)
+    # vectorised scatter (a to_pylist loop would be the memory peak at 100 models x 10,000 prompts)
     s[mi.to_numpy(zero_copy_only=False), pj.to_numpy(zero_copy_only=False)] = (
         sel.column(column).cast(pa.float64()).to_numpy(zero_copy_only=False)
     )

@@ -105,7 +105,7 @@ def _encode(col: pa.ChunkedArray) -> tuple[np.ndarray, list]:
 
 def distinct_values(*cols: pa.ChunkedArray | pa.Array) -> set:
     """The set of values (None for nulls) occurring in any of ``cols``, as
-    ``set(col.to_pylist())`` would give, without converting every row to Python (that was 8 s
+    ``set(col.to_pylist())`` would give, without converting every row to Python (that takes 8 s
     per 700k-row column set on the 100 × 10,000 panel): ``pc.unique`` per chunk, and on a
     dictionary column only the dictionary entries its indices use."""
     out: set = set()

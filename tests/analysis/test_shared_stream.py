@@ -1,6 +1,6 @@
 """The shared-stream bootstrap (analysis.stats.shared_stream) against its dense form.
 
-``_dense_*`` below is the scheme as it was first written (every window position gathered and
+``_dense_*`` below is the straightforward form of the scheme (every window position gathered and
 zero-filled, numpy's broadcast draws): the sparse gathers, narrow counters and vectorised
 draws of the module must give the same replicate means, bit for bit, on panels that exercise
 every path (several bands, one-model blocks, windows that grow, top-ups, tiny and equal n).

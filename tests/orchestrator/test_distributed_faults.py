@@ -78,7 +78,7 @@ def test_worker_stopped_past_its_claim_keeps_both_executions(up: Cluster, tmp_pa
         try:
             # the reconciler re-sends its runs to the live workers: each run makes one call, so a
             # 25th call is one of them executed again; its claims expired together, so one more
-            # reconcile pass re-sends the rest (a fixed 8 s sleep took the same path, slower)
+            # reconcile pass re-sends the rest (waiting on the condition, not a fixed sleep)
             wait_for(lambda: stats(s.base_url)[model]["requests"] > len(prepared.tasks), 60,
                      "a frozen worker's run called again elsewhere")
             time.sleep(2 * FAST.reconcile_interval_s)

@@ -268,7 +268,7 @@ def test_tmp_files_and_hidden_dirs_are_ignored(tmp_path: Path) -> None:
 
 
 def test_stale_manifest_tmp_of_a_killed_compactor_is_removed(tmp_path: Path) -> None:
-    # CI once found one left after a compactor was SIGKILLed while writing its manifest
+    # a compactor SIGKILLed while writing its manifest leaves one behind
     store = RunStore(tmp_path)
     store.write([make_record(1)])
     mdir = tmp_path / "runs" / "_compaction"

@@ -139,9 +139,9 @@ class SlowCooldownLimiter(RedisLimiter):
 def test_no_permit_in_the_same_process_while_its_cooldown_is_on_its_way(srv: RedisServer, first_permit: bool) -> None:
     """Run A of a worker process met a 429 and is recording the cooldown; run B of the same
     process asks for a permit before Redis has it. B must not be sent into the cooldown: its
-    first permit is deferred past the cooldown, a retry's permit waits it out. (Before the fix
-    Redis granted and admitted B at once: the storm test saw such a call 28 ms after Redis had
-    the cooldown, from the process that had met the 429.)"""
+    first permit is deferred past the cooldown, a retry's permit waits it out. (Without the local
+    note Redis grants and admits B at once: a call 28 ms after Redis has the cooldown, from the
+    process that met the 429.)"""
     settings = WorkerSettings(redis_url=srv.url, limit_jitter_allowance_s=ALLOWANCE_S, limit_period_s=1.0,
                               max_wait_s=0.2)
     prefix = f"st:{uuid.uuid4().hex}"

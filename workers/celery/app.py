@@ -183,7 +183,7 @@ def start_worker(
 
 
 #: Celery's per-task lines ("Task … received", "Task … succeeded in …"): two log records per run
-#: that say less than irbench's own ``run_finished`` line; at 100k runs they were ~6 % of a worker's CPU.
+#: that say less than irbench's own ``run_finished`` line; at 100k runs they are ~6 % of a worker's CPU.
 PER_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
 
 

@@ -2,7 +2,7 @@
 
 The runs of one message belong to one model and campaign, so most of their ``RunTask`` fields
 are equal, and several are runs of the same prompt, whose rendered ``user_message`` (~4 KB, the
-bulk of a task) is the same text. Sent as a list of whole tasks, a 16-run message was ~90 KB
+bulk of a task) is the same text. Sent as a list of whole tasks, a 16-run message would be ~90 KB
 that kombu decodes, re-encodes into its ``unacked`` hash and stores, on the worker's consumer
 thread, per message (a fifth of a worker's CPU in a profile). Here a message is
 

@@ -3,7 +3,7 @@
 kombu's ``redis`` channel builds a new ``redis.Redis`` object (parsers, response-callback
 tables, …) for every operation that has no client at hand: each late ack, each unacked-index
 entry made on delivery and each publish. The connection pool is shared, so those objects buy
-nothing; building them was about 7 % of a worker's CPU and 9 % of the orchestrator's
+nothing; building them costs about 7 % of a worker's CPU and 9 % of the orchestrator's
 dispatch (py-spy during ``bench/distributed_throughput.py``). This channel keeps one client per connection pool (a
 ``redis.Redis`` is thread-safe; every operation still takes a pooled connection of its own) and
 rebuilds it when kombu replaces the pool (after a connection loss).

@@ -138,7 +138,7 @@ def check_base_url(base_url: str) -> str:
 def storable(text: str) -> str:
     """``text`` as valid Unicode: a lone UTF-16 surrogate (a JSON ``\\ud800`` escape without its
     pair, which ``json`` decodes as is) becomes U+FFFD. No UTF-8 store can hold one: a single
-    such answer failed the whole Parquet batch it was written in, and again on every resume."""
+    such answer would fail the whole Parquet batch it is written in, and again on every resume."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -14,7 +14,7 @@ proxy variables (``trust_env=False`` there too). The default headers are the sam
 
 ``PooledProvider`` (both executors) defaults to ``aio.AioClient``, which has this surface
 over aiohttp and about half the CPU per call again (httpcore's anyio cancel scopes and h11's
-pure-Python parsing were ~85 % of the local executor's event-loop CPU): 0.18-0.22 ms against
+pure-Python parsing are ~85 % of the local executor's event-loop CPU): 0.18-0.22 ms against
 0.31-0.41 ms here on uvloop (bench/http_clients.py measures this). ``DirectClient`` stays the other choice
 (``PooledProvider(..., client_factory=DirectClient)``) and the reference ``AioClient``'s
 classification of failures is tested against (tests/workers/test_pooled_clients.py).

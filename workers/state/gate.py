@@ -21,7 +21,7 @@ The claim script reads the gate and the streak with the claim (``prime``), so a 
 check costs no round trip of its own, and a success resets a streak (HDEL) only when one existed
 at the claim or this run made one: a streak another worker starts while this run is in flight is
 not reset by this run's success. Runs in flight on several workers have no order anyway, so
-"consecutive" was already counted in the order Redis sees the outcomes, give or take those.
+"consecutive" is counted in the order Redis sees the outcomes, give or take those.
 """
 
 from __future__ import annotations
