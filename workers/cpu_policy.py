@@ -3,12 +3,12 @@
 A worker is a throughput job: an event loop woken by every reply, a few helper threads, and on a
 small machine several of them next to the simulator or model server, Redis and the orchestrator.
 Under the default policy each wake-up may preempt whatever runs, so four workers on two cores
-switched ~6 times per run (the local executor 0.3) and did the same run for 0.94-1.16 ms of CPU
-where one or two workers needed 0.68 ms. ``SCHED_BATCH`` tells the scheduler the process is
-not interactive: a woken worker thread waits for the running one's slice instead of preempting
-it. Same nice level, same share of the CPU; with 4 workers 3.0-3.4 instead of 5.8-6.8 switches
-per run and 0.45x instead of 0.39x the local executor's runs/s at 64 runs per message (medians
-of 6 paired rounds; bench/distributed_throughput.py measures this). The cost: a reply may wait
+switch ~6 times per run (the local executor 0.3) and spend 0.94-1.16 ms of CPU on a run that
+one or two workers do in 0.68 ms. ``SCHED_BATCH`` tells the scheduler the process is not
+interactive: a woken worker thread waits for the running one's slice instead of preempting it.
+Same nice level, same share of the CPU; with 4 workers it halves the switches per run and
+gives 0.45x instead of 0.39x the local executor's runs/s at 64 runs per message
+(bench/distributed_throughput.py measures this). The cost: a reply may wait
 up to one scheduler slice (a few ms) longer before its worker notices it *when the machine is
 saturated*; measure latency-sensitive things (first-token times on a fast local server) with
 ``normal``, which leaves the process as it was started (e.g. under ``chrt``).

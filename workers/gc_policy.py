@@ -3,13 +3,12 @@
 A worker allocates hundreds of short-lived objects per run (requests, replies, records), so
 Python's collector runs often, and each run of it walks what is alive: in a Celery worker that
 is mostly what the imports left (Celery, kombu, pydantic's schemas, aiohttp), tens of thousands
-of objects that live as long as the process. perf put 13 % of a worker process's CPU in the
-collector on the zero-latency simulator (0.6 % after this); freezing the start-up heap and
-collecting the young generation every 10,000 allocations instead of 700 took the worker's run
-path from 0.805 to 0.688 ms of CPU per run, lower in 4 of 4 pairs (``bench/worker_path.py --gc
-0,10000`` measures this). In the local executor the collector's cost grows with
-the runs in flight (perf: 2.9 % of the samples at 16 coroutines, 5.2 % at 64), which is what
-made it slower at 64 than at 16; tuned, 64 is as fast as 16 (bench/local_throughput.py measures this).
+of objects that live as long as the process. Freezing the start-up heap and collecting the
+young generation every 10,000 allocations instead of 700 takes the collector from ~13 % of a
+worker's CPU on the zero-latency simulator to under 1 %, and the run path's CPU down by ~15 %
+(``bench/worker_path.py --gc 0,10000`` measures this). In the local executor the collector's
+cost grows with the runs in flight (it makes 64 coroutines slower than 16 untuned); tuned, 64
+is as fast as 16 (bench/local_throughput.py measures this).
 """
 
 from __future__ import annotations

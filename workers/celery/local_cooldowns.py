@@ -1,12 +1,10 @@
 """Cooldowns this worker process already knows about, before Redis has them.
 
 A run that meets a 429 records the cooldown in Redis (``RedisLimiter.cooldown``); until that
-round trip lands, Redis still grants and admits permits, also to the other runs of the same
-process. Measured in the 429-storm test at load ~9 (wire times, Redis MONITOR): the worker
-read the 429, its cooldown reached Redis 20 ms later (the script's first call: NOSCRIPT,
-SCRIPT LOAD, again), and meanwhile another run of the same process was granted, admitted, and
-sent its request 28 ms after Redis had the cooldown: a call into a cooldown the process itself
-had started. Noting the cooldown here first, synchronously, lets every run of the process see
+round trip lands (~20 ms under load when the script's first call meets NOSCRIPT, SCRIPT LOAD,
+again), Redis still grants and admits permits, also to the other runs of the same process,
+which can then send a call into a cooldown the process itself started (the 429-storm test
+sees it on the wire). Noting the cooldown here first, synchronously, lets every run of the process see
 it at once (``DeferringLimiter`` checks it before asking Redis and after the admission check).
 
 One instance per worker process (``WorkerRuntime.cooldowns``); times on this process's
