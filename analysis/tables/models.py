@@ -167,7 +167,7 @@ def model_tables(cells: pa.Table, min_prompts: list[int], min_runs: int | None =
     mr = _min_runs_of(cells, min_runs)
     # Column-wise: integer codes per model (in order of first appearance) and prompt, then
     # per-model counts with bincount; means stay np.mean over each model's included cells in
-    # row order (the same summation as before, so every figure is unchanged).
+    # row order (the same summation as a per-model loop, so every figure is the same).
     model_codes, model_names = _encode(cells.column("model"))
     prompt_codes, prompt_names = _encode(cells.column("prompt_sha256"))
     n_models = len(model_names)

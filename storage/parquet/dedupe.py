@@ -116,8 +116,8 @@ def pick_latest(table: pa.Table, spec: DatasetSpec, file_col: str | None = None)
 def dedupe_copies(table: pa.Table, spec: DatasetSpec, file_col: str | None = None) -> pa.Table:
     """One row per (key, execution id): every execution once, copies of one collapsed.
 
-    Rows without an execution id (schema version 1) collapse per key as before (the smallest
-    ``order_col``). Returns rows sorted by key, then execution id.
+    Rows without an execution id (schema version 1) collapse per key (the smallest
+    ``order_col`` wins). Returns rows sorted by key, then execution id.
     """
     if table.num_rows == 0 or spec.execution_col is None:
         return dedupe_table(table, spec.key, spec.order_col, file_col)

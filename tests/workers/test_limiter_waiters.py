@@ -92,7 +92,7 @@ def test_each_release_costs_each_process_one_recheck_and_every_waiter_is_served(
             (after_one,), served_s, peak = asyncio.run(body())
         finally:
             sync.close()
-    # the release and the woken waiter's granted decision; waking every waiter, as before, ran
+    # the release and the woken waiter's granted decision; waking every waiter would run
     # 21 here (each of the other 19 denied again)
     assert after_one == 2, after_one
     assert len(served_s) == waiting and peak == 1  # every waiter served, the cap held
