@@ -7,9 +7,9 @@ STAMP := $(VENV)/.installed
 REAL_STAMP := $(VENV)/.installed-real
 # llama-cpp-python builds llama.cpp from source: use both cores, skip its tests and examples.
 # Not -march=native: on a VM whose CPU reports AMX the native build dies with a general
-# protection fault in libggml-cpu on the first completion; AVX2 runs anywhere
-# these machines do. pip caches the wheel it builds, whatever these flags were: after changing
-# them, `pip cache remove llama_cpp_python` before `make real`.
+# protection fault in libggml-cpu on the first completion; AVX2 runs anywhere these machines
+# do. pip caches the wheel it builds, whatever these flags were: after changing them,
+# `pip cache remove llama_cpp_python` before `make real`.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 export CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_CURL=OFF \
 	-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
