@@ -1,9 +1,9 @@
 """Instructions per run of a worker's run path, counted by valgrind: a figure the CPU's speed does not move.
 
-Wall and CPU time on these 2-core VMs drift by up to 2x within minutes, which
-hides any change under ~20 % unless it is alternated many times. Instructions executed do not
-depend on the CPU's speed (though they do on how runs batch, below). This runs ``workers.celery.tasks.run_message`` on a real ``WorkerRuntime`` (its event
-loop, run slots, claims and done markers on a private redis-server, the group-commit spool with
+Wall and CPU time on these 2-core VMs drift by up to 2x within minutes, which hides any change
+under ~20 % unless it is alternated many times. Instructions executed do not depend on the CPU's
+speed (though they do on how runs batch, below). This runs ``workers.celery.tasks.run_message``
+on a real ``WorkerRuntime`` (its event loop, run slots, claims and done markers on a private redis-server, the group-commit spool with
 its fsyncs) under ``valgrind --tool=callgrind``, against a zero-latency simulator and
 redis-server running natively, and prints the user-space instructions of the whole worker
 process (every thread) per run, for the timed part only (``callgrind_control`` zeroes the
@@ -15,8 +15,8 @@ valgrind the process runs ~50x slower while the simulator and Redis do not, so b
 that claim or finish together) are larger than in a live worker at the same slots, and their
 size varies from one measurement to the next: at 8 slots repeats agreed within ~4 %, at 32
 slots with 64 runs per message one tree gave 2.15-2.18 M and, an hour later, 2.98 and 3.94 M
-instructions per run. Alternate the trees (``--trees``) and
-compare within one invocation, over several repeats:
+instructions per run. Alternate the trees (``--trees``) and compare within one invocation,
+over several repeats:
 
     python bench/worker_instructions.py [--runs 400] [--slots 8] [--per-message 16] [--repeats 2]
                                         [--trees DIR,DIR]   # default: this tree only
