@@ -54,7 +54,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from _cluster import BenchCluster, interrupt_as_keyboard, write_campaign
 
-from orchestrator.campaign.driver import PreparedCampaign, prepare, run_campaign_local
+from orchestrator.campaign.prepared import PreparedCampaign, prepare
+
+from orchestrator.local.campaign import run_campaign_local
 from orchestrator.local.executor import ExecutionSummary
 from orchestrator.campaign.spec import load_campaign
 from simulator.server import start_subprocess

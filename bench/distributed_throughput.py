@@ -90,7 +90,7 @@ def campaign(tmp: Path, name: str, base_url: str, runs: int, cap: int) -> Any:
     """``runs`` runs (rounded up to a multiple of the prompt count) of one unlimited model."""
     from _cluster import write_campaign
 
-    from orchestrator.campaign.driver import prepare
+    from orchestrator.campaign.prepared import prepare
     from orchestrator.campaign.spec import load_campaign
 
     per_cell = max(1, -(-runs // PROMPTS))

@@ -22,7 +22,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 from _cluster import BenchCluster, interrupt_as_keyboard, write_campaign
 
-from orchestrator.campaign.driver import prepare
+from orchestrator.campaign.prepared import prepare
 from orchestrator.distributed.executor import CeleryOptions, run_campaign_celery
 from orchestrator.campaign.spec import load_campaign
 from storage.runs import RunStore

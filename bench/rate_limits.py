@@ -49,7 +49,7 @@ from pathlib import Path
 from _cluster import BenchCluster, interrupt_as_keyboard, sliding_window_max, write_campaign
 from _load import LoadSampler, cpu_hogs
 
-from orchestrator.campaign.driver import prepare
+from orchestrator.campaign.prepared import prepare
 from orchestrator.distributed.executor import CeleryOptions, run_campaign_celery
 from orchestrator.campaign.spec import load_campaign
 from simulator.wire import WireCapture

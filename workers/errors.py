@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING
 from storage.errors import ConfigError, IrbenchError, StorageError
 from storage.records import Outcome
 
-if TYPE_CHECKING:
-    from workers.limits.memory import LimitDecision
+if TYPE_CHECKING:  # annotation only: workers.limits imports this module at run time
+    from workers.limits.base import LimitDecision
 
 __all__ = [
     "ConfigError",

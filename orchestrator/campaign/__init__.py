@@ -3,11 +3,12 @@
 __all__ = [
     "adhoc",
     "corpus",
-    "driver",
     "instruction",
     "limits",
     "plan",
+    "prepared",
     "retry",
     "spec",
     "spec_checks",
+    "status",
 ]

@@ -16,16 +16,14 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from orchestrator.campaign.prepared import PreparedCampaign
 from storage.records import Outcome
 from storage.runs import RunStore
 from storage.parquet.unreadable import read_checked
 from workers.errors import ConfigError
 from workers.runtask import RunTask
 
-if TYPE_CHECKING:  # orchestrator.campaign.driver imports this module
-    from orchestrator.campaign.driver import PreparedCampaign
 
 TIMEOUTS = frozenset({Outcome.TIMEOUT_CONNECT, Outcome.TIMEOUT_READ, Outcome.TIMEOUT_TOTAL})
 TRANSIENT = frozenset(

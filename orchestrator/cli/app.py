@@ -129,7 +129,8 @@ def run(
     Example: irbench run --model sim-steady --base-url http://127.0.0.1:8765 --prompts examples/prompts --runs 3 --data data/
     (an ad-hoc run writes its campaign file to DATA/campaigns/; the same command again resumes it)
     """
-    from orchestrator.campaign.driver import prepare, resolve_secrets, run_campaign_local
+    from orchestrator.campaign.prepared import prepare, resolve_secrets
+    from orchestrator.local.campaign import run_campaign_local
     from orchestrator.local.progress import ModelBars
     from orchestrator.campaign.spec import load_campaign
     from storage.runs import RunStore
@@ -246,7 +247,9 @@ def status(
         print_status_json(campaign, data, max_planned_runs=max_planned_runs, skip_corrupt=skip_corrupt)
         return
 
-    from orchestrator.campaign.driver import campaign_status, prepare
+    from orchestrator.campaign.status import campaign_status
+
+    from orchestrator.campaign.prepared import prepare
     from orchestrator.campaign.spec import load_campaign
     from storage.runs import RunStore
 

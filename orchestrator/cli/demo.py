@@ -11,7 +11,8 @@ from analysis.pipeline import run_analysis
 from analysis.options import AnalysisOptions
 from analysis.report.build import build_report
 from orchestrator.cli.audit import print_panel
-from orchestrator.campaign.driver import prepare, run_campaign_local
+from orchestrator.campaign.prepared import prepare
+from orchestrator.local.campaign import run_campaign_local
 from orchestrator.local.progress import ModelBars
 from orchestrator.campaign.spec import load_campaign
 from simulator.config import load_sim_config

@@ -20,7 +20,8 @@ from rich.table import Table
 from analysis.pipeline import run_analysis
 from analysis.options import AnalysisOptions
 from orchestrator.cli.audit import print_panel
-from orchestrator.campaign.driver import prepare, run_campaign_local
+from orchestrator.campaign.prepared import prepare
+from orchestrator.local.campaign import run_campaign_local
 from orchestrator.cli.llama_server import LlamaServerSettings, find_smollm2_gguf, start_llama_server
 from orchestrator.campaign.spec import load_campaign
 from storage.records import RunRecord

@@ -14,7 +14,7 @@ from collections import Counter
 import pyarrow.compute as pc
 from pydantic import BaseModel, Field
 
-from orchestrator.campaign.driver import PreparedCampaign
+from orchestrator.campaign.prepared import PreparedCampaign
 from storage.runs import RunStore, latest_executions
 from storage.parquet.unreadable import read_checked
 
@@ -86,7 +86,7 @@ def print_status_json(campaign_toml, data_dir, *, max_planned_runs: int, skip_co
     import sys
     from pathlib import Path
 
-    from orchestrator.campaign.driver import prepare
+    from orchestrator.campaign.prepared import prepare
     from orchestrator.campaign.spec import load_campaign
     from orchestrator.cli.user_errors import fail
     from workers.errors import IrbenchError

@@ -34,7 +34,7 @@ import redis
 import structlog
 from celery import Celery
 
-from orchestrator.campaign.driver import PreparedCampaign
+from orchestrator.campaign.prepared import PreparedCampaign
 from orchestrator.distributed.options import CeleryOptions
 from orchestrator.local.executor import ExecutionSummary, ModelProgress
 from orchestrator.distributed.message_size import AUTO, MessageSizer

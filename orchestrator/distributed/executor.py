@@ -29,7 +29,9 @@ import pyarrow.compute as pc
 import structlog
 from celery import Celery
 
-from orchestrator.campaign.driver import CampaignStatus, PreparedCampaign, campaign_status
+from orchestrator.campaign.status import CampaignStatus, campaign_status
+
+from orchestrator.campaign.prepared import PreparedCampaign
 from orchestrator.distributed.options import CeleryOptions
 from orchestrator.distributed.campaign import (
     Bundle,

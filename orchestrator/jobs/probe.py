@@ -20,7 +20,8 @@ from rich.table import Table
 
 from analysis.tables.probes import ProbeSettings, probe_input_from_runs, probe_table
 from storage.parquet.atomic import write_parquet_atomic
-from orchestrator.campaign.driver import PreparedCampaign, prepare, resolve_secrets, run_campaign_local
+from orchestrator.campaign.prepared import PreparedCampaign, prepare, resolve_secrets
+from orchestrator.local.campaign import run_campaign_local
 from orchestrator.local.executor import ProgressCallback
 from orchestrator.campaign.spec import CampaignSpec, load_campaign
 from storage.clock import utc_now

@@ -7,6 +7,7 @@ __all__ = [
     "dedupe",
     "read_checks",
     "scan",
+    "spec",
     "spool",
     "store_marker",
     "unreadable",

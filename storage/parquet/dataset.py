@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import re
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -36,46 +35,11 @@ from storage.parquet.atomic import link_first_wins
 from storage.errors import StorageError
 from storage.parquet.read_checks import FILENAME_COLUMN, check_required, check_versions
 from storage.parquet.scan import filter_expression, parquet_format, scan_files, with_file_names
+from storage.parquet.spec import STEM_RE as _STEM_RE
+from storage.parquet.spec import DatasetSpec
 from storage.schema import schema_version_of
 
-_STEM_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 _HIDDEN_PREFIXES = (".", "_")
-
-
-@dataclass(frozen=True)
-class DatasetSpec:
-    """What makes one dataset: directory name, schema, dedupe key and partitioning.
-
-    ``schema`` must contain ``key`` (string), ``partition_col`` (date32) and, if given,
-    ``order_col`` (dedupe keeps the row with the smallest value) and ``version_col`` (rows
-    with a value above the schema-metadata version are refused on read).
-
-    ``execution_col`` (optional) makes the dataset one of *executions*: several rows per key
-    are kept, one per execution id, and the deduplicating read picks the **latest** execution
-    of each key: the largest ``finish_col`` (``order_col`` where that is null), ties broken by
-    the smallest execution id, then file name, then row position (:func:`pick_latest`).
-    Compaction then only collapses copies of the same (key, execution) (:func:`dedupe_copies`).
-    """
-
-    name: str
-    schema: pa.Schema
-    key: str
-    partition_col: str
-    order_col: str | None = None
-    version_col: str | None = None
-    execution_col: str | None = None
-    finish_col: str | None = None
-
-    def __post_init__(self) -> None:
-        names = set(self.schema.names)
-        for col in (self.key, self.partition_col, self.order_col, self.version_col,
-                    self.execution_col, self.finish_col):
-            if col is not None and col not in names:
-                raise StorageError(f"dataset {self.name!r}: column {col!r} is not in its schema")
-        if self.schema.field(self.partition_col).type != pa.date32():
-            raise StorageError(f"dataset {self.name!r}: partition column must be date32")
-        if not _STEM_RE.match(self.name):
-            raise StorageError(f"dataset name {self.name!r} must be a plain directory name")
 
 
 @dataclass(frozen=True)

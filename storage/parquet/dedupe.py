@@ -9,14 +9,12 @@ All are vectorised (sorts over Arrow columns), never a Python loop over rows.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from storage.parquet.spec import DatasetSpec
 
-if TYPE_CHECKING:
-    from storage.parquet.dataset import DatasetSpec
 
 __all__ = ["dedupe_copies", "dedupe_table", "pick_latest"]
 

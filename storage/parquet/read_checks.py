@@ -6,7 +6,6 @@ and says what to do.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -14,9 +13,8 @@ import pyarrow.parquet as pq
 
 from storage.errors import StorageError
 from storage.schema import schema_version_of
+from storage.parquet.spec import DatasetSpec
 
-if TYPE_CHECKING:
-    from storage.parquet.dataset import DatasetSpec
 
 FILENAME_COLUMN = "__filename"  # pyarrow's per-row source file name (a scanner special field)
 

@@ -15,7 +15,7 @@ import datetime as dt
 import errno
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,9 +23,8 @@ import pyarrow.dataset as ds
 
 from storage.errors import StorageError
 from storage.parquet.read_checks import FILENAME_COLUMN, diagnose_unreadable
+from storage.parquet.spec import DatasetSpec
 
-if TYPE_CHECKING:
-    from storage.parquet.dataset import DatasetSpec
 
 __all__ = ["filter_expression", "parquet_format", "scan_files", "with_file_names"]
 

@@ -30,7 +30,7 @@ from orchestrator.jobs.analysis import (
     plan_parts,
     wait_analysis,
 )
-from orchestrator.campaign.driver import prepare
+from orchestrator.campaign.prepared import prepare
 from orchestrator.distributed.executor import CeleryOptions, run_campaign_celery
 from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimConfig, SimModel

@@ -17,7 +17,9 @@ import pytest
 from analysis.pipeline import run_analysis
 from storage.annotations import parse_annotations
 from analysis.options import AnalysisOptions
-from orchestrator.campaign.driver import campaign_status, prepare, run_campaign_local
+from orchestrator.campaign.status import campaign_status
+from orchestrator.campaign.prepared import prepare
+from orchestrator.local.campaign import run_campaign_local
 from orchestrator.campaign.spec import load_campaign
 from simulator.config import load_sim_config
 from simulator.model import expected_node_set_jaccard

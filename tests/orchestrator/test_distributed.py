@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.campaign.driver import prepare
+from orchestrator.campaign.prepared import prepare
 from orchestrator.distributed.executor import (
     CeleryOptions,
     campaign_status_celery,
@@ -187,7 +187,7 @@ ORCH = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from orchestrator.campaign.driver import prepare
+    from orchestrator.campaign.prepared import prepare
     from orchestrator.distributed.executor import CeleryOptions, run_campaign_celery
     from orchestrator.campaign.spec import load_campaign
     from storage.runs import RunStore

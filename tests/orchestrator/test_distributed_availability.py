@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from analysis.tables.probes import ProbeSettings
-from orchestrator.campaign.driver import prepare
+from orchestrator.campaign.prepared import prepare
 from orchestrator.distributed.executor import (
     AVAILABILITY_MARK,
     CeleryOptions,

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from orchestrator.campaign.driver import prepare
+from orchestrator.campaign.prepared import prepare
 from orchestrator.distributed.options import CeleryOptions
 from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimModel

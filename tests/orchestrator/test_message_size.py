@@ -17,7 +17,7 @@ import redis
 
 from deploy.celery_workers import CeleryWorkers
 from deploy.redis_server import RedisServer
-from orchestrator.campaign.driver import prepare
+from orchestrator.campaign.prepared import prepare
 from orchestrator.distributed.executor import _cancelled_records
 from orchestrator.distributed.options import CeleryOptions
 from orchestrator.distributed.campaign import Bundle, DistributedCampaign

@@ -26,7 +26,8 @@ OPTIONS = AnalysisOptions(seed=7, replicates=500)
 
 @pytest.fixture(scope="module")
 def demo_store(tmp_path_factory, examples_dir) -> Path:
-    from orchestrator.campaign.driver import prepare, run_campaign_local
+    from orchestrator.campaign.prepared import prepare
+    from orchestrator.local.campaign import run_campaign_local
     from orchestrator.local.executor import LocalOptions
     from orchestrator.campaign.spec import load_campaign
     from simulator.config import load_sim_config

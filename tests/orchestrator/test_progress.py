@@ -64,7 +64,8 @@ def test_bars_default_to_stderr() -> None:
 def test_local_executor_reports_cancelled_apart_from_failed(tmp_path, sim_server, examples_dir) -> None:  # noqa: ANN001
     """A 410 closes the model: the runs never sent are `cancelled`, the 410 itself is `failed`,
     and the progress counts equal what the store holds."""
-    from orchestrator.campaign.driver import prepare, run_campaign_local
+    from orchestrator.campaign.prepared import prepare
+    from orchestrator.local.campaign import run_campaign_local
     from orchestrator.campaign.spec import load_campaign
     from storage.runs import RunStore
 

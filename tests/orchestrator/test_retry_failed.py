@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.campaign.driver import prepare
+from orchestrator.campaign.prepared import prepare
 from orchestrator.campaign.retry import TRANSIENT, parse_outcomes, retryable
 from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimConfig, SimModel

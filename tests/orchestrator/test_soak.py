@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.campaign.driver import prepare
+from orchestrator.campaign.prepared import prepare
 from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimModel
 from storage.runs import RunStore

@@ -89,7 +89,8 @@ def demo_outputs(workdir: Path, examples: Path) -> Path:
 
     from analysis.options import AnalysisOptions
     from analysis.pipeline import run_analysis
-    from orchestrator.campaign.driver import prepare, run_campaign_local
+    from orchestrator.campaign.prepared import prepare
+    from orchestrator.local.campaign import run_campaign_local
     from orchestrator.campaign.spec import load_campaign
     from simulator.config import load_sim_config
     from simulator.server import start_background

@@ -60,7 +60,7 @@ def test_the_tree_has_one_class_per_name() -> None:
     assert issubclass(ReportInputError, AnalysisError) and issubclass(AnalysisError, IrbenchError)
     for cls in (worker_errors.LimiterError, worker_errors.GateClosed, worker_errors.ProviderError):
         assert issubclass(cls, IrbenchError)
-    from workers.limits import LimiterUnavailable, ModelDisabled, WaitBudgetExceeded
+    from workers.errors import LimiterUnavailable, ModelDisabled, WaitBudgetExceeded
 
     assert LimiterUnavailable is worker_errors.LimiterUnavailable
     assert ModelDisabled is worker_errors.ModelDisabled and WaitBudgetExceeded is worker_errors.WaitBudgetExceeded

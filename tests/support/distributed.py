@@ -27,7 +27,7 @@ import pytest
 from bench._cluster import write_campaign
 from deploy.celery_workers import CeleryWorkers
 from deploy.redis_server import RedisServer
-from orchestrator.campaign.driver import PreparedCampaign
+from orchestrator.campaign.prepared import PreparedCampaign
 from orchestrator.distributed.executor import CeleryOptions, run_campaign_celery
 from orchestrator.local.executor import ExecutionSummary
 from simulator.config import SimConfig, SimModel

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from deploy.redis_server import RedisServer
-from orchestrator.campaign.driver import prepare
+from orchestrator.campaign.prepared import prepare
 from orchestrator.distributed.executor import CeleryOptions, run_campaign_celery
 from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimModel

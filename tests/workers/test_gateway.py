@@ -13,7 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from orchestrator.campaign.driver import prepare, run_campaign_local
+from orchestrator.campaign.prepared import prepare
+
+from orchestrator.local.campaign import run_campaign_local
 from orchestrator.campaign.spec import load_campaign
 from simulator.app import go_duration
 from simulator.config import SimConfig, SimModel

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from workers.limits import Lease, MemoryLimiter, ModelDisabled
+from workers.errors import ModelDisabled
+from workers.limits import Lease, MemoryLimiter
 from workers.runtask import ModelLimits
 from tests.support import limit_backends
 from tests.support.limit_backends import Backend, Probe, open_limiter, run

@@ -26,7 +26,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from deploy.redis_server import RedisServer
 from workers.state.redis_limiter import RedisLimiter
-from workers.limits import Lease, LimiterUnavailable, ModelDisabled
+from workers.errors import LimiterUnavailable, ModelDisabled
+from workers.limits import Lease
 from workers.runtask import ModelLimits
 
 REPO = Path(__file__).resolve().parents[2]

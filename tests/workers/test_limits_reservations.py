@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import redis
 
-from workers.limits import Lease, WaitBudgetExceeded
+from workers.errors import WaitBudgetExceeded
+from workers.limits import Lease
 from workers.runtask import ModelLimits
 from tests.support import limit_backends
 from tests.support.limit_backends import Backend, open_limiter, run

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.campaign.driver import prepare, run_campaign_local
+from orchestrator.campaign.prepared import prepare
+
+from orchestrator.local.campaign import run_campaign_local
 from orchestrator.cli.llama_server import (
     LlamaServer,
     LlamaServerSettings,

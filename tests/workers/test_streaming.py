@@ -19,7 +19,9 @@ import ollama
 import openai
 import pytest
 
-from orchestrator.campaign.driver import prepare, run_campaign_local
+from orchestrator.campaign.prepared import prepare
+
+from orchestrator.local.campaign import run_campaign_local
 from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimConfig, SimModel
 from simulator.server import start_background

@@ -15,7 +15,7 @@ from deploy.celery_workers import CeleryWorkers
 from deploy.redis_server import RedisServer
 from orchestrator.distributed.executor import run_campaign_celery
 from orchestrator.distributed.options import CeleryOptions
-from orchestrator.campaign.driver import prepare
+from orchestrator.campaign.prepared import prepare
 from orchestrator.cli.distributed import worker_settings
 from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimModel

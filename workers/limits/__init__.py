@@ -2,21 +2,17 @@
 a grant log and slot reservations), cooldown, disable.
 
 ``MemoryLimiter`` (one process, injectable clock) and ``workers.state.redis_limiter.RedisLimiter``
-(global, Redis clock) implement the same contract, checked by one shared test suite.
+(global, Redis clock) implement the same contract, checked by one shared test suite. Their errors
+live in ``workers.errors``.
 """
 
-from workers.errors import LimiterError, LimiterUnavailable, ModelDisabled, WaitBudgetExceeded
-from workers.limits.base import Limiter, Permit
-from workers.limits.memory import Lease, LimitDecision, MemoryLimiter
+from workers.limits.base import Lease, LimitDecision, Limiter, Permit
+from workers.limits.memory import MemoryLimiter
 
 __all__ = [
     "Lease",
     "LimitDecision",
     "Limiter",
-    "LimiterError",
-    "LimiterUnavailable",
     "MemoryLimiter",
-    "ModelDisabled",
     "Permit",
-    "WaitBudgetExceeded",
 ]

@@ -39,3 +39,28 @@ class Limiter(Protocol):
     async def cooldown(self, model: str, seconds: float) -> None:
         """No new permits for ``model`` for ``seconds`` (every worker)."""
         ...
+
+
+@dataclass(frozen=True)
+class Lease(Permit):
+    """A granted permit. ``granted_at_s`` is on the limiter's clock (Redis TIME for Redis)."""
+
+    granted_at_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class LimitDecision:
+    """Outcome of one non-blocking admission check.
+
+    ``permit`` is set when granted; otherwise ``wait_s`` is the earliest time worth retrying
+    (for ``concurrency`` it is the next lease expiry, an upper bound: a release comes sooner),
+    and ``reason`` says which limit denied. ``now_s`` is the decision time on the limiter's clock.
+    ``reserved_at_s``: the slot (limiter clock) the holder has reserved, if any; when set, coming
+    back at ``now_s + wait_s`` is granted without a second rate charge.
+    """
+
+    permit: Lease | None
+    wait_s: float
+    reason: str
+    now_s: float
+    reserved_at_s: float | None = None

@@ -57,7 +57,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from workers.errors import LimiterError, ModelDisabled, WaitBudgetExceeded
-from workers.limits.base import Permit
+from workers.limits.base import Lease, LimitDecision, Permit
 from workers.runtask import ModelLimits
 
 Clock = Callable[[], float]
@@ -73,31 +73,6 @@ TOKENS = "tokens"
 WINDOW = "window"  # the grant log: `limit` grants already in the last window
 RESERVED = "reserved"  # the holder's reserved slot is not due yet
 CLAIMED = "claimed"  # granted on the holder's reservation (no second rate charge)
-
-
-@dataclass(frozen=True)
-class Lease(Permit):
-    """A granted permit. ``granted_at_s`` is on the limiter's clock (Redis TIME for Redis)."""
-
-    granted_at_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class LimitDecision:
-    """Outcome of one non-blocking admission check.
-
-    ``permit`` is set when granted; otherwise ``wait_s`` is the earliest time worth retrying
-    (for ``concurrency`` it is the next lease expiry, an upper bound: a release comes sooner),
-    and ``reason`` says which limit denied. ``now_s`` is the decision time on the limiter's clock.
-    ``reserved_at_s``: the slot (limiter clock) the holder has reserved, if any; when set, coming
-    back at ``now_s + wait_s`` is granted without a second rate charge.
-    """
-
-    permit: Lease | None
-    wait_s: float
-    reason: str
-    now_s: float
-    reserved_at_s: float | None = None
 
 
 def check_cost(cost_tokens: int) -> None:

@@ -44,7 +44,7 @@ from workers.state.redis_limiter import RedisLimiter, script_source
 from workers.state.script_batch import ScriptBatch
 from workers.errors import ModelDisabled
 from workers.limits.base import Permit
-from workers.limits.memory import Lease
+from workers.limits.base import Lease
 from workers.runtask import RunTask
 
 # KEYS: campaign base, then the limiter's lease, state, log and reservation keys.

@@ -41,10 +41,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from workers.state.limiter_waiters import Waiters
 from workers.errors import LimiterError, LimiterUnavailable, ModelDisabled, WaitBudgetExceeded
 from workers.limits.base import Permit
+from workers.limits.base import Lease, LimitDecision
 from workers.limits.memory import (
     CONCURRENCY,
-    Lease,
-    LimitDecision,
     check_config,
     check_cost,
     intervals_s,

@@ -1,0 +1,63 @@
+"""A campaign made ready to run: spec -> corpus -> instruction -> the whole plan, and its secrets."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from orchestrator.campaign.corpus import Corpus, load_corpus
+from orchestrator.campaign.instruction import Instruction, load_instruction
+from orchestrator.campaign.limits import DEFAULT_MAX_PLANNED_RUNS, check_plan_size
+from orchestrator.campaign.plan import plan_runs
+from orchestrator.campaign.spec import CampaignSpec
+from workers.errors import ConfigError
+from workers.runtask import RunTask
+
+
+@dataclass(frozen=True)
+class PreparedCampaign:
+    spec: CampaignSpec
+    corpus: Corpus
+    instruction: Instruction
+    tasks: list[RunTask]  # the whole plan
+
+
+def prepare(
+    spec: CampaignSpec, *, max_planned_runs: int | None = DEFAULT_MAX_PLANNED_RUNS, source: str | None = None
+) -> PreparedCampaign:
+    """Load the corpus and instruction and plan every run of ``spec``.
+
+    ``max_planned_runs``: a plan larger than this is a ``ConfigError`` raised before any task is
+    built (``runs = 10**20`` must not hang planning); ``None`` = no bound. ``source``: the
+    campaign file's name, for messages.
+    """
+    corpus = load_corpus(spec.corpus, spec.base_dir)
+    check_plan_size(spec, len(corpus.prompts), max_planned_runs, source)
+    instruction = load_instruction(spec.instruction)
+    tasks = plan_runs(spec, corpus, instruction)
+    return PreparedCampaign(spec, corpus, instruction, tasks)
+
+
+def resolve_secrets(spec: CampaignSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Read each endpoint's API key from the environment variable it names.
+
+    A named variable that is unset is a ConfigError (say which endpoint and variable), since
+    every call would otherwise fail with auth_error.
+    """
+    environ = os.environ if environ is None else environ
+    secrets: dict[str, str] = {}
+    missing: list[str] = []
+    for name, endpoint in spec.endpoints.items():
+        if endpoint.api_key_env:
+            value = environ.get(endpoint.api_key_env)
+            if value:
+                secrets[endpoint.api_key_env] = value
+            else:
+                missing.append(
+                    f"endpoints.{name}.api_key_env: environment variable {endpoint.api_key_env} is not set;"
+                    f" export it (the key itself never goes in the campaign file)"
+                )
+    if missing:
+        raise ConfigError("API keys missing", missing)
+    return secrets
