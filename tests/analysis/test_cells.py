@@ -274,8 +274,7 @@ def _load_artifact_runs() -> pa.Table:
 
 
 def test_recompute_published_cells() -> None:
-    if not ARTIFACT.is_dir():
-        pytest.skip(f"paper artifact not found at {ARTIFACT}")
+    assert ARTIFACT.is_dir(), f"paper artifact not found at {ARTIFACT}"
     cells = build_cells(_load_artifact_runs()).to_pylist()
     csv_rows = []
     for f in sorted(ARTIFACT.glob("ir_stability*.csv")):

@@ -54,9 +54,7 @@ def chromium() -> str:
             return path
     msg = ("headless Chromium not found (looked for " + ", ".join(BROWSERS) + "); install "
            "Debian's package: apt-get update && apt-get install -y chromium")
-    if os.environ.get("CI"):
-        pytest.fail(msg + " — .ci/run must install it")
-    pytest.skip(msg)
+    pytest.fail(msg)
 
 
 def run_browser(binary: str, page: Path, profile: Path, *extra: str) -> subprocess.CompletedProcess:

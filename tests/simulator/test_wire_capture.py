@@ -18,8 +18,11 @@ import pytest
 
 from simulator.server import start_subprocess
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0,
-                                reason="AF_PACKET capture needs root on Linux")
+
+@pytest.fixture(autouse=True)
+def _needs_root_on_linux() -> None:
+    assert sys.platform.startswith("linux") and os.geteuid() == 0, "AF_PACKET capture needs root on Linux"
+
 
 from simulator.wire import WireCapture  # noqa: E402
 

@@ -20,7 +20,7 @@ from tests.support.viewer_store import (
 )
 from tests.analysis.test_report_browser import chromium  # noqa: F401  (the fixture: path or skip)
 
-sync_api = pytest.importorskip("playwright.sync_api")
+from playwright import sync_api
 pytestmark = pytest.mark.slow  # a real browser and a real server: ~1 min
 
 

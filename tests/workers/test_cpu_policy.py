@@ -17,7 +17,6 @@ from workers.celery.runtime import WorkerSettings
 from workers.cpu_policy import apply_cpu_policy, current_policy
 from workers.errors import ConfigError
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
 
 
 def _thread_policies(pid: int) -> list[str]:
