@@ -207,9 +207,8 @@ def _run_analysis(data_dir: Path, out_dir: Path, options: AnalysisOptions,
     for panel in panels:
         panel_runs = _rows_of(runs, panel)
         panel_raw = None if raw_cells is None else _rows_of(raw_cells, panel)
-        total = len(ANALYZE_STAGES)
-
-        def step(name: str, count: int | None = None, unit: str = "", _panel: str = panel) -> None:
+        def step(name: str, count: int | None = None, unit: str = "", _panel: str = panel,
+                 total: int = len(ANALYZE_STAGES)) -> None:
             # hand the previous stage's freed temporaries back to the OS (allocators keep them)
             release_freed_memory()
             progress(Stage(name, _panel, ANALYZE_STAGES.index(name) + 1, total, count, unit))

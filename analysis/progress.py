@@ -36,5 +36,5 @@ class Stage:
 Reporter = Callable[[Stage], None]
 
 
-def silent(stage: Stage) -> None:  # noqa: ARG001 - the do-nothing reporter
+def silent(stage: Stage) -> None:
     """Ignore every stage."""

@@ -44,7 +44,7 @@ def panel(models: int, prompts: int, seed: int = 1, missing: float = 0.3) -> np.
     return s
 
 
-def measure(fn, memory: bool = True):  # noqa: ANN001, ANN201
+def measure(fn, memory: bool = True):
     """(result, wall seconds of an untraced run, tracemalloc peak MiB of a second, traced run;
     NaN if ``memory`` is False). Tracing slows Python-heavy code, so time and memory are
     measured in separate runs."""
@@ -179,7 +179,7 @@ def main() -> None:
     for size in args.sizes.split(","):
         m, p = (int(x) for x in size.split("x"))
         s = panel(m, p)
-        rb, wall, peak = measure(lambda: joint_cluster_bootstrap(
+        rb, wall, peak = measure(lambda s=s: joint_cluster_bootstrap(
             s, replicates=args.replicates, seed=args.seed))
         print(f"{m}x{p}: joint cluster bootstrap {wall:.2f} s, peak {peak:.0f} MiB, "
               f"usable {rb.usable}/{rb.replicates}", flush=True)
@@ -194,9 +194,9 @@ def main() -> None:
         else:
             print(f"{m}x{p}: whole analyze skipped (> --skip-analyze-above cells)")
         if size == args.sizes.split(",")[0] and m * p <= 1000:  # the loop is minutes beyond
-            ref, wall_l, _ = measure(lambda: loop_retention(s, args.replicates, args.seed), False)
+            ref, wall_l, _ = measure(lambda s=s: loop_retention(s, args.replicates, args.seed), False)
             # same generator stream (integers(0, P, (c, P)) row by row), so equal retention
-            walls = [measure(lambda: joint_cluster_bootstrap(
+            walls = [measure(lambda s=s: joint_cluster_bootstrap(
                 s, replicates=args.replicates, seed=args.seed), False)[1] for _ in range(5)]
             held, wall_r = retention_only(s, args.replicates, args.seed)
             print(f"{m}x{p}: loop-per-replicate {wall_l:.2f} s; vectorised joint cluster "

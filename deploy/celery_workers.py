@@ -130,7 +130,7 @@ class CeleryWorkers:
         self.procs[i] = None
 
     def stop(self) -> None:
-        for i, p in enumerate(self.procs):
+        for p in self.procs:
             if p is not None and p.poll() is None:
                 try:
                     os.killpg(p.pid, signal.SIGTERM)

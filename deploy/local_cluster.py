@@ -241,7 +241,7 @@ def _start_all(cfg: ClusterConfig, procs: list[ProcInfo]) -> tuple[str, int]:
 
 
 def _install_interrupt_handlers() -> dict[int, object]:
-    def handler(signum, frame):  # noqa: ARG001
+    def handler(signum, frame):
         raise Interrupted(signal.Signals(signum).name)
 
     old = {}

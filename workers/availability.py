@@ -22,13 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
-import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import httpx
 

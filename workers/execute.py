@@ -270,7 +270,7 @@ def worker_error_record(task: RunTask, error_text: str, clock: Clock | None = No
     return RunRecord(**base, outcome=Outcome.WORKER_ERROR, cancel_reason=_truncate(error_text))
 
 
-def _base(task: RunTask, measured_at, attempts: list[Attempt], finished_at) -> dict:  # noqa: ANN001 - datetimes
+def _base(task: RunTask, measured_at, attempts: list[Attempt], finished_at) -> dict:
     return dict(
         run_id=task.run_id,
         campaign=task.campaign,
@@ -305,7 +305,7 @@ def _base(task: RunTask, measured_at, attempts: list[Attempt], finished_at) -> d
 def _record(
     task: RunTask,
     ctx: RunContext,
-    measured_at,  # noqa: ANN001 - datetime
+    measured_at,
     attempts: list[Attempt],
     reply: Reply | None,
     error: ProviderError | None,

@@ -186,7 +186,7 @@ def _unicode_word_char(ch: str) -> bool:
     return unicodedata.category(ch)[0] in "LNM"
 
 
-def normalise_id(id: str, variant: NormaliserVariant = "unicode") -> str:  # noqa: A002
+def normalise_id(id: str, variant: NormaliserVariant = "unicode") -> str:
     """Map an id to its normal form (metrics.md, 'Normalised-id Jaccard').
 
     Steps: repeatedly strip a leading ``rule|section|condition|breakpoint|directive|node``

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.report import plots
-from analysis.report.doc import Block, Cell, Heading, Note, Paragraph, Section, Table
+from analysis.report.doc import Block, Cell, Heading, Note, Paragraph, Table
 from analysis.report.tables import (
     absent_columns, fmt_interval, fmt_num, fmt_range, generic_table, is_missing, missing_note,
 )

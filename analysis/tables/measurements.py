@@ -367,7 +367,7 @@ def _member(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return s[i] == a
 
 
-def complete_excluded(table, cells: pa.Table):  # noqa: ANN001, ANN201 - ModelTable in and out
+def complete_excluded(table, cells: pa.Table):
     """Add to ``table.excluded`` every model of ``cells`` with no included cell at all (merging
     keeps included cells only, so such models would otherwise vanish instead of being listed)."""
     from analysis.tables.models import ModelTable

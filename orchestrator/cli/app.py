@@ -76,7 +76,7 @@ def _setup_logging(log_file: Path | None, verbose: bool) -> Redactor:
     level = "DEBUG" if verbose else "INFO"
     if log_file is not None:
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        stream = open(log_file, "a", encoding="utf-8")  # noqa: SIM115 - lives for the process
+        stream = open(log_file, "a", encoding="utf-8")
         return configure_logging(json=True, level=level, stream=stream)
     return configure_logging(level="DEBUG" if verbose else "WARNING")
 
@@ -195,7 +195,7 @@ def run(
         raise typer.Exit(code=INTERRUPTED_EXIT_CODE)  # main() says what to do
 
 
-def _start_worker_watch(url: str, data: Path, queue: str, wait_s: float):  # noqa: ANN202
+def _start_worker_watch(url: str, data: Path, queue: str, wait_s: float):
     """Redis reachable, no worker on another store, then a watch that warns on stderr when no
     worker consumes ``queue`` (after ``IRBENCH_NO_WORKER_WARN_S``, default 10 s)."""
     from orchestrator.distributed.worker_checks import WorkerWatch, celery_preflight
@@ -210,7 +210,7 @@ def _warn(text: str) -> None:
     sys.stderr.flush()
 
 
-def _report_corpus(prepared) -> None:  # noqa: ANN001
+def _report_corpus(prepared) -> None:
     corpus = prepared.corpus
     console.print(f"corpus: {len(corpus.prompts)} prompts", end="")
     if corpus.duplicates:
@@ -295,7 +295,7 @@ def status(
             console.print(f"closed model {model}: {reason}")
 
 
-def _print_retryable(prepared, store, campaign: Path, data: Path, skip_corrupt: bool) -> None:  # noqa: ANN001
+def _print_retryable(prepared, store, campaign: Path, data: Path, skip_corrupt: bool) -> None:
     from orchestrator.campaign.retry import retry_command, retryable
 
     again = retryable(prepared, store, skip_corrupt=skip_corrupt)

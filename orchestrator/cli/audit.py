@@ -31,7 +31,7 @@ def _fmt(x, digits: int = 3) -> str:
     return "–" if x is None or x != x else f"{x:.{digits}f}"
 
 
-def print_panel(console: Console, name: str, panel) -> None:  # noqa: ANN001
+def print_panel(console: Console, name: str, panel) -> None:
     """The partition first, then the model table with intervals and rank sets."""
     m = panel.manifest
     window = m.get("data_window", {})

@@ -53,7 +53,7 @@ def celery_options(analyze: bool, claim_ttl_s: float | None, reconcile_interval_
         runs_per_message=runs_per_message, visibility_timeout_s=visibility_timeout_s)
 
 
-def worker_settings(broker_url: str, **flags: float | int | str | None):  # noqa: ANN201 - WorkerSettings
+def worker_settings(broker_url: str, **flags: float | int | str | None):
     """The worker's settings: ``IRBENCH_*`` environment, then the flags given."""
     from workers.celery.runtime import WorkerSettings
 

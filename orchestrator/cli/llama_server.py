@@ -122,7 +122,7 @@ def start_llama_server(settings: LlamaServerSettings, *, log_path: Path | None =
         "--seed", str(settings.seed), "--interrupt_requests", str(settings.interrupt_requests),
         *settings.extra_args,
     ]
-    out = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL  # noqa: SIM115 - closed below
+    out = open(log_path, "ab") if log_path is not None else subprocess.DEVNULL
     try:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)

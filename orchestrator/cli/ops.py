@@ -104,7 +104,7 @@ def probe_command(
             "--port 8766 &) and run the same command with --retry-failed", soft_wrap=True)
 
 
-def _unreachable_share(table) -> str | None:  # noqa: ANN001 - the probe summary table
+def _unreachable_share(table) -> str | None:
     """'n/N' runs whose latest execution never reached the endpoint, or None when none."""
     total = unreachable = 0
     for outcomes, runs in zip(table.column("outcomes").to_pylist(), table.column("runs").to_pylist()):

@@ -29,7 +29,7 @@ def demo_real_command(
 
     console = Console()
     workdir.mkdir(parents=True, exist_ok=True)
-    stream = open(workdir / "irbench.log", "a", encoding="utf-8")  # noqa: SIM115 - lives for the command
+    stream = open(workdir / "irbench.log", "a", encoding="utf-8")
     configure_logging(json=True, stream=stream)
     try:
         run_real_demo(workdir, examples, console, n_ctx=n_ctx, n_threads=n_threads)

@@ -74,13 +74,13 @@ def status_report(prepared: PreparedCampaign, store: RunStore, *, skip_corrupt: 
     )
 
 
-def _ids(ids: set[str]):  # noqa: ANN202 - a pyarrow array
+def _ids(ids: set[str]):
     import pyarrow as pa
 
     return pa.array(sorted(ids), pa.string())
 
 
-def print_status_json(campaign_toml, data_dir, *, max_planned_runs: int, skip_corrupt: bool = False) -> None:  # noqa: ANN001
+def print_status_json(campaign_toml, data_dir, *, max_planned_runs: int, skip_corrupt: bool = False) -> None:
     """The ``--json`` branch of ``irbench status``: the report on stdout; a user error is one
     line on stderr and exit code 2; each skipped unreadable file is named on stderr too."""
     import sys

@@ -154,7 +154,7 @@ class DistributedCampaign:
         self.message_sizes = Counter[int]()  # runs per message -> messages sent (first sends)
 
     # ------------------------------------------------------------------ helpers
-    def _redis(self, fn, what: str):  # noqa: ANN001, ANN202 - a thin wrapper
+    def _redis(self, fn, what: str):
         budget = None if self.deadline is None else max(0.0, self.deadline - self.bundle.clock())
         return with_retry(fn, what, budget_s=budget, max_backoff_s=self.options.redis_backoff_max_s,
                           sleep=self.bundle.sleep, clock=self.bundle.clock)

@@ -185,7 +185,7 @@ def run_campaign_celery(
 
             job = enqueue_campaign_analysis(campaign, store.root, broker_url, options=analysis_options,
                                             app=app, queue=options.queue)
-        except Exception as exc:  # noqa: BLE001 - the campaign is complete; say why no analysis follows
+        except Exception as exc:
             log.warning("analysis_not_enqueued", campaign=campaign, error=f"{type(exc).__name__}: {exc}")
         else:
             if on_analysis is not None:

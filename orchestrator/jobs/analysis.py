@@ -33,7 +33,6 @@ from analysis.options import AnalysisOptions
 from analysis.progress import Reporter, Stage, silent
 from analysis.tables.models import ModelTable
 from storage.clock import utc_now
-from storage.runs import RunStore
 from orchestrator.jobs.analysis_plan import plan_analysis
 from storage.parquet.atomic import write_parquet_atomic
 from orchestrator.jobs.analysis_tasks import (

@@ -199,7 +199,7 @@ def register_analysis_tasks(app: Any) -> None:
         with structlog.contextvars.bound_contextvars(analysis_job=job["job_id"], part=index):
             try:
                 info = run_map(job, int(index), [str(f) for f in files], shard)
-            except Exception as exc:  # noqa: BLE001 - reported to the waiting orchestrator
+            except Exception as exc:
                 write_error(job, f"map part {index}", exc)
                 log.warning("analysis_part_failed", error=f"{type(exc).__name__}: {exc}")
                 return {"part": index, "error": str(exc)}
@@ -213,7 +213,7 @@ def register_analysis_tasks(app: Any) -> None:
         with structlog.contextvars.bound_contextvars(analysis_job=job["job_id"]):
             try:
                 info = run_reduce(job)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 write_error(job, "reduce", exc)
                 log.warning("analysis_reduce_failed", error=f"{type(exc).__name__}: {exc}")
                 return {"error": str(exc)}

@@ -143,7 +143,7 @@ def probe_rich_table(table: pa.Table, title: str = "failure-attribution probe") 
     out = Table(title=f"{title} (reference timeout {ref:g} s)" if ref is not None else title)
     for col, just in (
         ("model", "left"), ("budget", "right"), ("runs", "right"), ("usable", "right"),
-        (f"≤ ref", "right"), ("outcomes", "left"), ("lat med s", "right"), ("lat max s", "right"),
+        ("≤ ref", "right"), ("outcomes", "left"), ("lat med s", "right"), ("lat max s", "right"),
         ("reasoning chars", "right"), ("answer chars", "right"), ("cell", "left"), ("attribution", "left"),
     ):
         out.add_column(col, justify=just)  # type: ignore[arg-type]

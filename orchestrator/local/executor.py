@@ -168,7 +168,7 @@ class _BatchWriter:
         return write_error(self._store.root, self.failure, self.written, self.lost)
 
 
-async def run_local(
+async def run_local(  # noqa: C901  (being split into dispatcher, writer and progress parts)
     tasks: Sequence[RunTask],
     store: RunStore,
     *,

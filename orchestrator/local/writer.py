@@ -148,7 +148,7 @@ class ProcessWriter:
             code = 1
             try:
                 code = _child(self._config, records_r, acks_w)
-            except BaseException:  # noqa: BLE001 - say it on stderr, the parent reports the exit
+            except BaseException:
                 traceback.print_exc()
             finally:
                 os._exit(code)

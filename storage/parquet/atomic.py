@@ -31,7 +31,7 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _publish(path: Path, write, fsync: bool) -> None:  # noqa: ANN001 - write(tmp_path)
+def _publish(path: Path, write, fsync: bool) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_beside(path)

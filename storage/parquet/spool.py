@@ -200,7 +200,7 @@ class RunSpool:
             for seg in todo:
                 try:
                     self._publish_segment(seg)
-                except Exception as exc:  # noqa: BLE001 - retried next cycle; the segment is durable
+                except Exception as exc:
                     if self._on_error is not None:
                         self._on_error(exc)
                     if not stopping:

@@ -337,7 +337,9 @@ def _reference_model_rows(cells: pa.Table, min_prompts: int):
         if len(prompts) < min_prompts:
             exc.append((model, len(prompts), len(inc), sum(col["runs_ok"][i] for i in idx)))
             continue
-        f = lambda c: float(np.array([col[c][i] for i in inc], dtype=np.float64).mean())  # noqa: E731
+        def f(c: str, inc: list[int] = inc) -> float:
+            return float(np.array([col[c][i] for i in inc], dtype=np.float64).mean())
+
         inc_rows.append((model, len(prompts), len(inc), f("mean_jaccard"), f("id_stability"),
                          sum(bool(col["node_set_perfect"][i]) for i in inc), f("mean_nodes")))
     inc_rows.sort(key=lambda r: (-r[3], -r[4], r[0]))

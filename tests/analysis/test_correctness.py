@@ -1,7 +1,6 @@
 """Correctness scores: definitions by hand, edge cases, and real artifact prompts + IRs."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -1,7 +1,6 @@
 """Drift decomposition: label order, lenient parsing, aggregates by hand, real artifact IRs."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -129,7 +129,7 @@ def _random_cells(seed: int, n: int = 400) -> pa.Table:
     rng = np.random.default_rng(seed)
     camps = ["c0", "c1", "c2", "c3"]
     rows = []
-    for i in range(n):
+    for _i in range(n):
         jac = float(rng.choice([1.0, 0.5, 0.75, 1.0]))
         rows.append({
             "panel": "p", "campaign": camps[rng.integers(4)], "model": f"m{rng.integers(5)}",

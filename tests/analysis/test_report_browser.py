@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
-import os
 import re
 import shutil
 import subprocess

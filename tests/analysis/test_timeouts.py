@@ -44,7 +44,7 @@ def _run(model: str, prompt: str, k: int, outcome: str, latency_s: float | None,
 
 def _dataset() -> list[RunRecord]:
     runs = []
-    for i, p in enumerate(("P1", "P2", "P3")):  # fast: every run 10 s
+    for _i, p in enumerate(("P1", "P2", "P3")):  # fast: every run 10 s
         runs += [_run("fast", p, k, "ok", 10.0) for k in range(2)]
     slow = {"P1": (20, 45), "P2": (50, 70), "P3": (100, 200)}
     for p, lats in slow.items():

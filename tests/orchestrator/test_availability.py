@@ -196,14 +196,14 @@ def test_beat_one_check_per_interval_with_two_beats(tmp_path: Path) -> None:
                "IRBENCH_AVAILABILITY_TARGETS": str(targets), "IRBENCH_AVAILABILITY_INTERVAL_S": str(interval_s)}
         logs = []
         try:
-            log = open(tmp_path / "worker.log", "w")  # noqa: SIM115 - closed below
+            log = open(tmp_path / "worker.log", "w")
             logs.append(log)
             procs.append(subprocess.Popen(celery + ["worker", "-P", "threads", "-c", "2", "-Q", "irbench",
                                                     "--without-gossip", "--without-mingle", "--without-heartbeat",
                                                     "--loglevel", "INFO"], cwd=tmp_path, env=env, stdout=log,
                                                    stderr=subprocess.STDOUT))
             for k in (1, 2):
-                log = open(tmp_path / f"beat{k}.log", "w")  # noqa: SIM115
+                log = open(tmp_path / f"beat{k}.log", "w")
                 logs.append(log)
                 procs.append(subprocess.Popen(celery + ["beat", "-s", str(tmp_path / f"beat{k}-schedule"),
                                                         "--pidfile", str(tmp_path / f"beat{k}.pid"), "--loglevel", "INFO"],

@@ -12,7 +12,6 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from analysis.pipeline import run_analysis
 from storage.annotations import parse_annotations

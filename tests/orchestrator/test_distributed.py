@@ -43,7 +43,6 @@ from tests.support.distributed import (  # noqa: F401 - fixtures
     assert_every_run_stored,
     attempts_by_model,
     cluster,
-    live,
     log_events,
     make_campaign,
     records_by_model,

@@ -151,7 +151,7 @@ def _alive(pid: int) -> bool:
 
 
 
-def _wait_for_calls(sim, parent: subprocess.Popen, n: int, timeout_s: float = 60.0) -> None:  # noqa: ANN001
+def _wait_for_calls(sim, parent: subprocess.Popen, n: int, timeout_s: float = 60.0) -> None:
     """Until the simulator has received ``n`` calls for MODEL, failing if ``parent`` dies first."""
     deadline = time.monotonic() + timeout_s
     while sim.app.state.model_requests[MODEL] < n:

@@ -19,7 +19,7 @@ class _Clock:
         return self.now
 
 
-def _render(updates, clock: _Clock) -> str:  # noqa: ANN001
+def _render(updates, clock: _Clock) -> str:
     buf = io.StringIO()
     console = Console(file=buf, width=200, force_terminal=False)
     with ModelBars(console, get_time=clock) as bars:
@@ -61,7 +61,7 @@ def test_bars_default_to_stderr() -> None:
     assert bars._progress.console.stderr  # stdout stays for results
 
 
-def test_local_executor_reports_cancelled_apart_from_failed(tmp_path, sim_server, examples_dir) -> None:  # noqa: ANN001
+def test_local_executor_reports_cancelled_apart_from_failed(tmp_path, sim_server, examples_dir) -> None:
     """A 410 closes the model: the runs never sent are `cancelled`, the 410 itself is `failed`,
     and the progress counts equal what the store holds."""
     from orchestrator.campaign.prepared import prepare
@@ -84,7 +84,7 @@ def test_local_executor_reports_cancelled_apart_from_failed(tmp_path, sim_server
     assert state.failed == sum(v for k, v in stored.items() if k not in ("ok", "cancelled")) >= 1
 
 
-def test_rates_from_finished_executions_and_eta(tmp_path) -> None:  # noqa: ANN001
+def test_rates_from_finished_executions_and_eta(tmp_path) -> None:
     """Rate = executions finished in the window / time since the first of them; ETA = remaining / rate."""
     import datetime as dt
 

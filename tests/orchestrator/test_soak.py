@@ -46,7 +46,7 @@ def test_soak_repeated_worker_kills_and_a_redis_restart(live, tmp_path: Path) ->
         bg = Background(prepared, store, live.url, options=FAST, timeout_s=900)
         total = len(prepared.tasks)
         for step in range(6):  # kill a random worker at ~1/8, 2/8, … of the campaign
-            wait_for(lambda: stored_count(store, "soak") >= (step + 1) * total // 8, 300, f"step {step}")
+            wait_for(lambda step=step: stored_count(store, "soak") >= (step + 1) * total // 8, 300, f"step {step}")
             live.workers.kill(rng.randrange(3))
             time.sleep(1.0)
             live.workers.ensure_running()

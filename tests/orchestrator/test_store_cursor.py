@@ -11,7 +11,7 @@ from storage.runs import RunStore, latest_executions
 from tests.storage.test_storage import make_record
 
 
-def rows(table) -> set[tuple]:  # noqa: ANN001
+def rows(table) -> set[tuple]:
     return set(zip(*(table.column(c).to_pylist() for c in ("run_id", "model", "outcome", "execution_id"))))
 
 

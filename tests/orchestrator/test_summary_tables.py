@@ -36,7 +36,7 @@ def test_import_artifact_prints_a_short_table_and_lists_cells_with_v(tmp_path: P
 
 
 def test_compact_prints_files_before_and_after(tmp_path: Path) -> None:
-    from tests.support.run_records import make_record  # noqa: PLC0415 - the storage tests' record factory
+    from tests.support.run_records import make_record
 
     from storage.runs import RunStore
 

@@ -42,7 +42,7 @@ def chat(model: str, chars: int = 10) -> dict:
 
 
 @pytest.fixture(scope="module")
-def sim(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+def sim(tmp_path_factory: pytest.TempPathFactory):
     cfg = tmp_path_factory.mktemp("wire") / "sim.toml"
     cfg.write_text("seed = 1\n[models.wa]\nlatency_ms_median = 1\n[models.wb]\nlatency_ms_median = 1\n"
                    "[models.wr]\nrate_limit_prob = 1.0\nretry_after_s = 0.5\n")
@@ -56,10 +56,10 @@ def port_of(base_url: str) -> int:
     return port
 
 
-def test_every_request_is_seen_once_with_its_model_while_it_was_sent(sim) -> None:  # noqa: ANN001
+def test_every_request_is_seen_once_with_its_model_while_it_was_sent(sim) -> None:
     sent: dict[str, list[tuple[float, float]]] = {"wa": [], "wb": []}
     with WireCapture(port_of(sim.base_url)) as wire:
-        for i in range(4):
+        for _i in range(4):
             sent["wa"].append(post(sim.base_url, chat("wa")))
         # a body far larger than one segment's worth of headers: the model is found across segments
         sent["wb"].append(post(sim.base_url, chat("wb", chars=300_000)))
@@ -73,7 +73,7 @@ def test_every_request_is_seen_once_with_its_model_while_it_was_sent(sim) -> Non
             assert before <= t <= after, (model, before, t, after)
 
 
-def test_a_stopped_simulator_stamps_late_the_wire_does_not(sim) -> None:  # noqa: ANN001
+def test_a_stopped_simulator_stamps_late_the_wire_does_not(sim) -> None:
     stop_s = 0.8
     result: list[tuple[float, float]] = []
     offset_s = time.time() - time.monotonic()  # simulator stamps are CLOCK_MONOTONIC
@@ -95,7 +95,7 @@ def test_a_stopped_simulator_stamps_late_the_wire_does_not(sim) -> None:  # noqa
     assert stamped - on_wire > stop_s - 0.2, "the simulator's own stamp waited for the stopped process"
 
 
-def test_replies_are_matched_to_their_requests_with_status_and_time(sim) -> None:  # noqa: ANN001
+def test_replies_are_matched_to_their_requests_with_status_and_time(sim) -> None:
     """``replies=True``: each request gets its reply's status and wire time, also for several
     requests in turn on one keep-alive connection (a 429 among them), with the client's port."""
     host, port = urllib.parse.urlsplit(sim.base_url).hostname, port_of(sim.base_url)

@@ -225,11 +225,11 @@ def test_link_race_two_threads_one_file(tmp_path: Path) -> None:
         barrier = threading.Barrier(4)
         results: list[int] = []
 
-        def go() -> None:
+        def go(barrier: threading.Barrier, store: RunStore, rec: object, results: list[int]) -> None:
             barrier.wait()
             results.append(store.write([rec]))
 
-        threads = [threading.Thread(target=go) for _ in range(4)]
+        threads = [threading.Thread(target=go, args=(barrier, store, rec, results)) for _ in range(4)]
         for t in threads:
             t.start()
         for t in threads:

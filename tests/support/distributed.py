@@ -157,7 +157,7 @@ def settle(store: RunStore, url: str, campaign: str, timeout_s: float = 15.0) ->
         client.close()
 
 
-def assert_calls_equal_attempts(store: RunStore, campaign: str, st: dict, models, *, lost: int = 0) -> None:  # noqa: ANN001
+def assert_calls_equal_attempts(store: RunStore, campaign: str, st: dict, models, *, lost: int = 0) -> None:
     """Calls the endpoint received == attempts stored (all executions), per model; ``lost``:
     calls allowed in flight on a SIGKILLed worker (their answers died with it)."""
     stored = attempts_by_model(store, campaign)
@@ -176,7 +176,7 @@ def stored_count(store: RunStore, campaign: str) -> int:
     """Runs durable so far: published, or in a worker's spool awaiting publication."""
     try:
         return len(store.completed_run_ids(campaign)) + pending_rows(store.dataset)
-    except Exception:  # noqa: BLE001 - the dataset may not exist yet
+    except Exception:
         return 0
 
 
@@ -192,7 +192,7 @@ class Background:
     def _run(self, *args: object, **kwargs: object) -> None:
         try:
             self.result = run_campaign_celery(*args, **kwargs)  # type: ignore[arg-type]
-        except BaseException as e:  # noqa: BLE001 - reported by join()
+        except BaseException as e:
             self.error = e
 
     def join(self, timeout_s: float) -> ExecutionSummary:
@@ -204,7 +204,7 @@ class Background:
         return self.result
 
 
-def wait_for(cond, timeout_s: float, what: str) -> None:  # noqa: ANN001
+def wait_for(cond, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not cond():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"

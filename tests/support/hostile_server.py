@@ -87,7 +87,7 @@ def _simple(status: int, body: bytes, content_type: str = "application/json", **
     return _head(status, headers) + body
 
 
-def _response(model: str, key: str, ollama: bool) -> bytes | None:
+def _response(model: str, key: str, ollama: bool) -> bytes | None:  # noqa: C901  (one branch per hostile behaviour)
     """The whole response for a fixed behaviour; ``None`` for the streaming ones."""
     if model == "ok":
         return _simple(200, _wire(model, IR_TEXT, ollama=ollama))

@@ -173,7 +173,7 @@ class TableParser(HTMLParser):
         self._row: list | None = None
         self._in_h2 = False
 
-    def handle_starttag(self, tag, attrs):  # noqa: ANN001
+    def handle_starttag(self, tag, attrs):
         a = dict(attrs)
         if tag == "table":
             self._cur = {"head": [], "rows": [], "classes": []}
@@ -189,13 +189,13 @@ class TableParser(HTMLParser):
             self._in_h2 = True
             self.h2.append("")
 
-    def handle_data(self, data):  # noqa: ANN001
+    def handle_data(self, data):
         if self._cell is not None:
             self._cell[1] += data
         if self._in_h2:
             self.h2[-1] += data
 
-    def handle_endtag(self, tag):  # noqa: ANN001
+    def handle_endtag(self, tag):
         if tag in ("td", "th") and self._cell is not None:
             self._row.append(self._cell)
             self._cell = None

@@ -18,7 +18,6 @@ from tests.support.viewer_store import (
     HOSTILE_IMG, HOSTILE_SCRIPT, MODELS, analyze, report, run_id_of, sha_of, start_viewer,
     write_store,
 )
-from tests.analysis.test_report_browser import chromium  # noqa: F401  (the fixture: path or skip)
 
 from playwright import sync_api
 pytestmark = pytest.mark.slow  # a real browser and a real server: ~1 min

@@ -4,6 +4,8 @@ against a real redis-server."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 
 from tests.support.permit_holds import PermitHolds
@@ -12,6 +14,9 @@ from workers.state.campaign_state import BUSY, CLAIMED, DONE, CampaignState
 from workers.state.claim_permit import Claimed, ClaimPermits
 from workers.state.gate import RedisGate
 from workers.celery.runtime import WorkerSettings
+
+if TYPE_CHECKING:
+    from workers.runtask import RunTask
 
 
 @pytest.fixture(scope="module")

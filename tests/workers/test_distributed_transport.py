@@ -40,7 +40,7 @@ def _publish(url: str, n: int) -> None:
         q.close()
 
 
-def _wait_for(cond, timeout_s: float = 5.0) -> bool:  # noqa: ANN001
+def _wait_for(cond, timeout_s: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if cond():

@@ -16,10 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 import redis.asyncio as aioredis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test

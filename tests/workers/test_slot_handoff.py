@@ -44,7 +44,7 @@ class _Endpoint:
 
 
 @contextmanager
-def _endpoint(done_count, delay_s: float) -> Iterator[_Endpoint]:  # noqa: ANN001
+def _endpoint(done_count, delay_s: float) -> Iterator[_Endpoint]:
     ep = _Endpoint()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -35,7 +35,7 @@ class StarvedGate(RedisGate):
     """The real Redis gate, but the loop is blocked (no CPU) for ``stall_s`` on the first
     ``stalls`` checks made between a grant and the send."""
 
-    def __init__(self, *a, stall_s: float, stalls: int, **kw) -> None:  # noqa: ANN002, ANN003
+    def __init__(self, *a, stall_s: float, stalls: int, **kw) -> None:
         super().__init__(*a, **kw)
         self.stall_s, self.stalls, self.checks = stall_s, stalls, 0
 
@@ -59,7 +59,7 @@ def test_a_late_permit_is_given_back_and_reacquired(srv: RedisServer, stalls: in
         calls = 0
         real_acquire = inner.acquire
 
-        async def counting(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+        async def counting(*a, **kw):
             nonlocal calls
             calls += 1
             return await real_acquire(*a, **kw)

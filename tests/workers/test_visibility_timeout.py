@@ -40,7 +40,7 @@ with app.connection_for_read() as conn:
 """
 
 
-def _transport_s(app) -> float:  # noqa: ANN001
+def _transport_s(app) -> float:
     return float(app.conf.broker_transport_options["visibility_timeout"])
 
 

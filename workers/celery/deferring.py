@@ -35,7 +35,7 @@ from workers.runtask import ModelLimits
 log = structlog.get_logger("irbench.worker")
 
 
-class Deferred(Exception):  # noqa: N818 - a control-flow signal, not an error
+class Deferred(Exception):
     """No permit within the bounded wait: re-publish the run after ``wait_s`` seconds.
 
     ``reserved``: a rate slot is reserved for the run at exactly ``wait_s`` from now; come back

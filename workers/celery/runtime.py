@@ -328,7 +328,7 @@ class WorkerRuntime:
             for p in permits:
                 try:
                     self.run(self.limiter.renew(p), timeout_s=self.settings.heartbeat_s)
-                except Exception as exc:  # noqa: BLE001 - a missed renewal is retried next beat
+                except Exception as exc:
                     log.warning("lease_renew_failed", model=p.model, error=str(exc))
 
     def close(self) -> None:

@@ -185,7 +185,7 @@ async def _call(rt: WorkerRuntime, run: _Run, claimed: Claimed) -> None:
         run.countdown_s = _countdown(rt, exc)
         run.defer_reason = exc.reason if isinstance(exc, Deferred) else "redis unavailable"
         run.reserved = isinstance(exc, Deferred) and exc.reserved
-    except Exception as exc:  # noqa: BLE001 - counted; the orchestrator ends poison runs
+    except Exception as exc:
         run.failure = _failure_text(exc)
     finally:
         run.held = limiter.take_unreleased()
@@ -245,7 +245,7 @@ def _append(rt: WorkerRuntime, finishes: Sequence[_Finish]) -> None:
     for data_dir, stored in by_dir.items():
         try:
             rt.spool(data_dir).append([r.record for r in stored])  # type: ignore[misc]
-        except Exception as exc:  # noqa: BLE001 - counted per run; the runs go again
+        except Exception as exc:
             text = _failure_text(exc)
             for r in stored:
                 r.record, r.failure = None, text
@@ -273,7 +273,7 @@ def run_message(holder: RuntimeHolder, hostname: str, tasks: Sequence[RunTask], 
         runs.append(_Run(task, states[task.campaign], f"{hostname}:{token}.{i}"))
     try:
         rt.spool(data_dir)  # a data dir problem raises here, before anything is claimed or called
-    except Exception as exc:  # noqa: BLE001 - counted per run: poison after max_task_failures
+    except Exception as exc:
         _fail_unclaimed(rt, runs, _failure_text(exc))  # Redis away too: they stay queued, re-sent
     else:
         rt.run(_execute_all(rt, runs, data_dir))

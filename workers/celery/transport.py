@@ -130,7 +130,7 @@ class QoS(kombu_redis.QoS):
             time.sleep(self.ack_flush_s)  # gather: acks that come meanwhile ride along (or with a delivery)
             try:
                 self.flush_acks()
-            except Exception as exc:  # noqa: BLE001 - kept; the next flush or delivery sends them
+            except Exception as exc:
                 log.warning("ack flush failed (%s); retrying", exc)
                 time.sleep(self.ack_flush_s)
 
@@ -142,7 +142,7 @@ class QoS(kombu_redis.QoS):
             self._cond.notify_all()
         try:
             self.flush_acks()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             log.warning("acks not sent at close (%s): those messages are delivered again later", exc)
 
 

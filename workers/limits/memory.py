@@ -193,7 +193,7 @@ class MemoryLimiter:
         st.leases[holder] = now + self._ttl_s
         return LimitDecision(Lease(model, holder, cost_tokens, granted_at_s=now), 0.0, reason, now)
 
-    async def try_acquire(
+    async def try_acquire(  # noqa: C901  (mirrors the Lua script's checks one for one: see redis_limiter)
         self, model: str, limits: ModelLimits, holder: str, cost_tokens: int, *, reserve: bool = False
     ) -> LimitDecision:
         """Grant now or say how long to wait and why (``reserve``: see the module docstring).

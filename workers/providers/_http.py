@@ -154,7 +154,7 @@ def clip(text: str, secrets: Iterable[str | None] = ()) -> str:
     return text
 
 
-async def send(
+async def send(  # noqa: C901  (being split: request, bounded read and classification)
     client: HttpClient,
     method: str,
     url: str,

@@ -47,7 +47,7 @@ _NOW = "local t = redis.call('TIME') local now = tonumber(t[1]) + tonumber(t[2])
 
 # ARGV: run_id, model, owner, ttl_ms, with_gate. Done -> 'done' (re-announced); a live claim -> 'busy'.
 # Claimed -> 'ok', or with_gate = '1': {'ok', cancel, gate, streak} of the run's model ('+value' or '-').
-_CLAIM = f"""
+_CLAIM = """
 local p = KEYS[1]
 if redis.call('EXISTS', p .. ':done:' .. ARGV[1]) == 1 then
   redis.call('ZREM', p .. ':queued', ARGV[1])
@@ -64,8 +64,8 @@ redis.call('ZREM', p .. ':delayed', ARGV[1])
 redis.call('HSET', p .. ':running', ARGV[1], ARGV[2])
 if ARGV[5] ~= '1' then return 'ok' end
 local function opt(v) if v then return '+' .. v end return '-' end
-return {{'ok', opt(redis.call('GET', p .. ':cancel')), opt(redis.call('HGET', p .. ':gate', ARGV[2])),
-        opt(redis.call('HGET', p .. ':streak', ARGV[2]))}}
+return {'ok', opt(redis.call('GET', p .. ':cancel')), opt(redis.call('HGET', p .. ':gate', ARGV[2])),
+        opt(redis.call('HGET', p .. ':streak', ARGV[2]))}
 """
 
 # ARGV: run_id, owner, ttl_ms. Renews the claim; 0 if it is lost (expired or taken over).

@@ -32,7 +32,6 @@ from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
 
-import redis
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
