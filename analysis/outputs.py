@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from analysis.options import AnalysisOptions
 from analysis.tables.models import ModelTable, distinct_values
 from storage.parquet.atomic import write_json_atomic, write_parquet_atomic
-from storage.records import succeeded_mask
+from storage.outcomes import succeeded_mask
 
 MANIFEST_VERSION = 1
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")

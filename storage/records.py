@@ -12,74 +12,17 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from enum import StrEnum
-
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-if TYPE_CHECKING:
-    import pyarrow as pa
+from storage.outcomes import Outcome, ParseOutcome, run_succeeded
+
 
 #: 2: ``execution_id`` and ``finished_at`` (every execution of a run is its own row), and the
 #: streaming columns ``stream``, ``first_token_ms``, ``stream_duration_ms``; files of version 1
 #: stay readable (these columns read as null).
 SCHEMA_VERSION = 2
 ERROR_TEXT_MAX_CHARS = 2000
-
-
-class Outcome(StrEnum):
-    """Exactly one class per attempt (failures.md)."""
-
-    OK = "ok"
-    TRUNCATED = "truncated"
-    EMPTY = "empty"
-    TIMEOUT_CONNECT = "timeout_connect"
-    TIMEOUT_READ = "timeout_read"
-    TIMEOUT_TOTAL = "timeout_total"
-    CONNECT_ERROR = "connect_error"
-    RATE_LIMITED = "rate_limited"
-    RETIRED = "retired"
-    NOT_FOUND = "not_found"
-    AUTH_ERROR = "auth_error"
-    CLIENT_ERROR = "client_error"
-    SERVER_ERROR = "server_error"
-    PROTOCOL_ERROR = "protocol_error"
-    CONTEXT_EXCEEDED = "context_exceeded"  # the prompt (+ budget) does not fit the model's context
-    CANCELLED = "cancelled"
-    WORKER_ERROR = "worker_error"  # the run's task raised or killed its worker N times (poison run)
-
-
-class ParseOutcome(StrEnum):
-    """How the IR was extracted from the raw answer text (ir.md)."""
-
-    OK = "ok"
-    REPAIRED = "repaired"
-    INVALID_JSON = "invalid_json"
-    SCHEMA_INVALID = "schema_invalid"
-    EMPTY = "empty"
-    TRUNCATED = "truncated"
-    NOT_ATTEMPTED = "not_attempted"  # no answer text to parse (the call failed)
-
-
-# What a *successful run* is, everywhere (metrics, probes, timeouts, manifests, imports): a run
-# whose answer yielded a validated IR, possibly after repairs. Defined once, here.
-SUCCESS_PARSE_OUTCOMES: frozenset[str] = frozenset({ParseOutcome.OK.value, ParseOutcome.REPAIRED.value})
-
-
-def run_succeeded(parse_outcome: str | None, ir_json: str | None) -> bool:
-    """One run: a parsed IR is present and its parse outcome is ``ok`` or ``repaired``."""
-    return ir_json is not None and parse_outcome in SUCCESS_PARSE_OUTCOMES
-
-
-def succeeded_mask(runs: pa.Table) -> pa.ChunkedArray:
-    """The same predicate over a runs table (columns ``parse_outcome``, ``ir_json``): a boolean
-    array, one entry per row, never null."""
-    import pyarrow as pa  # here, not at the top: the record types load without pyarrow
-    import pyarrow.compute as pc
-
-    outcome_ok = pc.is_in(runs.column("parse_outcome"), value_set=pa.array(sorted(SUCCESS_PARSE_OUTCOMES)))
-    return pc.and_(pc.fill_null(outcome_ok, False), pc.is_valid(runs.column("ir_json")))
 
 
 class Attempt(BaseModel):

@@ -31,6 +31,8 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from storage.outcomes import call_failed_sql, succeeded_sql
+from storage.records import Outcome
 from storage.runs import RunStore
 from storage.schema import RUN_SCHEMA
 from viewer.outputs import AnalysisOutputs
@@ -41,7 +43,7 @@ LIST_COLUMNS = ("run_id", "campaign", "panel", "model", "prompt_sha256", "prompt
                 "budget_max_tokens", "run_index", "outcome", "parse_outcome", "measured_at",
                 "measurement_date", "latency_ms", "node_count", "n_attempts")
 
-_DERIVED = """
+_DERIVED = f"""
     row_number() OVER (ORDER BY campaign, model, prompt_sha256, budget_max_tokens NULLS FIRST,
                        run_index, run_id) AS row_no,
     len(attempts) AS n_attempts,
@@ -49,8 +51,8 @@ _DERIVED = """
         AS n_429,
     coalesce(list_sum(list_transform(attempts, lambda a: coalesce(a.retry_after_s, 0.0))), 0.0)
         AS retry_after_total_s,
-    (outcome = 'truncated' OR coalesce(finish_reason = 'length', false)) AS truncated,
-    (ir_json IS NOT NULL AND parse_outcome IN ('ok', 'repaired')) AS succeeded,
+    (outcome = '{Outcome.TRUNCATED.value}' OR coalesce(finish_reason = 'length', false)) AS truncated,
+    {succeeded_sql()} AS succeeded,
     lower(response_text) AS search_text
 """
 
@@ -230,7 +232,7 @@ class RunIndex:
         return self.rows(
             "WITH r AS (SELECT campaign, prompt_sha256, any_value(prompt_name) AS prompt_name, "
             "  count(*) AS runs, sum(succeeded::INT)::BIGINT AS runs_ok, "
-            "  sum((outcome <> 'ok')::INT)::BIGINT AS runs_failed, "
+            f"  sum({call_failed_sql()}::INT)::BIGINT AS runs_failed, "
             "  string_agg(DISTINCT outcome, ' ' ORDER BY outcome) AS outcomes "
             "  FROM runs WHERE panel = ? AND model = ? GROUP BY campaign, prompt_sha256), "
             "c AS (SELECT campaign, prompt_sha256, any_value(included) AS included, "

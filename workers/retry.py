@@ -12,11 +12,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from storage.outcomes import RETRIED_WITHIN_RUN, TIMEOUT_OUTCOMES
 from storage.records import Outcome
 from workers.runtask import RetryPolicy
 
-_TRANSIENT = frozenset({Outcome.RATE_LIMITED, Outcome.SERVER_ERROR, Outcome.CONNECT_ERROR})
-_TIMEOUTS = frozenset({Outcome.TIMEOUT_CONNECT, Outcome.TIMEOUT_READ, Outcome.TIMEOUT_TOTAL})
 # Outcomes that count towards disabling a model for the campaign (failures.md).
 DISABLING = frozenset({Outcome.AUTH_ERROR, Outcome.NOT_FOUND, Outcome.CLIENT_ERROR})
 
@@ -42,7 +41,7 @@ def decide(
     would end after ``policy.run_deadline_s`` (``elapsed_s``: seconds since the run's first
     attempt started), is not retried.
     """
-    retryable = outcome in _TRANSIENT or (policy.retry_timeouts and outcome in _TIMEOUTS)
+    retryable = outcome in RETRIED_WITHIN_RUN or (policy.retry_timeouts and outcome in TIMEOUT_OUTCOMES)
     if not retryable or attempt >= policy.max_attempts:
         return RetryDecision(False)
     if retry_after_s is not None and retry_after_s > policy.max_retry_after_s:

@@ -49,7 +49,7 @@ from analysis.options import AnalysisOptions
 from analysis.stats.correlations import stability_vs_correctness
 from analysis.tables.models import ModelTable
 from storage.annotations import parse_annotations
-from storage.records import run_succeeded
+from storage.outcomes import run_succeeded
 
 
 # ---------------------------------------------------------------- run-level tables

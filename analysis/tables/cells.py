@@ -23,7 +23,7 @@ from analysis.metrics.batch import (
     distinct_entries,
     set_agreement,
 )
-from storage.records import succeeded_mask
+from storage.outcomes import succeeded_mask
 
 #: Columns build_cells reads; anything else in the input is ignored.
 REQUIRED_COLUMNS: tuple[str, ...] = (

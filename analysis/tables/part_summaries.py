@@ -37,7 +37,7 @@ from analysis.options import AnalysisOptions
 from analysis.tables.audit import RunLevel, run_level
 from analysis.tables.partial import partial_cells, _cell_key, _in_keys
 from analysis.tables.models import distinct_values
-from storage.records import succeeded_mask
+from storage.outcomes import succeeded_mask
 from storage.runs import latest_executions
 
 __all__ = ["CELL_TABLES", "KEY_COLUMNS", "PartSummary", "Precomputed", "merge_parts", "shard_of", "split_keys",

@@ -35,9 +35,8 @@ import pyarrow.compute as pc
 
 from analysis.errors import AnalysisError
 from storage.probes import PROBE_SCHEMA, PROBE_SCHEMA_VERSION, probe_key
-from storage.records import succeeded_mask
+from storage.outcomes import TIMEOUT_OUTCOMES, succeeded_mask
 
-TIMEOUT_OUTCOMES = frozenset({"timeout_connect", "timeout_read", "timeout_total"})
 INPUT_COLUMNS = ("model", "budget_max_tokens", "outcome", "succeeded", "latency_ms", "reasoning_chars", "answer_chars")
 
 

@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 from storage.parquet.atomic import write_parquet_atomic
 
 from analysis.errors import AnalysisError
-from storage.records import succeeded_mask
+from storage.outcomes import succeeded_mask
 
 DEFAULT_TIMEOUTS_S: tuple[float, ...] = (30.0, 60.0, 120.0, 300.0)
 REQUIRED_COLUMNS = (

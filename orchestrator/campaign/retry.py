@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.campaign.prepared import PreparedCampaign
+from storage.outcomes import RERUN_BY_DEFAULT, TIMEOUT_OUTCOMES
 from storage.records import Outcome
 from storage.runs import RunStore
 from storage.parquet.unreadable import read_checked
@@ -25,12 +26,8 @@ from workers.errors import ConfigError
 from workers.runtask import RunTask
 
 
-TIMEOUTS = frozenset({Outcome.TIMEOUT_CONNECT, Outcome.TIMEOUT_READ, Outcome.TIMEOUT_TOTAL})
-TRANSIENT = frozenset(
-    {Outcome.RATE_LIMITED, Outcome.SERVER_ERROR, Outcome.CONNECT_ERROR, Outcome.PROTOCOL_ERROR, Outcome.CANCELLED}
-) | TIMEOUTS
 #: Names accepted by ``--outcomes`` besides the outcome classes themselves.
-GROUPS: Mapping[str, frozenset[Outcome]] = {"timeouts": TIMEOUTS, "transient": TRANSIENT}
+GROUPS: Mapping[str, frozenset[Outcome]] = {"timeouts": TIMEOUT_OUTCOMES, "transient": RERUN_BY_DEFAULT}
 
 
 def parse_outcomes(text: str | None) -> frozenset[Outcome]:
@@ -40,7 +37,7 @@ def parse_outcomes(text: str | None) -> frozenset[Outcome]:
     anything else is a ConfigError naming the valid choices.
     """
     if text is None or not text.strip():
-        return TRANSIENT
+        return RERUN_BY_DEFAULT
     chosen: set[Outcome] = set()
     unknown = []
     for name in (n.strip().lower() for n in text.split(",") if n.strip()):
@@ -91,7 +88,7 @@ class Retryable:
 
 
 def retryable(
-    prepared: PreparedCampaign, store: RunStore, outcomes: frozenset[Outcome] = TRANSIENT, *,
+    prepared: PreparedCampaign, store: RunStore, outcomes: frozenset[Outcome] = RERUN_BY_DEFAULT, *,
     skip_corrupt: bool = False,
 ) -> Retryable:
     """Counts of the planned runs whose latest execution ended in ``outcomes``."""
@@ -99,10 +96,10 @@ def retryable(
     return Retryable(dict(Counter(latest[t.run_id] for t in retryable_tasks(prepared.tasks, latest, outcomes))))
 
 
-def retry_command(campaign_file: Path, data: Path, outcomes: frozenset[Outcome] = TRANSIENT) -> str:
+def retry_command(campaign_file: Path, data: Path, outcomes: frozenset[Outcome] = RERUN_BY_DEFAULT) -> str:
     """The command line that retries them (``--outcomes`` only when not the default)."""
     cmd = f"irbench run {campaign_file} --data {data} --retry-failed"
-    if outcomes != TRANSIENT:
+    if outcomes != RERUN_BY_DEFAULT:
         cmd += " --outcomes " + ",".join(sorted(o.value for o in outcomes))
     return cmd
 

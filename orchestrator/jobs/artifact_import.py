@@ -32,7 +32,8 @@ from typing import Any
 
 from analysis.tables.merge import read_cell_csv
 from storage.cells import CellMeasurement, CellStore, measurement_id
-from storage.records import Outcome, RunRecord, run_succeeded
+from storage.outcomes import run_succeeded
+from storage.records import Outcome, RunRecord
 from storage.runs import RunStore
 from storage.schema import records_to_table
 from workers.errors import ConfigError

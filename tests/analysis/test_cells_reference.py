@@ -14,7 +14,7 @@ import pytest
 
 from analysis.metrics.agreement import count_agreement, node_set_agreement
 from analysis.tables.cells import build_cells
-from storage.records import run_succeeded
+from storage.outcomes import run_succeeded
 from tests.analysis.test_cells import run_table
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.campaign.prepared import prepare
-from orchestrator.campaign.retry import TRANSIENT, parse_outcomes, retryable
+from orchestrator.campaign.retry import parse_outcomes, retryable
+from storage.outcomes import RERUN_BY_DEFAULT
 from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimConfig, SimModel
 from simulator.server import start_background
@@ -119,7 +120,7 @@ def test_only_the_chosen_classes_are_retried(tmp_path: Path) -> None:
 
 
 def test_outcome_names_and_groups() -> None:
-    assert parse_outcomes(None) == TRANSIENT
+    assert parse_outcomes(None) == RERUN_BY_DEFAULT
     assert parse_outcomes("timeouts") == {Outcome.TIMEOUT_CONNECT, Outcome.TIMEOUT_READ, Outcome.TIMEOUT_TOTAL}
     assert parse_outcomes("auth_error, rate_limited") == {Outcome.AUTH_ERROR, Outcome.RATE_LIMITED}
     with pytest.raises(ConfigError, match="unknown class"):

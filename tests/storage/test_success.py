@@ -6,7 +6,8 @@ import itertools
 
 import pyarrow as pa
 
-from storage.records import ParseOutcome, RunRecord, run_succeeded, succeeded_mask
+from storage.outcomes import run_succeeded, succeeded_mask
+from storage.records import ParseOutcome, RunRecord
 
 
 def test_scalar_and_columnar_forms_agree_on_every_combination() -> None:
