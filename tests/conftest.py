@@ -53,10 +53,10 @@ def _structlog_config_per_test() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def redis_client() -> Iterator[object]:
-    """A sync client (``workers.celery.runtime.sync_redis``) on a private redis-server that
+    """A sync client (``workers.state.connect.sync_redis``) on a private redis-server that
     lives as long as the test module."""
     from deploy.redis_server import RedisServer
-    from workers.celery.runtime import sync_redis
+    from workers.state.connect import sync_redis
 
     with RedisServer() as srv:
         c = sync_redis(srv.url)

@@ -47,7 +47,7 @@ from storage.runs import RunStore
 from workers.celery.app import make_celery_app
 from workers.state.campaign_state import CampaignState
 from workers.state.redis_retry import with_retry
-from workers.celery.runtime import sync_redis
+from workers.state.connect import sync_redis
 from workers.clock import SystemClock
 from workers.execute import RunContext, execute_run
 from workers.gate import MemoryGate

@@ -22,6 +22,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import redis
+
+from workers.state.connect import RedisTimeouts, sync_redis
 from redis.exceptions import RedisError
 
 from storage.parquet.store_marker import ensure_store_id
@@ -71,7 +73,7 @@ def wait_for_redis(
     ``on_wait(seconds_left, reason)`` is called before each retry.
     """
     check_broker_url(url)
-    client = redis.Redis.from_url(url, socket_connect_timeout=min(2.0, max(wait_s, 0.2)), socket_timeout=2.0)
+    client = sync_redis(url, RedisTimeouts(socket_timeout_s=2.0, connect_timeout_s=min(2.0, max(wait_s, 0.2)), retries=0))
     deadline = clock() + wait_s
     while True:
         try:

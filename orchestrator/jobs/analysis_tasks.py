@@ -182,10 +182,10 @@ def run_reduce(job: dict[str, Any]) -> dict[str, Any]:
 
 def register_analysis_tasks(app: Any) -> None:
     """Register ``irbench.analysis_map`` and ``irbench.analysis_reduce`` on a Celery app."""
-    import redis
+    from workers.state.connect import sync_redis
 
     def send_reduce_once(job: dict[str, Any]) -> bool:
-        client = redis.Redis.from_url(app.conf.broker_url)
+        client = sync_redis(app.conf.broker_url)
         try:
             if not client.set(REDUCE_ONCE_PREFIX + job["job_id"], "sent", nx=True, ex=REDUCE_ONCE_TTL_S):
                 return False

@@ -37,7 +37,7 @@ from deploy.celery_workers import CeleryWorkers
 from deploy.redis_server import RedisServer
 from tests.support.distributed import WORKER_ENV, make_campaign
 from workers.state.campaign_state import CampaignState
-from workers.celery.runtime import sync_redis
+from workers.state.connect import sync_redis
 
 pytestmark = pytest.mark.timeout(120)
 FAST = CeleryOptions(claim_ttl_s=3.0, reconcile_interval_s=1.0, analyze_on_complete=False)

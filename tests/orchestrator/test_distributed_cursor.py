@@ -22,7 +22,7 @@ from simulator.server import start_background
 from storage.runs import RunStore
 from tests.support.campaign_files import one_endpoint, write_campaign
 from workers.celery.app import make_celery_app
-from workers.celery.runtime import sync_redis
+from workers.state.connect import sync_redis
 
 pytestmark = pytest.mark.timeout(180)
 

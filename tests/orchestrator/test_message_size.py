@@ -31,7 +31,7 @@ from tests.support.distributed import executions_per_run, stats, wait_for
 from workers.celery import DEFAULT_THREADS
 from workers.celery.app import make_celery_app
 from workers.state.presence import PRESENCE_PREFIX, PresencePublisher, WorkerPresence, read_presence
-from workers.celery.runtime import sync_redis
+from workers.state.connect import sync_redis
 from workers.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(180)

@@ -96,12 +96,12 @@ def run_scheduled_check(
 
 def register_availability_tasks(app: Any) -> None:
     """Register ``irbench.availability_check`` on a Celery app (arguments are JSON only)."""
-    import redis
+    from workers.state.connect import sync_redis
 
     @app.task(name=AVAILABILITY_TASK_NAME, ignore_result=True, shared=False)
     def availability_check(targets: list[dict], data_dir: str, interval_s: float,
                            settings: dict | None = None) -> dict:
-        client = redis.Redis.from_url(app.conf.broker_url)
+        client = sync_redis(app.conf.broker_url)
         try:
             return run_scheduled_check(client, targets_from_json(targets), Path(data_dir), float(interval_s),
                                        settings=settings_from_json(settings))

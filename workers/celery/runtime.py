@@ -31,20 +31,16 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-import redis
 import redis.asyncio as aioredis
 import structlog
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.retry import Retry
 
 from storage.runs import RunStore
 from storage.parquet.spool import RunSpool, SpoolConfig, recover_orphans
 from workers.celery import DEFAULT_THREADS
 from workers.celery.local_cooldowns import LocalCooldowns
 from workers.state.claim_permit import ClaimPermits
+from workers.state.connect import RedisTimeouts, async_redis, sync_redis
 from workers.state.redis_limiter import RedisLimiter
 from workers.celery.transport import ACK_FLUSH_S
 from workers.celery.deferring import Deferred, DeferringLimiter
@@ -59,7 +55,7 @@ from workers.providers.pooled import PooledProvider
 from workers.providers.registry import make_provider, make_tls_context
 from workers.runtask import RunTask
 
-__all__ = ["Deferred", "DeferringLimiter", "RuntimeHolder", "WorkerRuntime", "WorkerSettings", "sync_redis"]
+__all__ = ["Deferred", "DeferringLimiter", "RuntimeHolder", "WorkerRuntime", "WorkerSettings"]
 
 log = structlog.get_logger("irbench.worker")
 T = TypeVar("T")
@@ -162,18 +158,6 @@ class WorkerSettings:
         return cls(**values)
 
 
-def sync_redis(url: str, *, socket_timeout_s: float = 5.0) -> redis.Redis:
-    """A pooled sync client that retries dropped connections briefly (Redis restarts)."""
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=socket_timeout_s,
-        socket_connect_timeout=2.0,
-        health_check_interval=10,
-        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 5),
-        retry_on_error=[RedisConnectionError, RedisTimeoutError],
-    )
-
-
 @dataclass
 class _Claim:
     state: Any  # CampaignState (import cycle avoided)
@@ -209,7 +193,7 @@ class WorkerRuntime:
         tune_collector(settings.gc_young_threshold)  # the process's long-lived objects exist by now
 
     async def _setup(self) -> tuple[aioredis.Redis, RedisLimiter]:
-        client = aioredis.Redis.from_url(self.settings.redis_url, socket_timeout=5.0, socket_connect_timeout=2.0)
+        client = async_redis(self.settings.redis_url, RedisTimeouts(retries=0))  # the limiter's callers retry
         limiter = RedisLimiter(
             client,
             key_prefix=f"{self.settings.key_prefix}:lim",

@@ -4,6 +4,7 @@ __all__ = [
     "broker_view",
     "campaign_state",
     "claim_permit",
+    "connect",
     "gate",
     "limiter_waiters",
     "presence",

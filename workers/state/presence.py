@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import redis
+
+from workers.state.connect import RedisTimeouts, sync_redis
 import structlog
 from redis.exceptions import RedisError
 
@@ -155,7 +157,7 @@ def install(signals: Any, data_dir_for: Any, slots_for: Any) -> None:
 
     def on_ready(sender: Any = None, **_: Any) -> None:
         app = sender.app
-        client = redis.Redis.from_url(app.conf.broker_url, socket_timeout=5.0, socket_connect_timeout=2.0)
+        client = sync_redis(app.conf.broker_url, RedisTimeouts(retries=0))  # the next beat retries
         interval = float(os.environ.get("IRBENCH_PRESENCE_INTERVAL_S", "2"))
         data_dir = data_dir_for(app)
         threads, run_slots = slots_for(app)
