@@ -27,8 +27,10 @@ from storage.errors import ConfigError
 def _uvicorn_config(app: SimApp, host: str, port: int, graceful_shutdown_s: float) -> uvicorn.Config:
     # Lean request path: no access log, warnings only; graceful shutdown bounded so a
     # hanging simulated request cannot hold up stop().
-    return uvicorn.Config(app.app, host=host, port=port, log_level="warning", access_log=False,
-                          lifespan="off", timeout_graceful_shutdown=graceful_shutdown_s)
+    return uvicorn.Config(
+        app.app, host=host, port=port, log_level="warning", access_log=False, lifespan="off",
+        timeout_graceful_shutdown=graceful_shutdown_s,  # type: ignore[arg-type]  # annotated int; asyncio.timeout takes a float
+    )
 
 
 def serve(config: SimConfig, host: str, port: int, *, ready_line: bool = False) -> None:

@@ -174,7 +174,8 @@ class ParsedRun:
 
 def parse_run(run_id: str, ir_json: str | None) -> ParsedRun:
     nodes = parse_nodes(ir_json)
-    return ParsedRun(run_id, nodes, run_ir_from_json(ir_json) if nodes is not None else None)
+    ir = run_ir_from_json(ir_json) if nodes is not None and ir_json is not None else None  # nodes: ir_json is set
+    return ParsedRun(run_id, nodes, ir)
 
 
 def diff_runs(ra: ParsedRun, rb: ParsedRun) -> PairDiff:

@@ -96,25 +96,29 @@ async def check_endpoint(
 
     async def one(model: str) -> AvailabilityRecord:
         listed = None if listing is None else model in listing
-        common = dict(
-            checked_at=checked_at, endpoint=target.endpoint.name, base_url=target.endpoint.base_url,
-            model=model, listed=listed,
-        )
+
+        def record(status: Availability, http_status: int | None, latency_ms: float | None, *,
+                   message: str | None, retired_on: str | None = None,
+                   reference: str | None = None) -> AvailabilityRecord:
+            return AvailabilityRecord(
+                checked_at=checked_at, endpoint=target.endpoint.name, base_url=target.endpoint.base_url,
+                model=model, listed=listed, status=status, http_status=http_status, latency_ms=latency_ms,
+                retired_on=retired_on, reference=reference, message=message,
+            )
+
         request = ChatRequest(model=model, user_message=settings.message, timeouts=settings.timeouts,
                               max_tokens=settings.max_tokens, temperature=0.0)
         async with gate:
             try:
                 reply = await provider.complete(request)
             except ProviderError as exc:
-                retired_on = getattr(exc, "retired_on", None)
-                reference = getattr(exc, "reference", None)
-                return AvailabilityRecord(
-                    **common, status=_status_of(exc, listed), http_status=exc.status_code,
-                    latency_ms=exc.latency_ms, retired_on=retired_on, reference=reference,
+                return record(
+                    _status_of(exc, listed), exc.status_code, exc.latency_ms,
+                    retired_on=getattr(exc, "retired_on", None), reference=getattr(exc, "reference", None),
                     message=str(exc)[:MESSAGE_CHARS],
                 )
-        return AvailabilityRecord(
-            **common, status=Availability.AVAILABLE, http_status=reply.status_code, latency_ms=reply.latency_ms,
+        return record(
+            Availability.AVAILABLE, reply.status_code, reply.latency_ms,
             message=None if listed is not False else "answers, but the endpoint's listing does not name it",
         )
 

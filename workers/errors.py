@@ -32,7 +32,7 @@ leave ``workers/``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from storage.errors import ConfigError, IrbenchError, StorageError
 from storage.records import Outcome
@@ -143,7 +143,7 @@ class RateLimited(ProviderRejected):
 class ModelRetired(ProviderRejected):
     outcome = Outcome.RETIRED
 
-    def __init__(self, message: str, *, retired_on: str | None = None, reference: str | None = None, **kw) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, message: str, *, retired_on: str | None = None, reference: str | None = None, **kw: Any) -> None:
         super().__init__(message, **kw)
         self.retired_on = retired_on
         self.reference = reference

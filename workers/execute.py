@@ -7,9 +7,10 @@ local executor batches, a Celery task writes one file).
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from importlib.metadata import PackageNotFoundError, version
@@ -116,7 +117,7 @@ async def execute_run_deferred(task: RunTask, ctx: RunContext) -> RunRecord | Pe
         structlog.contextvars.reset_contextvars(**bound)
 
 
-def _bind(task: RunTask) -> dict[str, Any]:
+def _bind(task: RunTask) -> Mapping[str, contextvars.Token[Any]]:
     """Bind the run's campaign, run_id and model to every log line until ``reset_contextvars``
     with the returned tokens restores what was bound before: ``bound_contextvars``' effect
     without its generator-based context manager and its save/restore (3.6 -> 1.5 us a run)."""

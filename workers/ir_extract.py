@@ -249,7 +249,7 @@ def _first_start(text: str) -> int | None:
     return match.start() if match else None
 
 
-def _decode_all(text: str, limit: int):  # type: ignore[no-untyped-def]
+def _decode_all(text: str, limit: int) -> Iterator[tuple[Any, int, int]]:
     """Yield ``(value, start, end)`` for each JSON value decodable at a bracket, left to right,
     skipping brackets inside an already decoded value."""
     decoder = json.JSONDecoder()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import numpy as np
 import pyarrow as pa
@@ -56,7 +57,8 @@ def _png(fig: MplFigure, style: PlotStyle) -> bytes:
     return buf.getvalue()
 
 
-def _has(table: pa.Table | None, *columns: str) -> bool:
+def _has(table: pa.Table | None, *columns: str) -> TypeGuard[pa.Table]:
+    """``table`` is present, has rows and has every one of ``columns``."""
     return table is not None and table.num_rows > 0 and all(c in table.column_names for c in columns)
 
 
@@ -231,7 +233,8 @@ def drift_bars(drift: pa.Table | None, order: list[str] | None = None,
     shares = np.divide(counts, totals, out=np.zeros_like(counts), where=totals > 0)
     if order:
         pos = {m: i for i, m in enumerate(order)}
-        idx = sorted(range(len(names)), key=lambda i: (pos.get(names[i], len(pos)), names[i]))
+        labels: list[str] = names.tolist()
+        idx = sorted(range(len(labels)), key=lambda i: (pos.get(labels[i], len(pos)), labels[i]))
         names, shares = names[idx], shares[idx]
     n = len(names)
     fig = _new_figure(style, max(2.5, style.row_height_in * n + 1.4))

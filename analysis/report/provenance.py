@@ -63,9 +63,8 @@ def availability_blocks(panels: list[PanelData], avail: Availability,
     blocks.append(Paragraph(f"{len(gone)} model(s) can no longer be re-measured (status "
                             f"{' / '.join(opts.gone_statuses)}): {', '.join(sorted(gone)) or 'none'}."))
     for p in panels:
-        measured = set()
-        if p.table("cells") is not None:
-            measured = set(p.table("cells").column("model").to_pylist())
+        cells = p.table("cells")
+        measured = set() if cells is None else set(cells.column("model").to_pylist())
         never = sorted(measured - set(status))
         shares = []
         for name in ("models", "cells", "pairs", "sensitivity", "correctness", "drift"):

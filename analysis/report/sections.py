@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, SupportsFloat
 from urllib.parse import quote
 
 import numpy as np
@@ -310,9 +310,9 @@ def _stabilisation_summary(st: dict) -> list[Block]:
 
 # ------------------------------------------------------------------ 4–6. tables
 
-def _pp(value: object) -> str:
+def _pp(value: SupportsFloat | None) -> str:
     """A shift in fraction points as signed percentage points."""
-    return "–" if is_missing(value) else f"{100.0 * float(value):+.1f} pp"
+    return "–" if value is None or is_missing(value) else f"{100.0 * float(value):+.1f} pp"
 
 
 def _sensitivity(p: PanelData, opts: ReportOptions) -> list[Block]:
@@ -325,7 +325,7 @@ def _sensitivity(p: PanelData, opts: ReportOptions) -> list[Block]:
     if "variant" not in sens.column_names:
         table, note = generic_table(sens, table_id=f"sensitivity-{p.name}-0",
                                     max_rows=opts.max_table_rows)
-        return [missing_note("sensitivity.parquet", ["variant"]), table] + ([note] if note else [])
+        return [missing_note("sensitivity.parquet", ["variant"]), table, *([note] if note else [])]
     blocks: list[Block] = []
     merge = (p.manifest.get("summary") or {}).get("merge") or {}
     if merge.get("share_perfect"):

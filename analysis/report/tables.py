@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Sequence
+from typing import SupportsFloat, SupportsInt
 
 import pyarrow as pa
 
@@ -23,9 +24,9 @@ def is_missing(value: object) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def fmt_num(value: object, digits: int = 3) -> str:
+def fmt_num(value: SupportsFloat | None, digits: int = 3) -> str:
     """A float with ``digits`` decimals, an int as is, missing as an en dash."""
-    if is_missing(value):
+    if value is None or is_missing(value):
         return DASH
     if isinstance(value, bool):
         return "yes" if value else "no"
@@ -34,23 +35,23 @@ def fmt_num(value: object, digits: int = 3) -> str:
     return f"{float(value):.{digits}f}"
 
 
-def fmt_p(value: object) -> str:
+def fmt_p(value: SupportsFloat | None) -> str:
     """A p-value with three significant digits (small ones in scientific notation)."""
-    if is_missing(value):
+    if value is None or is_missing(value):
         return DASH
     return f"{float(value):.3g}"
 
 
-def fmt_interval(low: object, high: object, digits: int = 3) -> str:
+def fmt_interval(low: SupportsFloat | None, high: SupportsFloat | None, digits: int = 3) -> str:
     """``[low, high]`` or an en dash when either end is missing."""
     if is_missing(low) or is_missing(high):
         return DASH
     return f"[{fmt_num(low, digits)}, {fmt_num(high, digits)}]"
 
 
-def fmt_range(low: object, high: object) -> str:
+def fmt_range(low: SupportsInt | None, high: SupportsInt | None) -> str:
     """An integer range ``low–high`` (a single number when they coincide)."""
-    if is_missing(low) or is_missing(high):
+    if low is None or high is None or is_missing(low) or is_missing(high):
         return DASH
     lo, hi = int(low), int(high)
     return str(lo) if lo == hi else f"{lo}–{hi}"

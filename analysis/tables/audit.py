@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from analysis.errors import AnalysisError
 from analysis.memory import release_freed_memory
-from analysis.metrics.agreement import normalise_id
+from analysis.metrics.agreement import NormaliserVariant, normalise_id
 from analysis.metrics.batch import (
     CellPairs,
     cell_pairs,
@@ -147,11 +147,11 @@ def stabilisation_table(cells: list[_RawCell], options: AnalysisOptions
 
 
 def _normalised_columns(pairs: CellPairs, run_of: np.ndarray, code: np.ndarray,
-                        vocab: list[str], variant: str, n_runs: int
+                        vocab: list[str], variant: NormaliserVariant, n_runs: int
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(mean normalised Jaccard, empty ids, colliding ids) per cell; each distinct id string is
     normalised once."""
-    forms = [normalise_id(i, variant) for i in vocab]  # type: ignore[arg-type]
+    forms = [normalise_id(i, variant) for i in vocab]
     enc = pa.array(forms, pa.string()).dictionary_encode()
     form_code = np.asarray(enc.indices.to_numpy(zero_copy_only=False), np.int64)
     n_forms = len(enc.dictionary)

@@ -159,7 +159,7 @@ def precedence(cells: pa.Table, imported: pa.Table | None,
         return (first[c], 0 if k and k[1] is not None else 1,
                 k[1] if k and k[1] is not None else 0, c)
     time = {c: i for i, c in enumerate(sorted(first, key=tkey))}
-    budget = {c: int(known[c][0]) if c in known and known[c][0] is not None else 0
+    budget = {c: int(rank) if (rank := known.get(c, (None, None))[0]) is not None else 0
               for c in first}
     return budget, time
 

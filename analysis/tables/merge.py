@@ -180,6 +180,6 @@ def compare_merges(a: Merged, b: Merged) -> MergeComparison:
     changes = tuple(
         CellChange(k[0], k[1], ra.get(k), rb.get(k))
         for k in sorted(set(ra) | set(rb))
-        if (ra.get(k).campaign if k in ra else None) != (rb.get(k).campaign if k in rb else None))
+        if (ra[k].campaign if k in ra else None) != (rb[k].campaign if k in rb else None))
     sa, sb = a.share_node_set_perfect, b.share_node_set_perfect
     return MergeComparison(a.rule, b.rule, changes, sa, sb, sb - sa, len(a.rows), len(b.rows))

@@ -119,7 +119,7 @@ class ProbeCell:
             f"{self.runs} runs ({outcome_text(self.outcomes)})",
             f"{self.succeeded} usable, {self.within_reference} within {ref:g} s",
         ]
-        if self.latency_ms_median is not None:
+        if self.latency_ms_median is not None and self.latency_ms_max is not None:  # both or neither
             parts.append(f"latency median {self.latency_ms_median / 1000:.3g} s, max {self.latency_ms_max / 1000:.3g} s")
         if self.reasoning_chars_median is not None:
             parts.append(f"reasoning median {self.reasoning_chars_median:.0f} chars")
@@ -207,8 +207,8 @@ def attribute(cells: Sequence[ProbeCell]) -> tuple[Attribution, str]:
     if not cells:
         raise AnalysisError("attribute() needs at least one cell")
     ref = cells[0].settings.reference_timeout_s
-    budgeted = sorted((c for c in cells if c.budget_max_tokens is not None), key=lambda c: c.budget_max_tokens)
-    tight, room = (budgeted[0], budgeted[-1]) if len(budgeted) >= 2 else (None, None)
+    by_budget = sorted(((c.budget_max_tokens, c) for c in cells if c.budget_max_tokens is not None), key=lambda bc: bc[0])
+    tight, room = (by_budget[0][1], by_budget[-1][1]) if len(by_budget) >= 2 else (None, None)
     budget_binds = (
         tight is not None and room is not None
         and tight.verdict is CellVerdict.BUDGET_EXHAUSTED and room.works
@@ -218,7 +218,7 @@ def attribute(cells: Sequence[ProbeCell]) -> tuple[Attribution, str]:
     why_budget = (
         f"at {tight.label} {tight.n_truncated}/{tight.runs} runs truncated, {tight.succeeded} usable"
         f" (reasoning median {tight.reasoning_chars_median or 0:.0f} chars); at {room.label}"
-        f" {room.succeeded}/{room.runs} usable" if budget_binds else ""
+        f" {room.succeeded}/{room.runs} usable" if budget_binds and tight is not None and room is not None else ""
     )
     why_timeout = "; ".join(
         f"at {c.label} {c.succeeded}/{c.runs} usable but only {c.within_reference} within {ref:g} s"
@@ -231,6 +231,7 @@ def attribute(cells: Sequence[ProbeCell]) -> tuple[Attribution, str]:
     if budget_binds and timeout_binds:
         return Attribution.FAILS_UNDER_BOTH, f"budget binds: {why_budget}; and timeout binds: {why_timeout}"
     if budget_binds:
+        assert room is not None  # budget_binds says so
         room_lat = f"; latency max {(room.latency_ms_max or 0) / 1000:.3g} s ≤ {ref:g} s" if room.latency_ms_max is not None else ""
         return Attribution.BUDGET_BOUND, f"{why_budget}{room_lat}"
     if timeout_binds:

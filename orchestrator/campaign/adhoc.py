@@ -145,6 +145,7 @@ def campaign_file_for(
     missing = [f for f in ("--model", "--base-url", "--prompts") if f not in adhoc_given]
     if missing:
         raise ConfigError(f"an ad-hoc run needs --model, --base-url and --prompts; missing {', '.join(missing)}")
-    run = AdhocRun(model=model, base_url=base_url, prompts=prompts, wire_format=wire_format,  # type: ignore[arg-type]
+    assert model is not None and base_url is not None and prompts is not None  # none is missing
+    run = AdhocRun(model=model, base_url=base_url, prompts=prompts, wire_format=wire_format,
                    api_key_env=api_key_env, runs=runs, max_tokens=max_tokens, temperature=temperature, name=name)
     return run.write(data)

@@ -149,7 +149,7 @@ class ModelSpec(ModelDefaults):
     """One model of the panel. ``name`` is the model id sent to the provider."""
 
     name: str = Field(min_length=1)
-    endpoint: str = Field(min_length=1)  # type: ignore[assignment]
+    endpoint: str = Field(min_length=1)
 
     @field_validator("name")
     @classmethod
@@ -280,7 +280,7 @@ def _merge_models(fname: str, raw: dict[str, Any], problems: list[str]) -> None:
         return
     if not isinstance(models, dict):
         return
-    endpoints = raw.get("endpoints") if isinstance(raw.get("endpoints"), dict) else {}
+    endpoints = _table(raw, "endpoints")
     for key, table in models.items():
         if not isinstance(table, dict):
             continue
@@ -293,12 +293,18 @@ def _merge_models(fname: str, raw: dict[str, Any], problems: list[str]) -> None:
         models[key] = merged
 
 
+def _table(raw: dict[str, Any], key: str) -> dict[str, Any]:
+    """``raw[key]`` when it is a table, else an empty one."""
+    value = raw.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def _cross_check(fname: str, raw: dict[str, Any]) -> list[str]:
     """Checks across fields, on the raw (merged) document so they run even when a field is invalid."""
     problems: list[str] = []
-    endpoints = raw.get("endpoints") if isinstance(raw.get("endpoints"), dict) else {}
+    endpoints = _table(raw, "endpoints")
     defined = ", ".join(endpoints) or "none; add an [endpoints.<name>] table"
-    models = raw.get("models") if isinstance(raw.get("models"), dict) else {}
+    models = _table(raw, "models")
     seen: dict[str, str] = {}
     for key, m in models.items():
         if not isinstance(m, dict):
@@ -317,14 +323,14 @@ def _cross_check(fname: str, raw: dict[str, Any]) -> list[str]:
         ct, tt = m.get("connect_timeout_s"), m.get("total_timeout_s")
         if isinstance(ct, (int, float)) and isinstance(tt, (int, float)) and 0 < tt < ct:
             problems.append(f"{fname}: models.{key}.connect_timeout_s: {ct} exceeds total_timeout_s {tt}; lower it or raise total_timeout_s")
-    defaults = raw.get("defaults") if isinstance(raw.get("defaults"), dict) else {}
+    defaults = _table(raw, "defaults")
     dep = defaults.get("endpoint")
     if isinstance(dep, str) and dep not in endpoints:
         problems.append(f"{fname}: defaults.endpoint: {dep!r} is not a defined endpoint (defined: {defined})")
     instr = raw.get("instruction")
     if isinstance(instr, str) and not Path(instr).is_file():
         problems.append(f"{fname}: instruction: template file {instr!r} does not exist")
-    corpus = raw.get("corpus") if isinstance(raw.get("corpus"), dict) else {}
+    corpus = _table(raw, "corpus")
     paths = corpus.get("paths")
     for i, p in enumerate(paths if isinstance(paths, list) else []):
         if isinstance(p, str) and not Path(p).exists():

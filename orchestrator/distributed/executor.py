@@ -24,6 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pyarrow.compute as pc
 import structlog
@@ -54,6 +55,10 @@ from workers.gate import MemoryGate
 from workers.gc_policy import tuned_collector
 from workers.limits.memory import MemoryLimiter
 from workers.runtask import RunTask
+
+if TYPE_CHECKING:
+    from analysis.options import AnalysisOptions
+    from orchestrator.jobs.analysis import AnalysisJob
 
 __all__ = [
     "CeleryCampaignStatus", "CeleryModelProgress", "CeleryOptions", "campaign_status_celery",
@@ -88,6 +93,11 @@ def _cancelled_records(tasks: Sequence[RunTask], reason: str, by_model: dict[str
 AVAILABILITY_MARK = "(availability check "
 
 
+def _text(value: bytes | str) -> str:
+    """A Redis reply as text (the clients here return bytes)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _close_unavailable(state: CampaignState, store: RunStore, models: set[str]) -> dict[str, str]:
     """Close, in the campaign's Redis gate, every planned model the availability dataset lists
     as gone; reopen models an earlier call closed for that reason that are available again.
@@ -95,8 +105,7 @@ def _close_unavailable(state: CampaignState, store: RunStore, models: set[str]) 
     gone = AvailabilityStore(store.root, fsync=False).unavailable_models()
     closed: dict[str, str] = {}
     gate_key = state.key("gate")
-    current = {k.decode() if isinstance(k, bytes) else k: v.decode() if isinstance(v, bytes) else v
-               for k, v in state.client.hgetall(gate_key).items()}
+    current = {_text(k): _text(v) for k, v in state.client.hgetall(gate_key).items()}
     for model in sorted(models):
         timeline = gone.get(model)
         if timeline is not None:
@@ -144,8 +153,8 @@ def run_campaign_celery(
     timeout_s: float | None = None,
     options: CeleryOptions = CeleryOptions(),
     app: Celery | None = None,
-    analysis_options: object | None = None,
-    on_analysis: Callable[[object], None] | None = None,
+    analysis_options: AnalysisOptions | None = None,
+    on_analysis: Callable[[AnalysisJob], None] | None = None,
     retry_outcomes: frozenset[Outcome] = frozenset(),
 ) -> ExecutionSummary:
     """Dispatch every planned run without a stored record and wait until each has one.
@@ -214,7 +223,7 @@ def campaign_status_celery(
         state = CampaignState(client, prepared.spec.name)
         planned = dict(Counter(t.model for t in prepared.tasks))
         progress = progress_from_counts(planned, state.counts(), state.running_by_model(), {}, 0.0)
-        closed = {k.decode(): v.decode() for k, v in client.hgetall(state.key("gate")).items()}
+        closed = {_text(k): _text(v) for k, v in client.hgetall(state.key("gate")).items()}
         return CeleryCampaignStatus(stored, progress, state.outstanding(), state.cancel_reason(), closed)
     finally:
         client.close()
@@ -231,13 +240,14 @@ def cancel_campaign(campaign_name: str, broker_url: str, reason: str = "cancelle
 
 
 def celery_execute(
-    broker_url: str, *, options: CeleryOptions = CeleryOptions(analyze_on_complete=False), **kwargs: object
+    broker_url: str, *, options: CeleryOptions = CeleryOptions(analyze_on_complete=False),
+    timeout_s: float | None = None, app: Celery | None = None,
 ) -> Callable[..., tuple[int, ExecutionSummary]]:
     """An executor with the signature of ``run_campaign_local`` — ``(prepared, store, secrets,
     on_progress=None) -> (skipped, summary)`` — that runs on the Celery workers (what
     ``orchestrator.jobs.probe.run_probe(execute=...)`` takes). ``secrets`` are ignored: workers read
     the keys from their own environment. ``skipped`` = planned runs already stored before.
-    ``kwargs`` go to :func:`run_campaign_celery` (e.g. ``timeout_s``)."""
+    ``timeout_s`` and ``app`` go to :func:`run_campaign_celery`."""
 
     def execute(prepared: PreparedCampaign, store: RunStore, secrets: object = None,
                 on_progress: CeleryProgressCallback | None = None,
@@ -249,7 +259,7 @@ def celery_execute(
         if retry_outcomes:
             skipped -= retryable(prepared, store, retry_outcomes).total
         summary = run_campaign_celery(prepared, store, broker_url, on_progress=on_progress, options=options,
-                                      retry_outcomes=retry_outcomes, **kwargs)  # type: ignore[arg-type]
+                                      retry_outcomes=retry_outcomes, timeout_s=timeout_s, app=app)
         return skipped, summary
 
     return execute

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 from urllib.parse import urlsplit
 
 import redis
@@ -184,7 +185,7 @@ class Countdown:
     """An ``on_wait`` for ``wait_for_redis`` that redraws one status line (``\\r``) on
     ``stream`` with the seconds left; ``end()`` erases it (only if something was drawn)."""
 
-    def __init__(self, stream) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, stream: TextIO) -> None:
         self._stream = stream
         self._width = 0
 
@@ -200,7 +201,7 @@ class Countdown:
             self._stream.flush()
 
 
-def wait_with_countdown(url: str, wait_s: float, stream) -> redis.Redis:  # type: ignore[no-untyped-def]
+def wait_with_countdown(url: str, wait_s: float, stream: TextIO) -> redis.Redis:
     """``wait_for_redis`` drawing its countdown on ``stream``."""
     countdown = Countdown(stream)
     try:
@@ -209,7 +210,7 @@ def wait_with_countdown(url: str, wait_s: float, stream) -> redis.Redis:  # type
         countdown.end()
 
 
-def celery_preflight(url: str, root: Path, queue: str, *, wait_s: float, stream,  # type: ignore[no-untyped-def]
+def celery_preflight(url: str, root: Path, queue: str, *, wait_s: float, stream: TextIO,
                      presence_wait_s: float = 2.5) -> tuple[redis.Redis, str]:
     """Before a distributed campaign: Redis reachable (countdown on ``stream``), the store's id
     created, and no live worker on ``queue`` writing to another store (``ConfigError`` naming

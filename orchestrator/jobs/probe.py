@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from rich.console import JustifyMethod
 from rich.table import Table
 
 from analysis.tables.probes import ProbeSettings, probe_input_from_runs, probe_table
@@ -26,6 +27,7 @@ from orchestrator.local.executor import ProgressCallback
 from orchestrator.campaign.spec import CampaignSpec, load_campaign
 from storage.clock import utc_now
 from storage.probes import ProbeStore
+from storage.records import Outcome
 from storage.runs import RunStore
 from workers.errors import ConfigError
 
@@ -105,7 +107,7 @@ def run_probe(
     on_progress: ProgressCallback | None = None,
     out_path: Path | None = None,
     now: Callable[[], dt.datetime] = utc_now,
-    retry_outcomes: frozenset = frozenset(),
+    retry_outcomes: frozenset[Outcome] = frozenset(),
 ) -> ProbeResult:
     """Run (or resume) the probe at ``probe_spec_path`` and summarise it.
 
@@ -121,8 +123,10 @@ def run_probe(
     secrets = resolve_secrets(spec) if secrets is None else secrets
     store = RunStore(data_dir)
     execute = execute or run_campaign_local
-    extra = {"retry_outcomes": retry_outcomes} if retry_outcomes else {}
-    skipped, summary = execute(prepared, store, secrets, on_progress=on_progress, **extra)
+    if retry_outcomes:  # only then: an executor need not take the keyword
+        skipped, summary = execute(prepared, store, secrets, on_progress=on_progress, retry_outcomes=retry_outcomes)
+    else:
+        skipped, summary = execute(prepared, store, secrets, on_progress=on_progress)
     table = summarise_probe(store, spec.name, settings, computed_at=now())
     ProbeStore(data_dir).replace(table, source=PROBE_SOURCE, campaign=spec.name)
     out_path = Path(out_path) if out_path is not None else data_dir / "probes.parquet"
@@ -141,12 +145,13 @@ def probe_rich_table(table: pa.Table, title: str = "failure-attribution probe") 
     """One line per model and budget: outcomes, latency (s), reasoning/answer chars, attribution."""
     ref = table.column("reference_timeout_s")[0].as_py() if table.num_rows else None
     out = Table(title=f"{title} (reference timeout {ref:g} s)" if ref is not None else title)
-    for col, just in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("model", "left"), ("budget", "right"), ("runs", "right"), ("usable", "right"),
         ("≤ ref", "right"), ("outcomes", "left"), ("lat med s", "right"), ("lat max s", "right"),
         ("reasoning chars", "right"), ("answer chars", "right"), ("cell", "left"), ("attribution", "left"),
-    ):
-        out.add_column(col, justify=just)  # type: ignore[arg-type]
+    )
+    for col, just in columns:
+        out.add_column(col, justify=just)
     for r in table.to_pylist():
         budget = "no cap" if r["budget_max_tokens"] is None else str(r["budget_max_tokens"])
         out.add_row(

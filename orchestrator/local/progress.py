@@ -68,10 +68,15 @@ class ModelBars:
         self._tasks: dict[str, TaskID] = {}
 
     def update(self, model: str, state: ModelProgress) -> None:
-        fields = dict(failed=state.failed, cancelled=state.cancelled, in_flight=state.in_flight)
         if model not in self._tasks:
-            self._tasks[model] = self._progress.add_task(model, total=state.total, model=model, **fields)
-        self._progress.update(self._tasks[model], completed=state.done, total=state.total, **fields)
+            self._tasks[model] = self._progress.add_task(
+                model, total=state.total, model=model,
+                failed=state.failed, cancelled=state.cancelled, in_flight=state.in_flight,
+            )
+        self._progress.update(
+            self._tasks[model], completed=state.done, total=state.total,
+            failed=state.failed, cancelled=state.cancelled, in_flight=state.in_flight,
+        )
 
     def __enter__(self) -> ModelBars:
         self._progress.__enter__()

@@ -155,8 +155,8 @@ class ProcessWriter:
         self._pid = pid
         os.close(records_r)
         os.close(acks_w)
-        self._reader = asyncio.StreamReader()
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(self._reader), os.fdopen(acks_r, "rb", 0))
+        reader = self._reader = asyncio.StreamReader()
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(acks_r, "rb", 0))
         transport, protocol = await loop.connect_write_pipe(
             asyncio.streams.FlowControlMixin, os.fdopen(records_w, "wb", 0)
         )

@@ -77,6 +77,19 @@ def test_a_streak_seen_at_the_claim_or_made_by_the_run_is_reset(client) -> None:
     assert client.hget(st.key("gate"), "m").decode().startswith("disabled after 3")
 
 
+def test_close_shuts_a_model_for_every_gate_of_the_campaign_and_keeps_the_first_reason(client) -> None:
+    st = CampaignState(client, "cg3b", prefix="t")
+    ours, theirs = RedisGate(st), RedisGate(st)  # two workers of one campaign
+    _, view = st.claim_with_gate("r1", "m", "w1", 30)
+    ours.prime("m", view)
+    assert ours.closed_reason("m") is None  # remembered: open
+    ours.close("m", "not_listed (availability check 2026-01-01)")
+    ours.close("m", "a later reason")
+    assert ours.closed_reason("m") == "not_listed (availability check 2026-01-01)"  # not the stale "open"
+    assert theirs.closed_reason("m") == "not_listed (availability check 2026-01-01)"
+    assert theirs.closed_reason("other") is None
+
+
 def test_runs_waiting_in_a_worker_keep_a_fresh_queued_time(client) -> None:
     """What the heartbeat does for the delivered runs waiting for a slot (unclaimed)."""
     st = CampaignState(client, "cg4", prefix="t")

@@ -118,7 +118,7 @@ def make_celery_app(
         task_send_sent_event=False,
     )
     holder = RuntimeHolder(broker_url, worker_settings)
-    app.irbench_runtime = holder  # type: ignore[attr-defined]  # per-process resources, created lazily
+    app.irbench_runtime = holder  # per-process resources, created lazily
 
     def _on_worker_init(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is not app:
@@ -188,7 +188,7 @@ PER_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
 
 
 def _configure_worker_logging(**_: Any) -> None:
-    configure_logging(level=os.environ.get("IRBENCH_LOG_LEVEL", "INFO"), json=True, stream=_CurrentStderr())  # type: ignore[arg-type]
+    configure_logging(level=os.environ.get("IRBENCH_LOG_LEVEL", "INFO"), json=True, stream=_CurrentStderr())  # type: ignore[arg-type]  # write/flush/isatty: all of TextIO that PrintLogger uses
     task_level = os.environ.get("IRBENCH_CELERY_TASK_LOG_LEVEL", "WARNING").upper()
     for name in PER_TASK_LOGGERS:  # task failures are WARNING/ERROR and still logged
         logging.getLogger(name).setLevel(task_level)

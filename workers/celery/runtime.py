@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Callable, Coroutine, Mapping
@@ -225,7 +226,7 @@ class WorkerRuntime:
                 # on this runtime's one event loop, as PooledProvider needs (the clients'
                 # sessions open on it, on first use).
                 self._providers[key] = PooledProvider(
-                    lambda c, ep=ep, api_key=api_key: make_provider(ep, c, api_key), tls=self._tls,
+                    functools.partial(make_provider, ep, api_key=api_key), tls=self._tls,
                     wire_format=ep.wire_format,
                 )
             return self._providers[key]

@@ -244,7 +244,7 @@ def _append(rt: WorkerRuntime, finishes: Sequence[_Finish]) -> None:
             by_dir.setdefault(f.data_dir, []).append(f.run)
     for data_dir, stored in by_dir.items():
         try:
-            rt.spool(data_dir).append([r.record for r in stored])  # type: ignore[misc]
+            rt.spool(data_dir).append([r.record for r in stored if r.record is not None])  # all are (by_dir)
         except Exception as exc:
             text = _failure_text(exc)
             for r in stored:

@@ -32,8 +32,9 @@ class Limiter(Protocol):
         """Block (asynchronously) until the model may be called; return the lease."""
         ...
 
-    async def release(self, permit: Permit, actual_tokens: int | None = None) -> None:
-        """Free the concurrency slot; refund ``cost_tokens - actual_tokens`` to the token budget."""
+    async def release(self, permit: Permit, actual_tokens: int | None = None) -> object:
+        """Free the concurrency slot; refund ``cost_tokens - actual_tokens`` to the token budget.
+        Callers ignore the result (some limiters say whether the lease was still held)."""
         ...
 
     async def cooldown(self, model: str, seconds: float) -> None:

@@ -57,7 +57,8 @@ import asyncio
 import functools
 import re
 import ssl
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, cast
 
 import aiohttp
 import httpx
@@ -197,7 +198,7 @@ class _Response(aiohttp.ClientResponse):
     wire: _Protocol | None = None
 
     async def start(self, connection: aiohttp.connector.Connection) -> aiohttp.ClientResponse:
-        self.wire = connection.protocol  # type: ignore[assignment]
+        self.wire = cast("_Protocol | None", connection.protocol)  # the connector's factory makes _Protocols (_open)
         return await super().start(connection)
 
 
@@ -218,7 +219,7 @@ class _Body(httpx.AsyncByteStream):
             and response.status not in _NO_BODY and request.method != "HEAD"
         )
 
-    async def __aiter__(self):  # type: ignore[no-untyped-def,override]
+    async def __aiter__(self) -> AsyncIterator[bytes]:
         content = self._response.content
         error: httpx.HTTPError | None = None
         try:
@@ -268,7 +269,10 @@ class AioClient:
             limit=self._limit, limit_per_host=0, ssl=self._tls, keepalive_timeout=KEEPALIVE_S,
             use_dns_cache=False,  # httpcore resolves on every new connection
         )
-        connector._factory = functools.partial(_Protocol, loop=asyncio.get_running_loop())  # type: ignore[method-assign]
+        # a partial making _Protocols is one making ResponseHandlers (partial is invariant in the stubs)
+        connector._factory = cast(
+            "functools.partial[ResponseHandler]", functools.partial(_Protocol, loop=asyncio.get_running_loop())
+        )
         self._session = aiohttp.ClientSession(
             connector=connector, response_class=_Response, cookie_jar=aiohttp.DummyCookieJar(),
             auto_decompress=False, trust_env=False, raise_for_status=False,
@@ -308,11 +312,12 @@ class AioClient:
             raise ValueError("AioClient.send only streams; read the body with aiter_bytes()")
         session = self._session or self._open()
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
+        error: httpx.HTTPError | None
         try:
-            response = await session.request(
+            response = cast(_Response, await session.request(  # the session's response_class (_open)
                 request.method, self._target(request.url), data=request.content or None, headers=headers,
                 allow_redirects=False, timeout=self._timeout(request),
-            )
+            ))
         except (aiohttp.ClientError, OSError, ValueError) as exc:
             error = _translate(exc, request, None)
         else:

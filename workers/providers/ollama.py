@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import httpx
 
 from workers.providers import _http, streaming
 from workers.providers.base import ChatRequest, Reply
@@ -31,7 +30,7 @@ class OllamaProvider:
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        client: _http.HttpClient,
         base_url: str,
         api_key: str | None = None,
         *,

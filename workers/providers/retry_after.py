@@ -79,8 +79,8 @@ def retry_after_from_headers(headers: Mapping[str, str], now: dt.datetime) -> fl
             seconds = parse_retry_after(raw, now)
         if seconds is not None:
             return seconds
-    resets = {kind: parse_go_duration(headers.get(f"x-ratelimit-reset-{kind}")) for kind in _RESET_KINDS}
-    resets = {kind: s for kind, s in resets.items() if s is not None}
+    parsed = {kind: parse_go_duration(headers.get(f"x-ratelimit-reset-{kind}")) for kind in _RESET_KINDS}
+    resets = {kind: s for kind, s in parsed.items() if s is not None}
     if not resets:
         return None
     exhausted = [s for kind, s in resets.items() if (headers.get(f"x-ratelimit-remaining-{kind}") or "").strip() == "0"]

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -363,7 +363,9 @@ class CampaignState:
 
     def queued(self) -> dict[str, float]:
         """run_id -> dispatch time (Redis seconds) of every published, unclaimed run."""
-        return {_s(m): float(s) for m, s in self.client.zrange(self.key("queued"), 0, -1, withscores=True)}
+        # withscores: (member, score) pairs, the scores cast by float
+        scored = cast("list[tuple[bytes | str, float]]", self.client.zrange(self.key("queued"), 0, -1, withscores=True))
+        return {_s(m): float(s) for m, s in scored}
 
     def next_due_in_s(self) -> float | None:
         """Seconds until the earliest deferred run is due (<= 0: due now), None if none."""

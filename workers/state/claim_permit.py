@@ -101,7 +101,8 @@ class ClaimPermits:
         """The claim script's call for ``task`` (to pipeline it), and whether it asks for a first
         permit; :meth:`claimed_from` reads its reply."""
         c_args = claim_args(task.run_id, task.model, owner, ttl_s)
-        keys, a_args = [state.base], []
+        keys = [state.base]
+        a_args: list[Any] = []
         ask = not (task.limits.tokens_per_minute or task.limits.requests_per_minute)
         if ask:
             a_keys, a_args = self._limiter.acquire_call(task.model, task.limits, task.run_id, 0)

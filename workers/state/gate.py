@@ -155,6 +155,11 @@ class RedisGate:
     def cancel_all(self, reason: str) -> None:
         self._state.cancel(reason)
 
+    def close(self, model: str, reason: str) -> None:
+        """Close ``model`` for the campaign on every worker; a reason already set is kept."""
+        self._client.hsetnx(self._state.key("gate"), model, reason)
+        self._known.pop(model, None)
+
     def reopen(self, model: str) -> None:
         """Undo a retirement/disable for this campaign (operator decision)."""
         pipe = self._client.pipeline(transaction=True)
