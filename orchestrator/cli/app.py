@@ -482,10 +482,10 @@ def main() -> None:
     except (KeyboardInterrupt, click.exceptions.Abort, typer.Abort):
         code = INTERRUPTED_EXIT_CODE
     except _USAGE_ERRORS as exc:  # a bad option or argument: one line, no usage box
-        message = exc.format_message()  # type: ignore[attr-defined]
+        message = exc.format_message()
         if not message:  # `irbench` alone: the help is the answer
-            exc.show()  # type: ignore[attr-defined]
-            sys.exit(exc.exit_code)  # type: ignore[attr-defined]
+            exc.show()
+            sys.exit(exc.exit_code)
         print_error(f"{message} (see irbench --help)")
         sys.exit(USER_ERROR_EXIT_CODE)
     except OSError as exc:  # disk full, permission denied, ...: what to do, not a traceback

@@ -138,8 +138,8 @@ def analyze_command(
             panel=panel, campaigns=campaign or None, models=model or None,
             date_from=dt.date.fromisoformat(date_from) if date_from else None,
             date_to=dt.date.fromisoformat(date_to) if date_to else None,
-            merge_rule=merge_rule, precedence_path=precedence, families_path=families,
-            pair_scope=pairs, corpus_dirs=corpus or None, skip_corrupt=skip_corrupt,
+            merge_rule=merge_rule, precedence_path=precedence, families_path=families,  # type: ignore[arg-type]  # pydantic validates the choice
+            pair_scope=pairs,  # type: ignore[arg-type]  # likewise corpus_dirs=corpus or None, skip_corrupt=skip_corrupt,
             timeouts_s=[float(t) for t in timeouts.split(",") if t.strip()],
             blas_threads=blas_threads, interval_threads=interval_threads,
         )

@@ -6,7 +6,7 @@ Each knob is also an environment variable (named in the help); a flag wins over 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -57,4 +57,5 @@ def worker_settings(broker_url: str, **flags: float | int | str | None):
     """The worker's settings: ``IRBENCH_*`` environment, then the flags given."""
     from workers.celery.runtime import WorkerSettings
 
-    return replace(WorkerSettings.from_env(broker_url), **{k: v for k, v in flags.items() if v is not None})
+    given: dict[str, Any] = {k: v for k, v in flags.items() if v is not None}
+    return replace(WorkerSettings.from_env(broker_url), **given)

@@ -262,7 +262,7 @@ async def run_local(  # noqa: C901  (being split into dispatcher, writer and pro
                         record = await execute(task, ctx)
                 finally:
                     state.in_flight -= 1
-                writer.add(record)
+                writer.add(record)  # type: ignore[arg-type]  # _BatchWriter runs beside execute_run only, which returns RunRecords
                 outcome = record.outcome
                 if outcome is Outcome.RETIRED:
                     assert isinstance(record, RunRecord)  # no answer, so never a PendingRecord
@@ -286,7 +286,7 @@ async def run_local(  # noqa: C901  (being split into dispatcher, writer and pro
         for model, queue in queues.items():
             workers += [asyncio.create_task(worker(model)) for _ in range(min(caps[model], queue.qsize()))]
         interrupted = False
-        all_done = asyncio.gather(*workers)
+        all_done: asyncio.Future[Any] = asyncio.gather(*workers)
         write_failed = asyncio.create_task(writer.failed.wait())
         try:
             await asyncio.wait([all_done, write_failed], return_when=asyncio.FIRST_COMPLETED)

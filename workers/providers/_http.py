@@ -225,7 +225,7 @@ async def send(  # noqa: C901  (being split: request, bounded read and classific
         if deadline.expired():
             raise fail(
                 TotalTimeout,
-                reader.timeout_message("total_timeout_s", timeouts.total_timeout_s) if streaming() else
+                reader.timeout_message("total_timeout_s", timeouts.total_timeout_s) if reader is not None and streaming() else
                 f"no complete answer within total_timeout_s={timeouts.total_timeout_s}; "
                 "raise total_timeout_s if slow answers are expected",
             ) from None
@@ -332,7 +332,7 @@ def raise_for_status(raw: RawResponse, *, model: str, now: dt.datetime, secrets:
     secrets = tuple(secrets)
     message = body_message(raw.body)
     retry_after = retry_after_from_headers(raw.headers, now)
-    common = {"status_code": status, "latency_ms": raw.latency_ms, "bytes_received": raw.bytes_received}
+    common: dict[str, Any] = {"status_code": status, "latency_ms": raw.latency_ms, "bytes_received": raw.bytes_received}
 
     def text(what: str) -> str:
         return clip(f"POST {raw.url} model={model}: HTTP {status} {what}: {message}", secrets)

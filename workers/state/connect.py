@@ -42,7 +42,7 @@ def sync_redis(url: str, timeouts: RedisTimeouts = DEFAULT_TIMEOUTS) -> redis.Re
         url,
         retry=Retry(ExponentialBackoff(cap=timeouts.backoff_cap_s, base=0.05), timeouts.retries),
         retry_on_error=[RedisConnectionError, RedisTimeoutError],
-        **timeouts._kwargs(),  # type: ignore[arg-type]  # redis-py's from_url takes **kwargs untyped
+        **timeouts._kwargs(),
     )
 
 
