@@ -56,9 +56,6 @@ RETRIED_WITHIN_RUN: frozenset[Outcome] = frozenset({Outcome.RATE_LIMITED, Outcom
 #: would change the measurement).
 RERUN_BY_DEFAULT: frozenset[Outcome] = RETRIED_WITHIN_RUN | TIMEOUT_OUTCOMES | {Outcome.PROTOCOL_ERROR, Outcome.CANCELLED}
 
-#: A run whose call came back, but not as a whole answer: the budget ran out.
-TRUNCATED_OUTCOMES: frozenset[Outcome] = frozenset({Outcome.TRUNCATED})
-
 #: Parse outcomes of a *successful run* everywhere (metrics, probes, timeouts, manifests,
 #: imports, the viewer): the answer yielded a validated IR, possibly after repairs.
 SUCCESS_PARSE_OUTCOMES: frozenset[str] = frozenset({ParseOutcome.OK.value, ParseOutcome.REPAIRED.value})
@@ -81,12 +78,6 @@ def succeeded_mask(runs: pa.Table) -> pa.ChunkedArray:
 
 
 
-def call_failed(outcome: str) -> bool:
-    """One execution: the call ended in any class but ``ok`` (a failure of the call, as
-    ``status`` and the viewer count it; ``run_succeeded`` is the stricter, parsed-IR test)."""
-    return outcome != Outcome.OK.value
-
-
 def succeeded_sql(parse_column: str = "parse_outcome", ir_column: str = "ir_json") -> str:
     """``run_succeeded`` as a SQL boolean expression over the named columns (DuckDB)."""
     values = ", ".join(f"'{v}'" for v in sorted(SUCCESS_PARSE_OUTCOMES))
@@ -94,5 +85,6 @@ def succeeded_sql(parse_column: str = "parse_outcome", ir_column: str = "ir_json
 
 
 def call_failed_sql(outcome_column: str = "outcome") -> str:
-    """``call_failed`` as a SQL boolean expression (DuckDB)."""
+    """The call ended in any class but ``ok``, as a SQL boolean expression (DuckDB); the stricter
+    parsed-IR test is ``succeeded_sql``."""
     return f"({outcome_column} <> '{Outcome.OK.value}')"

@@ -318,7 +318,7 @@ def body_message(body: bytes) -> str:
 
 def parse_retirement(message: str) -> tuple[str | None, str | None]:
     """``(retired_on ISO date, reference id)`` from a 410 message such as
-    ``"x was retired at 2026-07-15 00:00:00 -0700 PDT (ref: 9a2b…)"``; ``None`` when absent."""
+    ``"x was retired at YYYY-MM-DD hh:mm:ss -0700 PDT (ref: 9a2b…)"``; ``None`` when absent."""
     date = _RETIRED_ON_RE.search(message)
     ref = _REFERENCE_RE.search(message)
     return (date.group(1) if date else None, ref.group(1) if ref else None)
