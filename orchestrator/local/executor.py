@@ -29,11 +29,11 @@ from typing import Any, TypeVar
 import httpx
 import structlog
 
-from storage.errors import StorageError
 from storage.records import Outcome, RunRecord
 from storage.runs import RunStore
 from workers.clock import Clock, SystemClock
-from orchestrator.local.writer import FinishedRun, ProcessWriter, WriterConfig, write_error
+from orchestrator.local.batch_writer import BatchWriter
+from orchestrator.local.writer import FinishedRun, ProcessWriter, WriterConfig
 from workers.execute import ExecuteSettings, PendingRecord, RunContext, execute_run, execute_run_deferred, log_finished
 from workers.gate import MemoryGate, ModelGate
 from workers.gc_policy import tuned_collector
@@ -106,69 +106,162 @@ class ExecutionSummary:
     retired: tuple[RunRecord, ...] = ()  # the runs that met a 410 (one per model, usually)
 
 
-class _BatchWriter:
-    """Collects records and writes them to the store in batches from a background task.
+class _Providers:
+    """One provider per endpoint, made on first use: a ``PooledProvider`` of single-connection
+    clients, or a plain provider over an injected ``client``. ``aclose`` closes the pools."""
 
-    A failed write (disk full, permissions) never raises out of the background task: it is kept
-    in ``failure``, ``failed`` is set so the executor stops starting runs, and later batches are
-    dropped (``lost`` counts the records not stored; they run again on the next resume)."""
+    def __init__(self, secrets: Mapping[str, str], options: LocalOptions, client: httpx.AsyncClient | None) -> None:
+        self._secrets, self._options, self._client = secrets, options, client
+        self._tls = make_tls_context() if client is None else None  # one CA bundle load for every client
+        self._by_endpoint: dict[str, Provider] = {}
+        self._pools: list[PooledProvider] = []
 
-    def __init__(self, store: RunStore, options: LocalOptions) -> None:
-        self._store = store
-        self._options = options
-        self._buffer: list[RunRecord] = []
-        self._wake = asyncio.Event()
-        self._closing = False
-        self.written = 0
-        self.lost = 0
-        self.failure: Exception | None = None
-        self.failed = asyncio.Event()
+    def __call__(self, task: RunTask) -> Provider:
+        key = task.endpoint.name
+        if key not in self._by_endpoint:
+            self._by_endpoint[key] = self._make(task)
+        return self._by_endpoint[key]
 
-    def add(self, record: RunRecord) -> None:
-        if self.failure is not None:
-            self.lost += 1
-            return
-        self._buffer.append(record)
-        if len(self._buffer) >= self._options.flush_max_records:
-            self._wake.set()
+    def _make(self, task: RunTask) -> Provider:
+        endpoint = task.endpoint
+        api_key = self._secrets.get(endpoint.api_key_env) if endpoint.api_key_env else None
+        if self._client is not None:
+            return make_provider(endpoint, self._client, api_key)
+        assert self._tls is not None
+        pool = PooledProvider(
+            lambda c: make_provider(endpoint, c, api_key), tls=self._tls,
+            connections_per_client=self._options.connections_per_client, wire_format=endpoint.wire_format,
+        )
+        self._pools.append(pool)
+        return pool
 
-    async def _flush(self) -> None:
-        if not self._buffer:
-            return
-        batch, self._buffer = self._buffer, []
-        if self.failure is not None:
-            self.lost += len(batch)
-            return
-        try:
-            await asyncio.to_thread(self._store.write, batch)
-        except (StorageError, OSError) as exc:
-            self.failure, self.lost = exc, self.lost + len(batch)
-            self.failed.set()
-            log.info("store_write_failed", error=str(exc), records=len(batch))  # the raised error says it
-            return
-        self.written += len(batch)
-
-    async def run(self) -> None:
-        """Flush every interval until ``close()``; the last flush is awaited, never cancelled
-        (a cancelled write would leave it unknown whether its batch was stored)."""
-        while not self._closing:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._options.flush_interval_s)
-            self._wake.clear()
-            await self._flush()
-        await self._flush()
-
-    def close(self) -> None:
-        """Ask ``run()`` to write what is left and return."""
-        self._closing = True
-        self._wake.set()
-
-    def error(self) -> StorageError:
-        """The failure as one actionable ``StorageError``."""
-        return write_error(self._store.root, self.failure, self.written, self.lost)
+    async def aclose(self) -> None:
+        for pool in self._pools:
+            await pool.aclose()
 
 
-async def run_local(  # noqa: C901  (being split into dispatcher, writer and progress parts)
+Execute = Callable[[RunTask, RunContext], Awaitable[RunRecord | PendingRecord]]
+
+
+class _ModelPools:
+    """Per-model queues and the coroutines that drain them; counts what they finished.
+
+    Each model gets ``max_concurrency`` coroutines (or the options' default) pulling from its own
+    queue, all optionally under one ``max_in_flight`` semaphore."""
+
+    def __init__(self, tasks: Sequence[RunTask], options: LocalOptions, on_progress: ProgressCallback | None) -> None:
+        self.queues: dict[str, asyncio.Queue[RunTask]] = defaultdict(asyncio.Queue)
+        self.progress: dict[str, ModelProgress] = {}
+        self.caps: dict[str, int] = {}
+        self.by_model: dict[str, Counter[str]] = defaultdict(Counter)
+        self.retired: list[RunRecord] = []
+        self._on_progress = on_progress
+        self._in_flight = asyncio.Semaphore(options.max_in_flight) if options.max_in_flight else None
+        for task in tasks:
+            self.queues[task.model].put_nowait(task)
+            self.caps.setdefault(task.model, task.limits.max_concurrency or options.default_model_concurrency)
+            self.progress.setdefault(task.model, ModelProgress(total=0)).total += 1
+
+    def _report(self, model: str) -> None:
+        if self._on_progress:
+            self._on_progress(model, self.progress[model])
+
+    def on_finished(self, run: FinishedRun) -> None:
+        """A run the writer process finished, now stored."""
+        log_finished(run.campaign, run.run_id, run.model, run.fields)
+        if run.failed:
+            self.progress[run.model].failed += 1
+            self._report(run.model)
+
+    def start(self, execute: Execute, ctx: RunContext, writer: BatchWriter | ProcessWriter) -> list[asyncio.Task[None]]:
+        """One task per coroutine slot of each model (no more than its queued runs)."""
+        return [
+            asyncio.create_task(self._drain(model, execute, ctx, writer))
+            for model, queue in self.queues.items()
+            for _ in range(min(self.caps[model], queue.qsize()))
+        ]
+
+    async def _drain(self, model: str, execute: Execute, ctx: RunContext, writer: BatchWriter | ProcessWriter) -> None:
+        queue, state = self.queues[model], self.progress[model]
+        while True:
+            try:
+                task = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            state.in_flight += 1
+            self._report(model)
+            try:
+                if self._in_flight is not None:
+                    async with self._in_flight:
+                        record = await execute(task, ctx)
+                else:
+                    record = await execute(task, ctx)
+            finally:
+                state.in_flight -= 1
+            writer.add(record)  # type: ignore[arg-type]  # BatchWriter runs beside execute_run only, which returns RunRecords
+            self._count(model, record)
+
+    def _count(self, model: str, record: RunRecord | PendingRecord) -> None:
+        state, outcome = self.progress[model], record.outcome
+        if outcome is Outcome.RETIRED:
+            assert isinstance(record, RunRecord)  # no answer, so never a PendingRecord
+            self.retired.append(record)
+        self.by_model[model][outcome.value] += 1
+        state.done += 1
+        state.outcomes[outcome.value] += 1
+        if outcome is Outcome.CANCELLED:
+            state.cancelled += 1
+        elif isinstance(record, PendingRecord):
+            # an answer that ended other than ok failed whatever its IR; an ok one fails if
+            # its IR does not parse, which the writer process tells (on_finished)
+            state.failed += outcome is not Outcome.OK
+        elif record.failed:
+            state.failed += 1
+        self._report(model)
+
+
+async def _open_writer(store: RunStore, options: LocalOptions, n_tasks: int, pools: _ModelPools
+                       ) -> tuple[BatchWriter | ProcessWriter, Execute]:
+    """The writer for an execution of ``n_tasks`` and the execute function that feeds it: a
+    forked writer process (which also extracts the IR) from ``writer_process_min_runs`` on."""
+    min_runs = options.writer_process_min_runs
+    if min_runs is not None and n_tasks >= min_runs and hasattr(os, "fork"):
+        config = WriterConfig(store, options.flush_interval_s, options.flush_max_records)
+        writer = ProcessWriter(store, config, pools.on_finished)
+        await writer.start()
+        return writer, execute_run_deferred
+    return BatchWriter(store, options.flush_interval_s, options.flush_max_records), execute_run
+
+
+async def _cancel_all(workers: Sequence[asyncio.Task[None]]) -> None:
+    for w in workers:
+        w.cancel()
+    await asyncio.gather(*workers, return_exceptions=True)
+
+
+async def _await_workers(workers: list[asyncio.Task[None]], writer: BatchWriter | ProcessWriter) -> bool:
+    """Wait for ``workers`` to finish, stopping them if the writer fails (nothing more can be
+    stored) or on cancellation / Ctrl-C. Returns True when interrupted."""
+    all_done: asyncio.Future[Any] = asyncio.gather(*workers)
+    write_failed = asyncio.create_task(writer.failed.wait())
+    try:
+        await asyncio.wait([all_done, write_failed], return_when=asyncio.FIRST_COMPLETED)
+        if writer.failure is not None:
+            await _cancel_all(workers)
+        await all_done if all_done.done() and not all_done.cancelled() else None
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        await _cancel_all(workers)
+        return True
+    finally:
+        write_failed.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await write_failed
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(all_done, return_exceptions=True)
+    return False
+
+
+async def run_local(
     tasks: Sequence[RunTask],
     store: RunStore,
     *,
@@ -184,138 +277,32 @@ async def run_local(  # noqa: C901  (being split into dispatcher, writer and pro
     """Execute ``tasks`` (already filtered to the pending ones) and store every record.
 
     ``secrets`` maps environment-variable names to API keys; it is read here and handed to the
-    providers in memory only. Returns counts per model and outcome.
+    providers in memory only. Returns counts per model and outcome; raises ``StorageError``
+    when the store refused a write (the runs not stored execute again on the next resume).
     """
-    limiter = limiter or MemoryLimiter()
-    gate = gate or MemoryGate(tasks[0].retry.disable_after_consecutive if tasks else 3)
-    tls = make_tls_context() if client is None else None  # one CA bundle load for every client
-    providers: dict[str, Provider] = {}
-    pooled: list[PooledProvider] = []
-
-    def provider_for(task: RunTask) -> Provider:
-        key = task.endpoint.name
-        if key not in providers:
-            api_key = secrets.get(task.endpoint.api_key_env) if task.endpoint.api_key_env else None
-            if client is not None:
-                providers[key] = make_provider(task.endpoint, client, api_key)
-            else:
-                assert tls is not None
-                endpoint = task.endpoint
-                pool = PooledProvider(
-                    lambda c: make_provider(endpoint, c, api_key), tls=tls,
-                    connections_per_client=options.connections_per_client, wire_format=endpoint.wire_format,
-                )
-                pooled.append(pool)
-                providers[key] = pool
-        return providers[key]
-
+    providers = _Providers(secrets, options, client)
     ctx = RunContext(
-        provider_for=provider_for, limiter=limiter, gate=gate, clock=clock or SystemClock(), settings=settings
+        provider_for=providers, limiter=limiter or MemoryLimiter(),
+        gate=gate or MemoryGate(tasks[0].retry.disable_after_consecutive if tasks else 3),
+        clock=clock or SystemClock(), settings=settings,
     )
-    queues: dict[str, asyncio.Queue[RunTask]] = defaultdict(asyncio.Queue)
-    progress: dict[str, ModelProgress] = {}
-    caps: dict[str, int] = {}
-    for task in tasks:
-        queues[task.model].put_nowait(task)
-        caps.setdefault(task.model, task.limits.max_concurrency or options.default_model_concurrency)
-        progress.setdefault(task.model, ModelProgress(total=0)).total += 1
-    def on_finished(run: FinishedRun) -> None:  # a run the writer process finished, now stored
-        log_finished(run.campaign, run.run_id, run.model, run.fields)
-        if run.failed:
-            state = progress[run.model]
-            state.failed += 1
-            if on_progress:
-                on_progress(run.model, state)
-
+    pools = _ModelPools(tasks, options, on_progress)
     min_runs = options.writer_process_min_runs
     long_run = min_runs is not None and len(tasks) >= min_runs
     # a long execution runs under the workers' collector policy, set before the writer's fork
     with tuned_collector(options.gc_young_threshold if long_run else 0):
-        writer: _BatchWriter | ProcessWriter
-        execute: Callable[[RunTask, RunContext], Awaitable[RunRecord | PendingRecord]] = execute_run
-        if long_run and hasattr(os, "fork"):
-            config = WriterConfig(store, options.flush_interval_s, options.flush_max_records)
-            writer = ProcessWriter(store, config, on_finished)
-            await writer.start()
-            execute = execute_run_deferred
-        else:
-            writer = _BatchWriter(store, options)
-        in_flight = asyncio.Semaphore(options.max_in_flight) if options.max_in_flight else None
-        by_model: dict[str, Counter[str]] = defaultdict(Counter)
-        retired: list[RunRecord] = []
-
-        async def worker(model: str) -> None:
-            queue, state = queues[model], progress[model]
-            while True:
-                try:
-                    task = queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    return
-                state.in_flight += 1
-                if on_progress:
-                    on_progress(model, state)
-                try:
-                    if in_flight is not None:
-                        async with in_flight:
-                            record = await execute(task, ctx)
-                    else:
-                        record = await execute(task, ctx)
-                finally:
-                    state.in_flight -= 1
-                writer.add(record)  # type: ignore[arg-type]  # _BatchWriter runs beside execute_run only, which returns RunRecords
-                outcome = record.outcome
-                if outcome is Outcome.RETIRED:
-                    assert isinstance(record, RunRecord)  # no answer, so never a PendingRecord
-                    retired.append(record)
-                by_model[model][outcome.value] += 1
-                state.done += 1
-                state.outcomes[outcome.value] += 1
-                if outcome is Outcome.CANCELLED:
-                    state.cancelled += 1
-                elif isinstance(record, PendingRecord):
-                    # an answer that ended other than ok failed whatever its IR; an ok one fails if
-                    # its IR does not parse, which the writer process tells (on_finished)
-                    state.failed += outcome is not Outcome.OK
-                elif record.failed:
-                    state.failed += 1
-                if on_progress:
-                    on_progress(model, state)
-
+        writer, execute = await _open_writer(store, options, len(tasks), pools)
         writer_task = asyncio.create_task(writer.run())
-        workers = []
-        for model, queue in queues.items():
-            workers += [asyncio.create_task(worker(model)) for _ in range(min(caps[model], queue.qsize()))]
-        interrupted = False
-        all_done: asyncio.Future[Any] = asyncio.gather(*workers)
-        write_failed = asyncio.create_task(writer.failed.wait())
         try:
-            await asyncio.wait([all_done, write_failed], return_when=asyncio.FIRST_COMPLETED)
-            if writer.failure is not None:  # nothing more can be stored: stop calling endpoints
-                for w in workers:
-                    w.cancel()
-                await asyncio.gather(*workers, return_exceptions=True)
-            await all_done if all_done.done() and not all_done.cancelled() else None
-        except (asyncio.CancelledError, KeyboardInterrupt):
-            interrupted = True
-            for w in workers:
-                w.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
+            interrupted = await _await_workers(pools.start(execute, ctx, writer), writer)
         finally:
-            write_failed.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await write_failed
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.gather(all_done, return_exceptions=True)
             writer.close()
             await asyncio.shield(writer_task)
-            for pool in pooled:
-                await pool.aclose()
-        log.info("local_execution_finished", executed=writer.written, interrupted=interrupted)
-        if writer.failure is not None:
-            raise writer.error()
-        return ExecutionSummary(
-            executed=writer.written,
-            by_model={m: dict(c) for m, c in by_model.items()},
-            interrupted=interrupted,
-            retired=tuple(retired),
-        )
+            await providers.aclose()
+    log.info("local_execution_finished", executed=writer.written, interrupted=interrupted)
+    if writer.failure is not None:
+        raise writer.error()
+    return ExecutionSummary(
+        executed=writer.written, by_model={m: dict(c) for m, c in pools.by_model.items()},
+        interrupted=interrupted, retired=tuple(pools.retired),
+    )

@@ -96,7 +96,7 @@ def _frame(obj: object, runs: int = 0) -> bytes:
 
 
 class ProcessWriter:
-    """The parent side; the same surface as ``local._BatchWriter`` (``add``, ``run``, ``close``,
+    """The parent side; the same surface as ``batch_writer.BatchWriter`` (``add``, ``run``, ``close``,
     ``failed``, ``failure``, ``written``, ``lost``, ``error``). ``on_finished`` is called on the
     event loop for each acknowledged run that the child finished (so it is logged once, stored)."""
 
