@@ -135,9 +135,9 @@ async def _call(client_cls: Callable[..., Any], url: str, *, json_body: dict[str
     not masked, and must appear in no error text of the chain."""
     async with client_cls(tls=make_tls_context()) as client:
         try:
-            raw = await _http.send(client, "POST", url, timeouts=timeouts, clock=time.monotonic,
-                                   json_body={"model": "m"} if json_body is None else json_body,
-                                   headers={"Authorization": f"Bearer {KEY}"}, context="model=m")
+            raw = await _http.send(client, _http.HttpCall(
+                "POST", url, json_body={"model": "m"} if json_body is None else json_body,
+                headers={"Authorization": f"Bearer {KEY}"}, context="model=m"), timeouts=timeouts, clock=time.monotonic)
         except ProviderError as exc:
             chain: BaseException | None = exc
             while chain is not None:
@@ -282,7 +282,7 @@ def test_bytes_on_an_idle_connection_never_answer_the_next_call(client: str, loo
         answers = []
         async with CLIENTS[client](tls=make_tls_context()) as c:
             for _ in range(3):
-                raw = await _http.send(c, "POST", url, timeouts=TIMEOUTS, clock=time.monotonic, json_body={})
+                raw = await _http.send(c, _http.HttpCall("POST", url, json_body={}), timeouts=TIMEOUTS, clock=time.monotonic)
                 answers.append((raw.status_code, raw.body))
                 await asyncio.sleep(0.2)
         server.close()
@@ -308,7 +308,7 @@ def test_a_get_that_fails_is_sent_once(client: str) -> None:
         url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/models"
         async with CLIENTS[client](tls=make_tls_context()) as c:
             try:
-                await _http.send(c, "GET", url, timeouts=TIMEOUTS, clock=time.monotonic)
+                await _http.send(c, _http.HttpCall("GET", url), timeouts=TIMEOUTS, clock=time.monotonic)
                 outcome = OK
             except ProviderError as exc:
                 outcome = exc.outcome.value

@@ -121,11 +121,11 @@ def test_every_client_puts_the_same_head_on_the_wire() -> None:
         for make in (lambda: AioClient(tls=make_tls_context()), lambda: DirectClient(tls=make_tls_context()),
                      lambda: make_http_client(1)):
             async with make() as c:
-                await _http.send(c, "POST", url, timeouts=policy, clock=time.monotonic,
-                                 json_body={"model": "héllo", "n": [1, 2.5, None]}, headers=headers)
-                await _http.send(c, "POST", url, timeouts=policy, clock=time.monotonic, headers=headers)
-                await _http.send(c, "GET", url.replace("chat/completions", "models"), timeouts=policy,
-                                 clock=time.monotonic, headers=headers)
+                await _http.send(c, _http.HttpCall("POST", url, json_body={"model": "héllo", "n": [1, 2.5, None]}, headers=headers),
+                                 timeouts=policy, clock=time.monotonic)
+                await _http.send(c, _http.HttpCall("POST", url, headers=headers), timeouts=policy, clock=time.monotonic)
+                await _http.send(c, _http.HttpCall("GET", url.replace("chat/completions", "models"), headers=headers),
+                                 timeouts=policy, clock=time.monotonic)
         server.close()
         await server.wait_closed()
 
@@ -210,8 +210,8 @@ def test_tls_is_verified_with_the_shared_context(client: str, loop: str, tmp_pat
         for tls, host in ((trusting, "localhost"), (make_tls_context(), "localhost"), (trusting, "127.0.0.1")):
             async with CLIENTS[client](tls=tls) as c:
                 try:
-                    raw = await _http.send(c, "POST", f"https://{host}:{port}/x", timeouts=TimeoutPolicy(total_timeout_s=5),
-                                           clock=time.monotonic, json_body={})
+                    raw = await _http.send(c, _http.HttpCall("POST", f"https://{host}:{port}/x", json_body={}),
+                                           timeouts=TimeoutPolicy(total_timeout_s=5), clock=time.monotonic)
                     outcomes.append(f"ok {raw.status_code}")
                 except ConnectFailed as exc:
                     outcomes.append(f"{exc.outcome.value} {'CERTIFICATE_VERIFY_FAILED' in str(exc)}")

@@ -154,17 +154,102 @@ def clip(text: str, secrets: Iterable[str | None] = ()) -> str:
     return text
 
 
-async def send(  # noqa: C901  (being split: request, bounded read and classification)
+@dataclass(frozen=True)
+class HttpCall:
+    """One request: ``context`` names the call in error messages (e.g. ``model=m``)."""
+
+    method: str
+    url: str
+    json_body: dict[str, Any] | None = None
+    headers: dict[str, str] | None = None
+    context: str = ""
+
+
+class _Exchange:
+    """One call in progress: what its errors need (where, when it started, the response so far)."""
+
+    def __init__(self, call: HttpCall, clock: Clock, secrets: tuple[str | None, ...], reader: BodyReader | None) -> None:
+        self.call, self.clock, self.secrets, self.reader = call, clock, secrets, reader
+        self.where = f"{call.method} {call.url}" + (f" ({call.context})" if call.context else "")
+        self.started = clock()
+        self.response: httpx.Response | None = None
+
+    def streaming(self) -> bool:
+        """The reader is (or would be) reading this body."""
+        return self.reader is not None and (self.response is None or 200 <= self.response.status_code < 300)
+
+    def first_token_ms(self) -> float | None:
+        return self.reader.first_token_ms if self.reader is not None and self.streaming() else None
+
+    def fail(self, cls: type[ProviderError], what: str) -> ProviderError:
+        response = self.response
+        return cls(
+            clip(f"{self.where}: {what}", self.secrets),
+            status_code=response.status_code if response is not None else None,
+            latency_ms=(self.clock() - self.started) * 1000.0,
+            bytes_received=response.num_bytes_downloaded if response is not None else 0,
+            first_token_ms=self.first_token_ms(),
+        )
+
+    def stream_message(self, deadline: str, limit_s: float | None) -> str | None:
+        """The reader's wording of a fired deadline while it streams, else None."""
+        return self.reader.timeout_message(deadline, limit_s) if self.reader is not None and self.streaming() else None
+
+    async def fetch(self, client: HttpClient, timeouts: TimeoutPolicy, max_body_bytes: int | None) -> bytes:
+        call = self.call
+        request = client.build_request(
+            call.method, call.url, json=call.json_body, headers=call.headers, timeout=httpx_timeout(timeouts)
+        )
+        self.response = response = await client.send(request, stream=True)
+        try:
+            if self.reader is not None and 200 <= response.status_code < 300:
+                return await self.reader.read(response, self.started)
+            return await _read_bounded(response, max_body_bytes)
+        finally:
+            await response.aclose()
+
+    def raw(self, body: bytes) -> RawResponse:
+        response = self.response
+        assert response is not None
+        return RawResponse(
+            status_code=response.status_code, headers=response.headers, body=body,
+            latency_ms=(self.clock() - self.started) * 1000.0, url=self.call.url,
+            bytes_received=response.num_bytes_downloaded, first_token_ms=self.first_token_ms(),
+        )
+
+
+def _transport_error(ex: _Exchange, exc: httpx.HTTPError, timeouts: TimeoutPolicy) -> ProviderError:
+    """The failure class and message of an httpx exception (order matters: subclasses first)."""
+    if isinstance(exc, httpx.ConnectTimeout):
+        return ex.fail(ConnectTimeout, f"connection not established within connect_timeout_s={timeouts.connect_timeout_s}")
+    if isinstance(exc, (httpx.ReadTimeout, httpx.WriteTimeout)):
+        kind = "read" if isinstance(exc, httpx.ReadTimeout) else "write"
+        streamed = ex.stream_message("read_timeout_s", timeouts.read_timeout_s) if kind == "read" else None
+        return ex.fail(ReadTimeout, streamed or f"no bytes for read_timeout_s={timeouts.read_timeout_s} ({kind} timed out)")
+    if isinstance(exc, httpx.PoolTimeout):
+        return ex.fail(ConnectTimeout, "no free connection in the client's pool")
+    if isinstance(exc, httpx.ConnectError):
+        return ex.fail(ConnectFailed, f"cannot connect: {exc or type(exc).__name__}; check the endpoint's host and port")
+    if isinstance(exc, httpx.LocalProtocolError):
+        # our own request could not be written (a header value with a newline or NUL): h11
+        # quotes the value, which is the key's header, and escaped so that masking misses it
+        return ex.fail(ProtocolFailed, "request not sendable: a header value holds a newline, a control byte "
+                                       "or a non-ASCII character; check the API key variable")
+    if isinstance(exc, (httpx.ProtocolError, httpx.DecodingError)):
+        return ex.fail(ProtocolFailed, f"malformed HTTP: {exc or type(exc).__name__}")
+    if isinstance(exc, httpx.NetworkError):
+        # reset or broken mid-exchange: a network failure, retried like a refused connection
+        return ex.fail(ConnectFailed, f"connection lost: {exc or type(exc).__name__}")
+    return ex.fail(ProtocolFailed, f"{type(exc).__name__}: {exc}")
+
+
+async def send(
     client: HttpClient,
-    method: str,
-    url: str,
+    call: HttpCall,
     *,
     timeouts: TimeoutPolicy,
     clock: Clock,
-    json_body: dict[str, Any] | None = None,
-    headers: dict[str, str] | None = None,
     secrets: Iterable[str | None] = (),
-    context: str = "",
     reader: BodyReader | None = None,
     max_body_bytes: int | None = None,
 ) -> RawResponse:
@@ -178,94 +263,28 @@ async def send(  # noqa: C901  (being split: request, bounded read and classific
     With ``reader`` a 2xx body is consumed by ``reader.read`` (a stream, which bounds itself) and
     timeouts are worded by the reader.
     """
-    secrets = tuple(secrets)
-    where = f"{method} {url}" + (f" ({context})" if context else "")
-    started = clock()
-    response: httpx.Response | None = None
+    ex = _Exchange(call, clock, tuple(secrets), reader)
     deadline = asyncio.timeout(timeouts.total_timeout_s)
-
-    def received() -> int:
-        return response.num_bytes_downloaded if response is not None else 0
-
-    def fail(cls: type[ProviderError], what: str) -> ProviderError:
-        status = response.status_code if response is not None else None
-        return cls(
-            clip(f"{where}: {what}", secrets),
-            status_code=status,
-            latency_ms=(clock() - started) * 1000.0,
-            bytes_received=received(),
-            first_token_ms=reader.first_token_ms if reader is not None and streaming() else None,
-        )
-
-    def streaming() -> bool:  # the reader is (or would be) reading this body
-        return reader is not None and (response is None or 200 <= response.status_code < 300)
-
     try:
         async with deadline:
-            request = client.build_request(
-                method, url, json=json_body, headers=headers, timeout=httpx_timeout(timeouts)
-            )
-            response = await client.send(request, stream=True)
-            try:
-                if reader is not None and 200 <= response.status_code < 300:
-                    body = await reader.read(response, started)
-                else:
-                    body = await _read_bounded(response, max_body_bytes)
-            finally:
-                await response.aclose()
+            body = await ex.fetch(client, timeouts, max_body_bytes)
     except _BodyTooLarge as exc:
-        error = fail(
+        error = ex.fail(
             ProtocolFailed,
             f"body exceeds max_response_bytes={max_body_bytes} (read {exc.size} bytes, then stopped); "
             "raise max_response_bytes for this model if such answers are expected",
         )
-        error.body_head = mask_secrets(exc.head.decode("utf-8", errors="replace"), secrets)
+        error.body_head = mask_secrets(exc.head.decode("utf-8", errors="replace"), ex.secrets)
         raise error from None
     except TimeoutError as exc:
-        if deadline.expired():
-            raise fail(
-                TotalTimeout,
-                reader.timeout_message("total_timeout_s", timeouts.total_timeout_s) if reader is not None and streaming() else
-                f"no complete answer within total_timeout_s={timeouts.total_timeout_s}; "
-                "raise total_timeout_s if slow answers are expected",
-            ) from None
-        raise fail(ProtocolFailed, f"unexpected timeout: {exc}") from None
-    except httpx.ConnectTimeout:
-        raise fail(
-            ConnectTimeout, f"connection not established within connect_timeout_s={timeouts.connect_timeout_s}"
-        ) from None
-    except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:
-        kind = "read" if isinstance(exc, httpx.ReadTimeout) else "write"
-        if reader is not None and streaming() and kind == "read":
-            raise fail(ReadTimeout, reader.timeout_message("read_timeout_s", timeouts.read_timeout_s)) from None
-        raise fail(
-            ReadTimeout, f"no bytes for read_timeout_s={timeouts.read_timeout_s} ({kind} timed out)"
-        ) from None
-    except httpx.PoolTimeout:
-        raise fail(ConnectTimeout, "no free connection in the client's pool") from None
-    except httpx.ConnectError as exc:
-        raise fail(ConnectFailed, f"cannot connect: {exc or type(exc).__name__}; check the endpoint's host and port") from None
-    except httpx.LocalProtocolError:
-        # our own request could not be written (a header value with a newline or NUL): h11
-        # quotes the value, which is the key's header, and escaped so that masking misses it
-        raise fail(ProtocolFailed, "request not sendable: a header value holds a newline, a control byte "
-                                   "or a non-ASCII character; check the API key variable") from None
-    except (httpx.ProtocolError, httpx.DecodingError) as exc:
-        raise fail(ProtocolFailed, f"malformed HTTP: {exc or type(exc).__name__}") from None
-    except httpx.NetworkError as exc:
-        # reset or broken mid-exchange: a network failure, retried like a refused connection
-        raise fail(ConnectFailed, f"connection lost: {exc or type(exc).__name__}") from None
+        if not deadline.expired():
+            raise ex.fail(ProtocolFailed, f"unexpected timeout: {exc}") from None
+        raise ex.fail(TotalTimeout, ex.stream_message("total_timeout_s", timeouts.total_timeout_s) or (
+            f"no complete answer within total_timeout_s={timeouts.total_timeout_s}; "
+            "raise total_timeout_s if slow answers are expected")) from None
     except httpx.HTTPError as exc:
-        raise fail(ProtocolFailed, f"{type(exc).__name__}: {exc}") from None
-    return RawResponse(
-        status_code=response.status_code,
-        headers=response.headers,
-        body=body,
-        latency_ms=(clock() - started) * 1000.0,
-        url=url,
-        bytes_received=response.num_bytes_downloaded,
-        first_token_ms=reader.first_token_ms if reader is not None and streaming() else None,
-    )
+        raise _transport_error(ex, exc, timeouts) from None
+    return ex.raw(body)
 
 
 HEAD_BYTES = 1024  # how much of a refused body is kept
@@ -405,8 +424,8 @@ async def post_chat(
     classified ``ProviderError``.
     """
     raw = await send(
-        client, "POST", url, timeouts=timeouts, clock=clock, json_body=body, headers=headers,
-        secrets=secrets, context=f"model={model}", max_body_bytes=max_body_bytes,
+        client, HttpCall("POST", url, json_body=body, headers=headers, context=f"model={model}"),
+        timeouts=timeouts, clock=clock, secrets=secrets, max_body_bytes=max_body_bytes,
     )
     raise_for_status(raw, model=model, now=now(), secrets=secrets)
     return raw, decode_json_body(raw, model=model, secrets=secrets)

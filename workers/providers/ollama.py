@@ -114,8 +114,8 @@ class OllamaProvider:
         """Model names from ``GET /api/tags``."""
         secrets = (self._api_key,)
         raw = await _http.send(
-            self._client, "GET", f"{self._root}/api/tags", timeouts=timeouts, clock=self._clock,
-            headers=self._headers(), secrets=secrets, max_body_bytes=LIST_MAX_BYTES,
+            self._client, _http.HttpCall("GET", f"{self._root}/api/tags", headers=self._headers()),
+            timeouts=timeouts, clock=self._clock, secrets=secrets, max_body_bytes=LIST_MAX_BYTES,
         )
         _http.raise_for_status(raw, model="*", now=self._now(), secrets=secrets)
         data = _http.decode_json_body(raw, model="*", secrets=secrets)

@@ -149,8 +149,8 @@ async def post_stream(
     """POST a streamed chat request, events into ``reader``; non-2xx raise as in ``post_chat``,
     and a 2xx stream that ends without its end marker is ``ProtocolFailed``."""
     raw = await _http.send(
-        client, "POST", url, timeouts=timeouts, clock=clock, json_body=body, headers=headers,
-        secrets=secrets, context=f"model={model}", reader=reader,
+        client, _http.HttpCall("POST", url, json_body=body, headers=headers, context=f"model={model}"),
+        timeouts=timeouts, clock=clock, secrets=secrets, reader=reader,
     )
     _http.raise_for_status(raw, model=model, now=now(), secrets=secrets)
     if not reader.done:
