@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analysis.tables.merge import read_cell_csv
+from analysis.tables.merge import CellRow, read_cell_csv
 from storage.cells import CellMeasurement, CellStore, measurement_id
 from storage.outcomes import run_succeeded
 from storage.records import Outcome, RunRecord
@@ -238,21 +238,13 @@ def _record_families(data_dir: Path, families: dict[str, str]) -> None:
         write_text_atomic(families_toml(merged), path)
 
 
-def import_artifact(artifact_dir: Path, data_dir: Path, mapping_path: Path, *,  # noqa: C901  (being split)
-                    fsync: bool = True) -> ImportReport:
-    """Import raw IRs as run records and stability CSVs as cell measurements (module doc)."""
-    artifact = Path(artifact_dir)
-    results = artifact / "results"
-    if not results.is_dir():
-        raise ConfigError(f"{artifact} has no results/ folder; pass the artifact's root directory "
-                          "(the one holding corpus/ and results/)")
-    mapping = load_mapping(mapping_path)
-    warnings: list[str] = []
+def _read_csvs(results: Path, mapping: Mapping, mapping_path: Path, warnings: list[str]) -> dict[str, tuple[dict[str, Any], tuple[CellRow, ...]]]:
+    """Each mapped campaign's stability CSV rows, by campaign name; unmapped or missing files warned about."""
     mapped_files = {c["file"] for c in mapping.campaigns}
     for csv_path in sorted(results.glob("ir_stability*.csv")):
         if csv_path.name not in mapped_files:
             warnings.append(f"{csv_path.name} has no [[campaign]] entry in {mapping_path}; skipped")
-    csv_rows = {}
+    csv_rows: dict[str, tuple[dict[str, Any], tuple[CellRow, ...]]] = {}
     for c in mapping.campaigns:
         path = results / c["file"]
         if not path.is_file():
@@ -262,9 +254,11 @@ def import_artifact(artifact_dir: Path, data_dir: Path, mapping_path: Path, *,  
             csv_rows[c["name"]] = (c, read_cell_csv(path, campaign=c["name"]))
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
-    prompts = _Prompts(_corpus_index(artifact),
-                       {r.prompt for _, rows in csv_rows.values() for r in rows})
+    return csv_rows
 
+
+def _read_runs(artifact: Path, mapping: Mapping, prompts: _Prompts, warnings: list[str]) -> list[RunRecord]:
+    """One run record per raw IR file ``<prompt>_r<k>.json`` under the mapping's IR folders."""
     records: list[RunRecord] = []
     for src in mapping.ir_sources:
         base = artifact / src.dir
@@ -279,36 +273,55 @@ def import_artifact(artifact_dir: Path, data_dir: Path, mapping_path: Path, *,  
                     warnings.append(f"{f}: not <prompt>_r<k>.json; skipped")
                     continue
                 name = prompts.name_for_stem(m["stem"])
-                key = prompts.key(name)
-                records.append(_record(f, src, model, name, key, int(m["k"]), mapping,
+                records.append(_record(f, src, model, name, prompts.key(name), int(m["k"]), mapping,
                                        prompts.corpus.get(name)))
-    runs_written = 0
-    store = RunStore(data_dir, fsync=fsync)
+    return records
+
+
+def _cells(csv_rows: dict[str, tuple[dict[str, Any], tuple[CellRow, ...]]], mapping: Mapping, prompts: _Prompts) -> list[CellMeasurement]:
+    """The CSV rows as cell measurements, dated by the study's measurement window."""
+    return [
+        CellMeasurement(
+            measurement_id=measurement_id(c["panel"], name, r.model, r.prompt),
+            panel=c["panel"], campaign=name, model=r.model, prompt_name=r.prompt,
+            prompt_sha256=prompts.key(r.prompt), successful_runs=r.successful_runs,
+            mean_nodes=r.mean_nodes, std_nodes=r.std_nodes, mean_jaccard=r.mean_jaccard,
+            id_stability=r.id_stability, mean_confidence=r.mean_confidence,
+            budget_rank=int(c["budget_rank"]), time_order=int(c["time_order"]),
+            declared_budget=c.get("declared_budget"), source=f"results/{c['file']}",
+            measurement_date=mapping.window_start, date_is_window=True,
+            window_end=mapping.window_end)
+        for name, (c, rows) in csv_rows.items() for r in rows
+    ]
+
+
+def _write(data_dir: Path, records: list[RunRecord], cells: list[CellMeasurement], fsync: bool) -> tuple[int, int]:
+    """Write runs and cells under content-named files (a re-import writes nothing new)."""
+    runs_written = cells_written = 0
     if records:
-        table = records_to_table(records)
-        runs_written = store.dataset.write(
-            table, stem=_content_stem("import", [r.run_id for r in records])).rows_written
-
-    cells: list[CellMeasurement] = []
-    for name, (c, rows) in csv_rows.items():
-        for r in rows:
-            cells.append(CellMeasurement(
-                measurement_id=measurement_id(c["panel"], name, r.model, r.prompt),
-                panel=c["panel"], campaign=name, model=r.model, prompt_name=r.prompt,
-                prompt_sha256=prompts.key(r.prompt), successful_runs=r.successful_runs,
-                mean_nodes=r.mean_nodes, std_nodes=r.std_nodes, mean_jaccard=r.mean_jaccard,
-                id_stability=r.id_stability, mean_confidence=r.mean_confidence,
-                budget_rank=int(c["budget_rank"]), time_order=int(c["time_order"]),
-                declared_budget=c.get("declared_budget"), source=f"results/{c['file']}",
-                measurement_date=mapping.window_start, date_is_window=True,
-                window_end=mapping.window_end))
-    cells_written = 0
+        runs_written = RunStore(data_dir, fsync=fsync).dataset.write(
+            records_to_table(records), stem=_content_stem("import", [r.run_id for r in records])).rows_written
     if cells:
-        cells_written = CellStore(data_dir, fsync=fsync).write(
-            cells, stem=_content_stem("import",
-                                      [f"{c.measurement_id}:{c.mean_jaccard}:{c.id_stability}"
-                                       for c in cells])).rows_written
+        stem = _content_stem("import", [f"{c.measurement_id}:{c.mean_jaccard}:{c.id_stability}" for c in cells])
+        cells_written = CellStore(data_dir, fsync=fsync).write(cells, stem=stem).rows_written
+    return runs_written, cells_written
 
+
+def import_artifact(artifact_dir: Path, data_dir: Path, mapping_path: Path, *, fsync: bool = True) -> ImportReport:
+    """Import raw IRs as run records and stability CSVs as cell measurements (module doc)."""
+    artifact = Path(artifact_dir)
+    results = artifact / "results"
+    if not results.is_dir():
+        raise ConfigError(f"{artifact} has no results/ folder; pass the artifact's root directory "
+                          "(the one holding corpus/ and results/)")
+    mapping = load_mapping(mapping_path)
+    warnings: list[str] = []
+    csv_rows = _read_csvs(results, mapping, mapping_path, warnings)
+    prompts = _Prompts(_corpus_index(artifact),
+                       {r.prompt for _, rows in csv_rows.values() for r in rows})
+    records = _read_runs(artifact, mapping, prompts, warnings)
+    cells = _cells(csv_rows, mapping, prompts)
+    runs_written, cells_written = _write(Path(data_dir), records, cells, fsync)
     found = Counter((r.panel, r.model, r.prompt_name) for r in records if r.succeeded)
     ir_panels = {s.panel for s in mapping.ir_sources}
     coverage = tuple(

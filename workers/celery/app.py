@@ -51,13 +51,66 @@ from workers.logs import configure_logging
 Registrar = Callable[[Celery], None]
 
 
+#: Publishing retries a broker blip before the publish fails (backoff 0.2 s, +0.5 s, at most 2 s).
+PUBLISH_RETRY_POLICY = {"max_retries": 5, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 2.0}
+
+
+def _celery_conf(broker_url: str, settings: WorkerSettings, visibility_timeout_s: float, default_queue: str) -> dict[str, Any]:
+    """The app's configuration: JSON only, late acks, one prefetch, no result backend."""
+    return dict(
+        task_serializer="json",
+        accept_content=["json"],  # pickle refused
+        result_accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_acks_on_failure_or_timeout=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        result_backend=None,
+        worker_pool="threads",
+        broker_transport=transport_for(broker_url),  # one reused client per channel (transport.py)
+        task_default_queue=default_queue,
+        # ack_flush_s: longest delay of a gathered ack (workers.celery.transport)
+        # kombu scans for expired unacked messages every unacked_restore_interval (10 s) but acts on
+        # every unacked_restore_throttle-th scan only (10: ~100 s); 1 makes redelivery come within
+        # visibility_timeout_s + 10 s (one ZRANGE per worker per 10 s)
+        broker_transport_options={"visibility_timeout": visibility_timeout_s, "unacked_restore_throttle": 1,
+                                  "ack_flush_s": settings.ack_flush_s},
+        broker_connection_retry=True,
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,  # a Redis restart must not stop a worker
+        task_publish_retry=True,
+        task_publish_retry_policy=dict(PUBLISH_RETRY_POLICY),
+        worker_hijack_root_logger=False,
+        worker_redirect_stdouts_level="INFO",  # structlog lines land in the worker log as INFO
+        # On broker connection loss running runs continue: their late ack may be lost, and the
+        # redelivery is a no-op (claim / done marker). Celery warns about this default; harmless.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+        worker_send_task_events=False,
+        task_send_sent_event=False,
+    )
+
+
+def _on_worker_init(app: Celery, holder: RuntimeHolder) -> None:
+    """Size the runtime by the worker's ``-c`` and apply the CPU policy when a worker of ``app`` starts."""
+
+    def init(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "app", None) is not app:
+            return
+        if getattr(sender, "concurrency", None):  # the worker's -c: its run slots by default
+            holder.set_threads(sender.concurrency)
+        # a worker process only (not a runtime made in a test or bench process), before its
+        # pool and event-loop threads exist: they inherit the policy
+        apply_cpu_policy(holder.settings.cpu_policy)
+
+    worker_init.connect(init, weak=False)
+
+
 def make_celery_app(
     broker_url: str,
     *,
     visibility_timeout_s: float | None = None,
     default_queue: str = DEFAULT_QUEUE,
-    main: str = "irbench",
-    publish_max_retries: int = 5,
     worker_settings: WorkerSettings | None = None,
     environ: Mapping[str, str] | None = None,
     registrars: Sequence[Registrar] = (),
@@ -79,57 +132,11 @@ def make_celery_app(
     transport = worker_settings or WorkerSettings.from_env(broker_url, env)  # its broker-side knobs
     if visibility_timeout_s is None:
         visibility_timeout_s = transport.visibility_timeout_s
-    app = Celery(main, broker=broker_url, backend=None, set_as_current=False)
-    app.conf.update(
-        task_serializer="json",
-        accept_content=["json"],  # pickle refused
-        result_accept_content=["json"],
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        task_acks_on_failure_or_timeout=True,
-        worker_prefetch_multiplier=1,
-        task_ignore_result=True,
-        result_backend=None,
-        worker_pool="threads",
-        broker_transport=transport_for(broker_url),  # one reused client per channel (transport.py)
-        task_default_queue=default_queue,
-        # ack_flush_s: longest delay of a gathered ack (workers.celery.transport)
-        # kombu scans for expired unacked messages every unacked_restore_interval (10 s) but acts on
-        # every unacked_restore_throttle-th scan only (10: ~100 s); 1 makes redelivery come within
-        # visibility_timeout_s + 10 s (one ZRANGE per worker per 10 s)
-        broker_transport_options={"visibility_timeout": visibility_timeout_s, "unacked_restore_throttle": 1,
-                                  "ack_flush_s": transport.ack_flush_s},
-        broker_connection_retry=True,
-        broker_connection_retry_on_startup=True,
-        broker_connection_max_retries=None,  # a Redis restart must not stop a worker
-        task_publish_retry=True,
-        task_publish_retry_policy={
-            "max_retries": publish_max_retries,
-            "interval_start": 0.2,
-            "interval_step": 0.5,
-            "interval_max": 2.0,
-        },
-        worker_hijack_root_logger=False,
-        worker_redirect_stdouts_level="INFO",  # structlog lines land in the worker log as INFO
-        # On broker connection loss running runs continue: their late ack may be lost, and the
-        # redelivery is a no-op (claim / done marker). Celery warns about this default; harmless.
-        worker_cancel_long_running_tasks_on_connection_loss=False,
-        worker_send_task_events=False,
-        task_send_sent_event=False,
-    )
+    app = Celery("irbench", broker=broker_url, backend=None, set_as_current=False)
+    app.conf.update(_celery_conf(broker_url, transport, visibility_timeout_s, default_queue))
     holder = RuntimeHolder(broker_url, worker_settings)
     app.irbench_runtime = holder  # per-process resources, created lazily
-
-    def _on_worker_init(sender: Any = None, **_: Any) -> None:
-        if getattr(sender, "app", None) is not app:
-            return
-        if getattr(sender, "concurrency", None):  # the worker's -c: its run slots by default
-            holder.set_threads(sender.concurrency)
-        # a worker process only (not a runtime made in a test or bench process), before its
-        # pool and event-loop threads exist: they inherit the policy
-        apply_cpu_policy(holder.settings.cpu_policy)
-
-    worker_init.connect(_on_worker_init, weak=False)
+    _on_worker_init(app, holder)
     register_tasks(app, holder)
     register_availability_tasks(app)
     for register in registrars:
