@@ -1,6 +1,7 @@
 """The in-process executor: runs a campaign's plan on one event loop and writes it to the store."""
 
 __all__ = [
+    "batch_writer",
     "campaign",
     "executor",
     "progress",
