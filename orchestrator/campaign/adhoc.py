@@ -17,6 +17,7 @@ import datetime as dt
 import hashlib
 import json
 import re
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -116,25 +117,28 @@ class AdhocRun(BaseModel):
         return path
 
 
-def campaign_file_for(
-    campaign: Path | None,
-    data: Path,
-    *,
-    model: str | None,
-    base_url: str | None,
-    prompts: Path | None,
-    wire_format: str = "openai",
-    api_key_env: str | None = None,
-    runs: int = 1,
-    max_tokens: int | None = None,
-    temperature: float | None = 0.0,
-    name: str | None = None,
-) -> Path:
+@dataclass(frozen=True)
+class AdhocFlags:
+    """The ad-hoc flags of ``irbench run`` as given (None = not given)."""
+
+    model: str | None = None
+    base_url: str | None = None
+    prompts: Path | None = None
+    wire_format: str = "openai"
+    api_key_env: str | None = None
+    runs: int = 1
+    max_tokens: int | None = None
+    temperature: float | None = 0.0
+    name: str | None = None
+
+
+def campaign_file_for(campaign: Path | None, data: Path, flags: AdhocFlags) -> Path:
     """The campaign file ``irbench run`` should load: the given TOML, or the ad-hoc one written now.
 
     Raises ConfigError when both or neither are described, or when an ad-hoc flag is missing.
     """
-    adhoc_given = [flag for flag, v in (("--model", model), ("--base-url", base_url), ("--prompts", prompts)) if v]
+    given = (("--model", flags.model), ("--base-url", flags.base_url), ("--prompts", flags.prompts))
+    adhoc_given = [flag for flag, v in given if v]
     if campaign is not None:
         if adhoc_given:
             raise ConfigError(f"give a campaign file or {'/'.join(adhoc_given)}, not both")
@@ -145,7 +149,4 @@ def campaign_file_for(
     missing = [f for f in ("--model", "--base-url", "--prompts") if f not in adhoc_given]
     if missing:
         raise ConfigError(f"an ad-hoc run needs --model, --base-url and --prompts; missing {', '.join(missing)}")
-    assert model is not None and base_url is not None and prompts is not None  # none is missing
-    run = AdhocRun(model=model, base_url=base_url, prompts=prompts, wire_format=wire_format,
-                   api_key_env=api_key_env, runs=runs, max_tokens=max_tokens, temperature=temperature, name=name)
-    return run.write(data)
+    return AdhocRun(**asdict(flags)).write(data)

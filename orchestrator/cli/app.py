@@ -9,7 +9,6 @@ from typing import Annotated, Optional
 
 import click
 import typer
-from rich.console import Console
 
 from orchestrator.campaign.limits import DEFAULT_MAX_PLANNED_RUNS
 from orchestrator.cli.distributed import (
@@ -23,14 +22,16 @@ from orchestrator.cli.distributed import (
     CpuPolicyOpt,
     SpoolRowsOpt,
     VisibilityOpt,
-    celery_options,
     worker_settings,
 )
+from orchestrator.campaign.adhoc import AdhocFlags
+from orchestrator.cli.run_command import CeleryFlags, RunRequest, run_request
+from orchestrator.cli.shell import broker_url, console, setup_logging
 from orchestrator.cli.interrupts import INTERRUPTED_EXIT_CODE, interrupted
 from orchestrator.cli.user_errors import USER_ERROR_EXIT_CODE, fail, print_error
 from workers.celery import DEFAULT_THREADS
-from workers.errors import ConfigError, IrbenchError
-from workers.logs import Redactor, configure_logging
+from workers.errors import IrbenchError
+from workers.logs import configure_logging
 
 app = typer.Typer(
     name="irbench",
@@ -40,7 +41,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console(width=None if sys.stdout.isatty() else 120)
 
 DataOpt = Annotated[
     Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root (runs are stored under DATA/runs/; or IRBENCH_DATA).")
@@ -61,24 +61,8 @@ BrokerOpt = Annotated[
 ]
 
 
-def _broker_url(cli_value: str | None, spec_value: str | None) -> str:
-    url = cli_value or spec_value
-    if not url:
-        raise ConfigError("no broker given: pass --broker redis://HOST:6379/0 or set IRBENCH_BROKER_URL")
-    return url
-
-
 def _examples_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "examples"
-
-
-def _setup_logging(log_file: Path | None, verbose: bool) -> Redactor:
-    level = "DEBUG" if verbose else "INFO"
-    if log_file is not None:
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        stream = open(log_file, "a", encoding="utf-8")
-        return configure_logging(json=True, level=level, stream=stream)
-    return configure_logging(level="DEBUG" if verbose else "WARNING")
 
 
 @app.command()
@@ -129,97 +113,15 @@ def run(
     Example: irbench run --model sim-steady --base-url http://127.0.0.1:8765 --prompts examples/prompts --runs 3 --data data/
     (an ad-hoc run writes its campaign file to DATA/campaigns/; the same command again resumes it)
     """
-    from orchestrator.campaign.prepared import prepare, resolve_secrets
-    from orchestrator.local.campaign import run_campaign_local
-    from orchestrator.local.progress import ModelBars
-    from orchestrator.campaign.spec import load_campaign
-    from storage.runs import RunStore
-
-    from orchestrator.campaign.adhoc import campaign_file_for
-    from orchestrator.campaign.retry import parse_outcomes, retryable
-
-    redactor = _setup_logging(log_file, verbose)
-    try:
-        if outcomes is not None and not retry_failed:
-            raise ConfigError("--outcomes only goes with --retry-failed")
-        retry_outcomes = parse_outcomes(outcomes) if retry_failed else frozenset()
-        campaign = campaign_file_for(campaign, data, model=model, base_url=base_url, wire_format=wire_format,
-                                     api_key_env=api_key_env, prompts=prompts, runs=runs, max_tokens=max_tokens,
-                                     temperature=temperature, name=name)
-        spec = load_campaign(campaign)
-        kind = executor or spec.executor.kind
-        if kind not in ("local", "celery"):
-            raise ConfigError(f"--executor {kind!r}: use 'local' or 'celery'")
-        prepared = prepare(spec, max_planned_runs=max_planned_runs, source=campaign.name)
-        store = RunStore(data)
-        _report_corpus(prepared)
-        again = retryable(prepared, store, retry_outcomes) if retry_outcomes else None
-        if kind == "celery":
-            from orchestrator.distributed.executor import run_campaign_celery
-
-            url = _broker_url(broker, spec.executor.broker)
-            options = celery_options(analyze, claim_ttl_s, reconcile_interval_s, max_task_failures, runs_per_message,
-                                     visibility_timeout_s)
-            watch = _start_worker_watch(url, data, options.queue, broker_wait_s)
-            done_before = len(store.completed_run_ids(spec.name) & {t.run_id for t in prepared.tasks})
-            try:
-                with ModelBars(enabled=progress) as bars:
-                    summary = run_campaign_celery(
-                        prepared,
-                        store,
-                        url,
-                        on_progress=bars.update,
-                        options=options,
-                        on_analysis=lambda job: console.print(f"analysis enqueued; outputs will land in {job.out_dir}"),
-                        retry_outcomes=retry_outcomes,
-                    )
-            finally:
-                watch.stop()
-            skipped = done_before - (again.total if again else 0)
-        else:
-            secrets = resolve_secrets(spec)
-            for value in secrets.values():
-                redactor.add_secret(value)
-            with ModelBars(enabled=progress) as bars:
-                skipped, summary = run_campaign_local(prepared, store, secrets, on_progress=bars.update,
-                                                      retry_outcomes=retry_outcomes)
-    except IrbenchError as exc:
-        fail(exc)
-        return
-    retried = f", {again.total} retried (latest execution: {again.describe()})" if again and again.total else ""
-    console.print(
-        f"campaign [bold]{spec.name}[/]: {len(prepared.tasks)} runs planned, {skipped} already stored{retried}, "
-        f"{summary.executed} executed now{' (interrupted)' if summary.interrupted else ''}; data in {data}/runs/"
-    )
-    if summary.interrupted:
-        raise typer.Exit(code=INTERRUPTED_EXIT_CODE)  # main() says what to do
-
-
-def _start_worker_watch(url: str, data: Path, queue: str, wait_s: float):
-    """Redis reachable, no worker on another store, then a watch that warns on stderr when no
-    worker consumes ``queue`` (after ``IRBENCH_NO_WORKER_WARN_S``, default 10 s)."""
-    from orchestrator.distributed.worker_checks import WorkerWatch, celery_preflight
-
-    client, store_id = celery_preflight(url, data, queue, wait_s=wait_s, stream=sys.stderr)
-    warn_after_s = float(os.environ.get("IRBENCH_NO_WORKER_WARN_S", "10"))
-    return WorkerWatch(client, url, data, store_id, queue, warn=_warn, warn_after_s=warn_after_s).start()
-
-
-def _warn(text: str) -> None:
-    sys.stderr.write(f"warning: {text}\n")
-    sys.stderr.flush()
-
-
-def _report_corpus(prepared) -> None:
-    corpus = prepared.corpus
-    console.print(f"corpus: {len(corpus.prompts)} prompts", end="")
-    if corpus.duplicates:
-        console.print(f", {len(corpus.duplicates)} duplicates collapsed", end="")
-    if corpus.rejected:
-        console.print(f", {len(corpus.rejected)} rejected:", end="")
-        for path, reason in corpus.rejected:
-            console.print(f"\n  - {path}: {reason}", end="")
-    console.print()
+    run_request(RunRequest(
+        campaign=campaign, data=data, executor=executor, broker=broker, progress=progress, log_file=log_file,
+        verbose=verbose, retry_failed=retry_failed, outcomes=outcomes, max_planned_runs=max_planned_runs,
+        adhoc=AdhocFlags(model=model, base_url=base_url, wire_format=wire_format, api_key_env=api_key_env,
+                         prompts=prompts, runs=runs, max_tokens=max_tokens, temperature=temperature, name=name),
+        celery=CeleryFlags(analyze=analyze, claim_ttl_s=claim_ttl_s, reconcile_interval_s=reconcile_interval_s,
+                           max_task_failures=max_task_failures, runs_per_message=runs_per_message,
+                           visibility_timeout_s=visibility_timeout_s, broker_wait_s=broker_wait_s),
+    ))
 
 
 @app.command()
@@ -239,69 +141,10 @@ def status(
 
     Works from any machine that sees the dataset. Example: irbench status examples/demo.toml --data data/
     """
-    from rich.table import Table
+    from orchestrator.cli.status_command import StatusRequest, show_status
 
-    if as_json:
-        from orchestrator.cli.status_report import print_status_json
-
-        print_status_json(campaign, data, max_planned_runs=max_planned_runs, skip_corrupt=skip_corrupt)
-        return
-
-    from orchestrator.campaign.status import campaign_status
-
-    from orchestrator.campaign.prepared import prepare
-    from orchestrator.campaign.spec import load_campaign
-    from storage.runs import RunStore
-
-    _setup_logging(None, False)
-    try:
-        prepared = prepare(load_campaign(campaign), max_planned_runs=max_planned_runs, source=campaign.name)
-        st = campaign_status(prepared, RunStore(data), skip_corrupt=skip_corrupt)
-        live = None
-        if broker:
-            from orchestrator.distributed.executor import campaign_status_celery
-            from orchestrator.distributed.worker_checks import wait_with_countdown
-
-            wait_with_countdown(broker, broker_wait_s, sys.stderr)
-            live = campaign_status_celery(prepared, RunStore(data), broker, skip_corrupt=skip_corrupt)
-    except IrbenchError as exc:
-        fail(exc)
-        return
-    for path in st.skipped_files:
-        _warn(f"skipped unreadable file {path}")
-    table = Table(title=f"campaign {prepared.spec.name}: {st.stored}/{st.planned} runs stored")
-    for col in ("model", "planned", "stored", "outcomes"):
-        table.add_column(col)
-    for model, planned in st.planned_by_model.items():
-        outcomes = st.stored_by_model.get(model, {})
-        table.add_row(
-            model,
-            str(planned),
-            str(sum(outcomes.values())),
-            ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())) or "-",
-        )
-    console.print(table)
-    _print_retryable(prepared, RunStore(data), campaign, data, skip_corrupt)
-    if live is not None:
-        from orchestrator.cli.rates import model_rates, rates_table
-
-        remaining = {m: n - sum(st.stored_by_model.get(m, {}).values()) for m, n in st.planned_by_model.items()}
-        rates = model_rates(RunStore(data), prepared.spec.name, remaining)
-        console.print(rates_table(rates, {m: p.in_flight for m, p in live.progress.items()}))
-        console.print(f"outstanding (dispatched, not done): {live.outstanding}")
-        if live.cancel_reason:
-            console.print(f"cancelled: {live.cancel_reason}")
-        for model, reason in live.closed_models.items():
-            console.print(f"closed model {model}: {reason}")
-
-
-def _print_retryable(prepared, store, campaign: Path, data: Path, skip_corrupt: bool) -> None:
-    from orchestrator.campaign.retry import retry_command, retryable
-
-    again = retryable(prepared, store, skip_corrupt=skip_corrupt)
-    if again.total:
-        console.print(f"{again.total} runs retryable (latest execution {again.describe()}): "
-                      f"{retry_command(campaign, data)}", soft_wrap=True)
+    show_status(StatusRequest(campaign=campaign, data=data, broker=broker, as_json=as_json,
+                              max_planned_runs=max_planned_runs, broker_wait_s=broker_wait_s, skip_corrupt=skip_corrupt))
 
 
 @app.command()
@@ -317,11 +160,8 @@ def resume(
 
     Example: irbench resume examples/demo.toml --data data/ --executor celery --broker redis://127.0.0.1:6379/0
     """
-    run(
-        campaign=campaign, data=data, executor=executor, broker=broker, analyze=True, progress=progress,
-        log_file=None, verbose=False, claim_ttl_s=None, reconcile_interval_s=None, max_task_failures=None,
-        max_planned_runs=max_planned_runs, broker_wait_s=10.0, runs_per_message=None, visibility_timeout_s=None,
-    )
+    run_request(RunRequest(campaign=campaign, data=data, executor=executor, broker=broker, progress=progress,
+                           max_planned_runs=max_planned_runs))
 
 
 @app.command()
@@ -338,10 +178,10 @@ def cancel(
     from orchestrator.campaign.spec import load_campaign
     from orchestrator.distributed.worker_checks import wait_with_countdown
 
-    _setup_logging(None, False)
+    setup_logging(None, False)
     try:
         spec = load_campaign(campaign)
-        url = _broker_url(broker, spec.executor.broker)
+        url = broker_url(broker, spec.executor.broker)
         wait_with_countdown(url, float(os.environ.get("IRBENCH_BROKER_WAIT_S", "10")), sys.stderr)
         cancel_campaign(spec.name, url, reason=reason)
     except IrbenchError as exc:
@@ -374,7 +214,7 @@ def worker(
     from orchestrator.distributed.worker_app import run_worker
 
     try:
-        url = _broker_url(broker, None)
+        url = broker_url(broker, None)
         settings = worker_settings(url, claim_ttl_s=claim_ttl_s, lease_ttl_s=lease_ttl_s,
                                    spool_max_rows=spool_max_rows, spool_max_age_s=spool_max_age_s,
                                    visibility_timeout_s=visibility_timeout_s, run_slots=run_slots,
@@ -398,7 +238,7 @@ def compact(
     from orchestrator.cli.summary_tables import compaction_tables
     from storage.runs import RunStore
 
-    _setup_logging(None, False)
+    setup_logging(None, False)
     for part in compaction_tables(RunStore(data).compact(), verbose=verbose):
         console.print(part)
 
@@ -437,7 +277,7 @@ def demo(
     """
     from orchestrator.cli.demo import run_demo
 
-    _setup_logging(workdir / "irbench.log", False)
+    setup_logging(workdir / "irbench.log", False)
     try:
         run_demo(workdir, examples, console, progress=progress)
     except IrbenchError as exc:

@@ -1,0 +1,163 @@
+"""``irbench run``'s work: load (or write) the campaign, execute it on the chosen executor, print
+the one-line summary. The typer command in ``app`` only gathers its flags into a ``RunRequest``."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from orchestrator.campaign.adhoc import AdhocFlags
+from orchestrator.cli.interrupts import INTERRUPTED_EXIT_CODE
+from orchestrator.cli.shell import broker_url, console, report_corpus, setup_logging, warn
+from orchestrator.cli.user_errors import fail
+from workers.errors import ConfigError, IrbenchError
+from workers.logs import Redactor
+
+if TYPE_CHECKING:
+    from orchestrator.campaign.prepared import PreparedCampaign
+    from orchestrator.campaign.retry import Retryable
+    from orchestrator.distributed.worker_checks import WorkerWatch
+    from orchestrator.local.executor import ExecutionSummary
+    from storage.records import Outcome
+    from storage.runs import RunStore
+
+__all__ = ["CeleryFlags", "RunRequest", "run_request"]
+
+
+@dataclass(frozen=True)
+class CeleryFlags:
+    """``--executor celery`` knobs as given (None = the environment's, else the default)."""
+
+    analyze: bool = True
+    claim_ttl_s: float | None = None
+    reconcile_interval_s: float | None = None
+    max_task_failures: int | None = None
+    runs_per_message: int | None = None
+    visibility_timeout_s: float | None = None
+    broker_wait_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """Everything ``irbench run`` was asked: the campaign (a file, or ``adhoc`` flags), where its
+    data goes, the executor and its knobs, and what to retry."""
+
+    campaign: Path | None
+    data: Path
+    adhoc: AdhocFlags = AdhocFlags()
+    celery: CeleryFlags = CeleryFlags()
+    executor: str | None = None
+    broker: str | None = None
+    progress: bool = True
+    log_file: Path | None = None
+    verbose: bool = False
+    retry_failed: bool = False
+    outcomes: str | None = None
+    max_planned_runs: int | None = None
+
+
+@dataclass(frozen=True)
+class _Ran:
+    prepared: PreparedCampaign
+    skipped: int
+    summary: ExecutionSummary
+    again: Retryable | None
+
+
+def run_request(req: RunRequest) -> None:
+    """Execute ``req``; exits 2 on a user error (one line), 130 when interrupted."""
+    from orchestrator.campaign.adhoc import campaign_file_for
+    from orchestrator.campaign.limits import DEFAULT_MAX_PLANNED_RUNS
+    from orchestrator.campaign.prepared import prepare
+    from orchestrator.campaign.retry import parse_outcomes, retryable
+    from orchestrator.campaign.spec import load_campaign
+    from storage.runs import RunStore
+
+    redactor = setup_logging(req.log_file, req.verbose)
+    try:
+        if req.outcomes is not None and not req.retry_failed:
+            raise ConfigError("--outcomes only goes with --retry-failed")
+        retry_outcomes = parse_outcomes(req.outcomes) if req.retry_failed else frozenset()
+        campaign = campaign_file_for(req.campaign, req.data, req.adhoc)
+        spec = load_campaign(campaign)
+        kind = req.executor or spec.executor.kind
+        if kind not in ("local", "celery"):
+            raise ConfigError(f"--executor {kind!r}: use 'local' or 'celery'")
+        prepared = prepare(spec, max_planned_runs=req.max_planned_runs or DEFAULT_MAX_PLANNED_RUNS,
+                           source=campaign.name)
+        store = RunStore(req.data)
+        report_corpus(prepared)
+        again = retryable(prepared, store, retry_outcomes) if retry_outcomes else None
+        if kind == "celery":
+            skipped, summary = _run_celery(req, prepared, store, retry_outcomes)
+            skipped -= again.total if again else 0
+        else:
+            skipped, summary = _run_local(req, prepared, store, retry_outcomes, redactor)
+    except IrbenchError as exc:
+        fail(exc)
+    _print_summary(req, _Ran(prepared, skipped, summary, again))
+
+
+def _run_local(req: RunRequest, prepared: PreparedCampaign, store: RunStore, retry_outcomes: frozenset[Outcome],
+               redactor: Redactor) -> tuple[int, ExecutionSummary]:
+    from orchestrator.campaign.prepared import resolve_secrets
+    from orchestrator.local.campaign import run_campaign_local
+    from orchestrator.local.progress import ModelBars
+
+    secrets = resolve_secrets(prepared.spec)
+    for value in secrets.values():
+        redactor.add_secret(value)
+    with ModelBars(enabled=req.progress) as bars:
+        return run_campaign_local(prepared, store, secrets, on_progress=bars.update, retry_outcomes=retry_outcomes)
+
+
+def _run_celery(req: RunRequest, prepared: PreparedCampaign, store: RunStore, retry_outcomes: frozenset[Outcome]
+                ) -> tuple[int, ExecutionSummary]:
+    """Dispatch to the workers and follow them; returns (runs stored before, summary)."""
+    from orchestrator.cli.distributed import celery_options
+    from orchestrator.distributed.executor import run_campaign_celery
+    from orchestrator.local.progress import ModelBars
+
+    flags = req.celery
+    url = broker_url(req.broker, prepared.spec.executor.broker)
+    options = celery_options(flags.analyze, flags.claim_ttl_s, flags.reconcile_interval_s, flags.max_task_failures,
+                             flags.runs_per_message, flags.visibility_timeout_s)
+    watch = _start_worker_watch(url, req.data, options.queue, flags.broker_wait_s)
+    done_before = len(store.completed_run_ids(prepared.spec.name) & {t.run_id for t in prepared.tasks})
+    try:
+        with ModelBars(enabled=req.progress) as bars:
+            summary = run_campaign_celery(
+                prepared, store, url, on_progress=bars.update, options=options,
+                on_analysis=lambda job: console.print(f"analysis enqueued; outputs will land in {job.out_dir}"),
+                retry_outcomes=retry_outcomes,
+            )
+    finally:
+        watch.stop()
+    return done_before, summary
+
+
+def _start_worker_watch(url: str, data: Path, queue: str, wait_s: float) -> WorkerWatch:
+    """Redis reachable, no worker on another store, then a watch that warns on stderr when no
+    worker consumes ``queue`` (after ``IRBENCH_NO_WORKER_WARN_S``, default 10 s)."""
+    from orchestrator.distributed.worker_checks import WorkerWatch, celery_preflight
+
+    client, store_id = celery_preflight(url, data, queue, wait_s=wait_s, stream=sys.stderr)
+    warn_after_s = float(os.environ.get("IRBENCH_NO_WORKER_WARN_S", "10"))
+    return WorkerWatch(client, url, data, store_id, queue, warn=warn, warn_after_s=warn_after_s).start()
+
+
+def _print_summary(req: RunRequest, ran: _Ran) -> None:
+    again, summary = ran.again, ran.summary
+    retried = f", {again.total} retried (latest execution: {again.describe()})" if again and again.total else ""
+    console.print(
+        f"campaign [bold]{ran.prepared.spec.name}[/]: {len(ran.prepared.tasks)} runs planned, {ran.skipped} already "
+        f"stored{retried}, {summary.executed} executed now{' (interrupted)' if summary.interrupted else ''}; "
+        f"data in {req.data}/runs/"
+    )
+    if summary.interrupted:
+        raise typer.Exit(code=INTERRUPTED_EXIT_CODE)  # main() says what to do
