@@ -170,81 +170,85 @@ class PendingRecord:
         return {"base": base, "reply": self.reply, "bounds": self.bounds}
 
 
-async def _execute(task: RunTask, ctx: RunContext, defer_extraction: bool = False) -> RunRecord | PendingRecord:
-    clock = ctx.clock
-    measured_at = clock.now()
-    rng: random.Random | None = None  # deterministic jitter per run, seeded on a first failure (~4 us)
-    attempts: list[Attempt] = []
-    backoff_ms = 0.0  # time slept between attempts (part of total_latency_ms)
-    reply: Reply | None = None
-    last_error: ProviderError | None = None
-    cancel_reason: str | None = None
-    request = _request(task)
-    run_started = clock.monotonic()
+class _Run:
+    """One run's attempts so far and how the last one ended (what its record is built from)."""
 
-    for number in range(1, task.retry.max_attempts + 1):
-        cancel_reason = ctx.gate.closed_reason(task.model)
-        if cancel_reason is not None:
-            break
-        started = clock.now()
+    def __init__(self, task: RunTask, ctx: RunContext) -> None:
+        self.task, self.ctx = task, ctx
+        self.measured_at = ctx.clock.now()
+        self.started_s = ctx.clock.monotonic()
+        self.attempts: list[Attempt] = []
+        self.reply: Reply | None = None
+        self.error: ProviderError | None = None
+        self.cancel_reason: str | None = None
+        self.backoff_ms = 0.0  # time slept between attempts (part of total_latency_ms)
+        self._rng: random.Random | None = None  # deterministic jitter per run, seeded on a first failure (~4 us)
+
+    async def attempt(self, number: int, request: ChatRequest) -> bool:
+        """Make attempt ``number`` under the limiter; True when it failed (a retry may follow)."""
+        task, ctx = self.task, self.ctx
+        self.cancel_reason = ctx.gate.closed_reason(task.model)
+        if self.cancel_reason is not None:
+            return False
+        started = ctx.clock.now()
         try:
-            permit = await ctx.limiter.acquire(
-                task.model, task.limits, task.run_id, _estimate_cost(task, ctx.settings)
-            )
+            permit = await ctx.limiter.acquire(task.model, task.limits, task.run_id, _estimate_cost(task, ctx.settings))
         except IrbenchError as exc:  # model disabled while we waited
-            cancel_reason = str(exc) or "disabled"
-            break
+            self.cancel_reason = str(exc) or "disabled"
+            return False
         actual_tokens: int | None = None
-        t0 = clock.monotonic()
+        t0 = ctx.clock.monotonic()
         try:
             reply = await provider_call(ctx, task, request)
-            last_error = None
+            self.reply, self.error = reply, None
             if reply.prompt_tokens is not None or reply.completion_tokens is not None:
                 actual_tokens = (reply.prompt_tokens or 0) + (reply.completion_tokens or 0)
-            attempts.append(
-                Attempt(
-                    attempt=number,
-                    outcome=reply.outcome,
-                    started_at=started,
-                    latency_ms=reply.latency_ms,
-                    status_code=reply.status_code,
-                    bytes_received=reply.bytes_received,
-                )
-            )
+            self.attempts.append(Attempt(
+                attempt=number, outcome=reply.outcome, started_at=started, latency_ms=reply.latency_ms,
+                status_code=reply.status_code, bytes_received=reply.bytes_received,
+            ))
             ctx.gate.observe(task.model, reply.outcome)
-            break
+            return False
         except ProviderError as exc:
-            reply, last_error = None, exc
-            latency = exc.latency_ms or (clock.monotonic() - t0) * 1000.0
-            attempts.append(
-                Attempt(
-                    attempt=number,
-                    outcome=exc.outcome,
-                    started_at=started,
-                    latency_ms=latency,
-                    status_code=exc.status_code,
-                    bytes_received=exc.bytes_received,
-                    retry_after_s=exc.retry_after_s,
-                    error=_truncate(str(exc)),
-                )
-            )
-            detail = None
-            if isinstance(exc, ModelRetired):
-                detail = f"retired on {exc.retired_on}" if exc.retired_on else None
-            ctx.gate.observe(task.model, exc.outcome, detail or _truncate(str(exc))[:200])
-            if exc.outcome is Outcome.RATE_LIMITED and exc.retry_after_s:
-                # an advertised wait beyond the cap cools the model for the cap only
-                await ctx.limiter.cooldown(task.model, min(exc.retry_after_s, task.retry.max_retry_after_s))
+            await self._failed(number, started, exc, exc.latency_ms or (ctx.clock.monotonic() - t0) * 1000.0)
+            return True
         finally:
             await ctx.limiter.release(permit, actual_tokens)
-        elapsed_s = clock.monotonic() - run_started
-        rng = rng or random.Random(task.run_id)
-        decision = decide(attempts[-1].outcome, number, task.retry, attempts[-1].retry_after_s, rng, elapsed_s)
-        if not decision.retry:
-            break
-        backoff_ms += await _sleep_ms(clock, decision.wait_s)
 
-    return _record(task, ctx, measured_at, attempts, reply, last_error, cancel_reason, backoff_ms, defer_extraction)
+    async def _failed(self, number: int, started: Any, exc: ProviderError, latency_ms: float) -> None:
+        task, ctx = self.task, self.ctx
+        self.reply, self.error = None, exc
+        self.attempts.append(Attempt(
+            attempt=number, outcome=exc.outcome, started_at=started, latency_ms=latency_ms,
+            status_code=exc.status_code, bytes_received=exc.bytes_received, retry_after_s=exc.retry_after_s,
+            error=_truncate(str(exc)),
+        ))
+        detail = f"retired on {exc.retired_on}" if isinstance(exc, ModelRetired) and exc.retired_on else None
+        ctx.gate.observe(task.model, exc.outcome, detail or _truncate(str(exc))[:200])
+        if exc.outcome is Outcome.RATE_LIMITED and exc.retry_after_s:
+            # an advertised wait beyond the cap cools the model for the cap only
+            await ctx.limiter.cooldown(task.model, min(exc.retry_after_s, task.retry.max_retry_after_s))
+
+    async def wait_to_retry(self, number: int) -> bool:
+        """After failed attempt ``number``: sleep the backoff and return True, or False when the
+        retry policy stops here."""
+        clock, last = self.ctx.clock, self.attempts[-1]
+        self._rng = self._rng or random.Random(self.task.run_id)
+        decision = decide(last.outcome, number, self.task.retry, last.retry_after_s, self._rng,
+                          clock.monotonic() - self.started_s)
+        if not decision.retry:
+            return False
+        self.backoff_ms += await _sleep_ms(clock, decision.wait_s)
+        return True
+
+
+async def _execute(task: RunTask, ctx: RunContext, defer_extraction: bool = False) -> RunRecord | PendingRecord:
+    run = _Run(task, ctx)
+    request = _request(task)
+    for number in range(1, task.retry.max_attempts + 1):
+        if not await run.attempt(number, request) or not await run.wait_to_retry(number):
+            break
+    return _record(run, defer_extraction)
 
 
 async def _sleep_ms(clock: Clock, seconds: float) -> float:
@@ -303,33 +307,24 @@ def _base(task: RunTask, measured_at, attempts: list[Attempt], finished_at) -> d
     )
 
 
-def _record(
-    task: RunTask,
-    ctx: RunContext,
-    measured_at,
-    attempts: list[Attempt],
-    reply: Reply | None,
-    error: ProviderError | None,
-    cancel_reason: str | None,
-    backoff_ms: float = 0.0,
-    defer_extraction: bool = False,
-) -> RunRecord | PendingRecord:
-    base = _base(task, measured_at, attempts, ctx.clock.now())
+def _record(run: _Run, defer_extraction: bool = False) -> RunRecord | PendingRecord:
+    task, attempts, error = run.task, run.attempts, run.error
+    base = _base(task, run.measured_at, attempts, run.ctx.clock.now())
     if not attempts:  # closed before the first call
-        return RunRecord(**base, outcome=Outcome.CANCELLED, cancel_reason=cancel_reason or "cancelled")
+        return RunRecord(**base, outcome=Outcome.CANCELLED, cancel_reason=run.cancel_reason or "cancelled")
     last = attempts[-1]
     base.update(latency_ms=last.latency_ms, status_code=last.status_code,
-                total_latency_ms=sum(a.latency_ms for a in attempts) + backoff_ms)
-    if reply is None:
+                total_latency_ms=sum(a.latency_ms for a in attempts) + run.backoff_ms)
+    if run.reply is None:
         retired_on = error.retired_on if isinstance(error, ModelRetired) else None
         head = error.body_head if error is not None else None  # a body refused as too large
         return RunRecord(
-            **base, outcome=last.outcome, retired_on=retired_on, cancel_reason=cancel_reason, response_text=head,
+            **base, outcome=last.outcome, retired_on=retired_on, cancel_reason=run.cancel_reason, response_text=head,
             first_token_ms=error.first_token_ms if error is not None else None,
         )
     if defer_extraction:
-        return PendingRecord(base, reply, task.response)
-    return _answered_record(base, reply, task.response)
+        return PendingRecord(base, run.reply, task.response)
+    return _answered_record(base, run.reply, task.response)
 
 
 def _answered_record(base: dict[str, Any], reply: Reply, bounds: ResponseLimits) -> RunRecord:
