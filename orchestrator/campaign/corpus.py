@@ -139,11 +139,9 @@ def _match_manifest(cands: list[_Candidate], rows: list[dict[str, str]]) -> dict
     return out
 
 
-def load_corpus(spec: CorpusSpec, base_dir: Path) -> Corpus:
-    """Select, read, check and deduplicate the corpus files; see the module docstring."""
-    base_dir = Path(base_dir)
-    problems: list[str] = []
-    rejected: list[tuple[str, str]] = []
+def _candidates(spec: CorpusSpec, base_dir: Path, problems: list[str], rejected: list[tuple[str, str]]) -> list[_Candidate]:
+    """The readable corpus files, sorted by name; unreadable ones rejected (or, when named
+    explicitly in ``corpus.paths``, a problem)."""
     cands: list[_Candidate] = []
     found, explicit = _discover(spec, base_dir, problems)
     for name, path in found:
@@ -155,22 +153,30 @@ def load_corpus(spec: CorpusSpec, base_dir: Path) -> Corpus:
         else:
             cands.append(cand)
     cands.sort(key=lambda c: (c.name, str(c.path)))
+    return cands
 
-    rows: dict[str, dict[str, str]] = {}
-    manifest_path = _resolve(base_dir, spec.manifest) if spec.manifest is not None else None
-    if manifest_path is not None:
-        if not manifest_path.is_file():
-            problems.append(f"corpus.manifest: {str(manifest_path)!r} does not exist")
-        else:
-            rows = _match_manifest(cands, _load_manifest(manifest_path))
-            for c in cands:
-                row = rows.get(c.name)
-                if row and row.get("sha256") and row["sha256"].lower() != c.sha256:
-                    problems.append(
-                        f"manifest {str(manifest_path)!r} row {row['file']!r} says sha256 {row['sha256']} but file "
-                        f"{str(c.path)!r} has sha256 {c.sha256}; the file changed or the row is wrong - fix one of them"
-                    )
 
+def _manifest_rows(spec: CorpusSpec, base_dir: Path, cands: list[_Candidate], problems: list[str]
+                   ) -> dict[str, dict[str, str]]:
+    """Each candidate's manifest row (by name); a row whose sha256 disagrees with its file is a problem."""
+    if spec.manifest is None:
+        return {}
+    manifest_path = _resolve(base_dir, spec.manifest)
+    if not manifest_path.is_file():
+        problems.append(f"corpus.manifest: {str(manifest_path)!r} does not exist")
+        return {}
+    rows = _match_manifest(cands, _load_manifest(manifest_path))
+    for c in cands:
+        row = rows.get(c.name)
+        if row and row.get("sha256") and row["sha256"].lower() != c.sha256:
+            problems.append(
+                f"manifest {str(manifest_path)!r} row {row['file']!r} says sha256 {row['sha256']} but file "
+                f"{str(c.path)!r} has sha256 {c.sha256}; the file changed or the row is wrong - fix one of them"
+            )
+    return rows
+
+
+def _check_names(cands: list[_Candidate], problems: list[str]) -> None:
     names: dict[str, Path] = {}
     for c in cands:
         if c.name in names:
@@ -179,9 +185,11 @@ def load_corpus(spec: CorpusSpec, base_dir: Path) -> Corpus:
                 "list them under distinct directory roots or rename one"
             )
         names.setdefault(c.name, c.path)
-    if problems:
-        raise ConfigError(f"corpus: {len(problems)} problem(s)", problems)
 
+
+def _prompts(spec: CorpusSpec, cands: list[_Candidate], rows: dict[str, dict[str, str]],
+             rejected: list[tuple[str, str]]) -> tuple[list[Prompt], list[tuple[str, str, str]]]:
+    """The prompts kept (first of each content, licence allowed) and the duplicates collapsed."""
     prompts: list[Prompt] = []
     duplicates: list[tuple[str, str, str]] = []
     kept: dict[str, str] = {}
@@ -197,17 +205,24 @@ def load_corpus(spec: CorpusSpec, base_dir: Path) -> Corpus:
             why = f"licence {lic!r}" if lic else "no licence known (not in the manifest)"
             rejected.append((str(c.path), f"{c.name}: {why} is not in corpus.license_allow {sorted(allow)}"))
             continue
-        prompts.append(
-            Prompt(
-                sha256=c.sha256,
-                name=c.name,
-                path=c.path,
-                text=c.data.decode("utf-8"),
-                license=lic,
-                source=row.get("html_url") or None,
-                manifest_label=row.get("label") or None,
-            )
-        )
+        prompts.append(Prompt(
+            sha256=c.sha256, name=c.name, path=c.path, text=c.data.decode("utf-8"), license=lic,
+            source=row.get("html_url") or None, manifest_label=row.get("label") or None,
+        ))
+    return prompts, duplicates
+
+
+def load_corpus(spec: CorpusSpec, base_dir: Path) -> Corpus:
+    """Select, read, check and deduplicate the corpus files; see the module docstring."""
+    base_dir = Path(base_dir)
+    problems: list[str] = []
+    rejected: list[tuple[str, str]] = []
+    cands = _candidates(spec, base_dir, problems, rejected)
+    rows = _manifest_rows(spec, base_dir, cands, problems)
+    _check_names(cands, problems)
+    if problems:
+        raise ConfigError(f"corpus: {len(problems)} problem(s)", problems)
+    prompts, duplicates = _prompts(spec, cands, rows, rejected)
     if not prompts:
         detail = "; ".join(r for _, r in rejected[:5]) or f"no file matched globs {spec.globs} under {[str(p) for p in spec.paths]}"
         raise ConfigError(f"corpus: no usable prompt left ({detail}); check corpus.paths, corpus.globs and corpus.license_allow")
