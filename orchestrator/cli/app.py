@@ -246,7 +246,7 @@ def compact(
 @app.command()
 def simulate(
     config: Annotated[Path, typer.Option("--config", help="Simulator TOML.", exists=True, dir_okay=False)],
-    port: Annotated[int, typer.Option(help="TCP port on 127.0.0.1.")] = 8765,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port on 127.0.0.1.")] = 8765,
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
 ) -> None:
     """Serve simulated models over the OpenAI (/v1/chat/completions) and Ollama (/api/chat) wire formats.

@@ -121,6 +121,9 @@ CASES = [
     Case("status-redis-down", verb="status", args=("--broker-wait-s", "0"), expect="cannot reach Redis",
          env={"IRBENCH_BROKER_URL": "redis://127.0.0.1:{port}/0"}),
     Case("status-bad-option", verb="status", args=("--frobnicate",), expect="No such option: --frobnicate"),
+    Case("view-port-out-of-range", verb="view", args=("--port", "99999"), expect="--port"),
+    Case("view-negative-port", verb="view", args=("--port", "-1"), expect="--port"),
+    Case("simulate-port-zero", verb="simulate", args=("--config", "ue.toml", "--port", "0"), expect="--port"),
     Case("max-runs-zero", args=("--max-planned-runs", "0"), expect="--max-planned-runs"),
     Case("data-is-a-file", args=("--data", "ue.toml"), expect="ue.toml"),
 ]
@@ -134,8 +137,9 @@ class Result:
 
 
 def _argv(case: Case) -> list[str]:
-    argv = [case.verb, "ue.toml", *case.args]
-    if "--data" not in case.args:
+    takes_campaign = case.verb in ("run", "status")
+    argv = [case.verb, *(["ue.toml"] if takes_campaign else []), *case.args]
+    if "--data" not in case.args and case.verb != "simulate":
         argv += ["--data", "data"]
     if case.verb == "run":
         argv.append("--no-progress")
