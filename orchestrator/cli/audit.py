@@ -10,7 +10,8 @@ from __future__ import annotations
 import datetime as dt
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -19,6 +20,9 @@ from rich.table import Table
 from orchestrator.jobs.analysis_progress import StageProgress
 from orchestrator.cli.user_errors import fail as _fail
 from storage.errors import IrbenchError
+
+if TYPE_CHECKING:
+    from analysis.options import AnalysisOptions
 
 _EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -129,26 +133,51 @@ def analyze_command(
 
     Example: irbench analyze --data data/ --out out/ --corpus examples/prompts --seed 7
     """
+    try:
+        options = analysis_options(
+            min_runs=min_runs, min_prompts=min_prompts, seed=seed, replicates=replicates, panel=panel,
+            campaigns=campaign or None, models=model or None, date_from=date_from, date_to=date_to,
+            merge_rule=merge_rule, precedence_path=precedence, families_path=families, pair_scope=pairs,
+            corpus_dirs=corpus or None, skip_corrupt=skip_corrupt, timeouts_s=timeouts,
+            blas_threads=blas_threads, interval_threads=interval_threads,
+        )
+    except (IrbenchError, ValueError) as exc:
+        _fail(exc)
+    analyze_and_print(data, out, options, AnalyzeExecution(executor, broker, timeout))
+
+
+@dataclass(frozen=True)
+class AnalyzeExecution:
+    """Where ``irbench analyze`` runs: in-process, or mapped on the Celery workers of ``broker_url``."""
+
+    executor: str = "local"
+    broker_url: str | None = None
+    timeout_s: float | None = None
+
+
+def analysis_options(**flags: Any) -> AnalysisOptions:
+    """``AnalysisOptions`` from the CLI's flag values, by field name: ``date_from``/``date_to`` as
+    ISO dates, ``timeouts_s`` as comma-separated seconds; pydantic validates the rest."""
     from analysis.options import AnalysisOptions
+
+    for key in ("date_from", "date_to"):
+        if flags.get(key):
+            flags[key] = dt.date.fromisoformat(flags[key])
+    if isinstance(flags.get("timeouts_s"), str):
+        flags["timeouts_s"] = [float(t) for t in flags["timeouts_s"].split(",") if t.strip()]
+    return AnalysisOptions(**flags)
+
+
+def analyze_and_print(data: Path, out: Path, options: AnalysisOptions, where: AnalyzeExecution) -> None:
+    """Run the analysis with stage progress, then print each panel's tables; exits 2 on a user error."""
     from orchestrator.jobs.analysis import analyze_with_executor
 
     try:
-        options = AnalysisOptions(
-            min_runs=min_runs, min_prompts=min_prompts, seed=seed, replicates=replicates,
-            panel=panel, campaigns=campaign or None, models=model or None,
-            date_from=dt.date.fromisoformat(date_from) if date_from else None,
-            date_to=dt.date.fromisoformat(date_to) if date_to else None,
-            merge_rule=merge_rule, precedence_path=precedence, families_path=families,  # type: ignore[arg-type]  # pydantic validates the choice
-            pair_scope=pairs,  # type: ignore[arg-type]  # likewise corpus_dirs=corpus or None, skip_corrupt=skip_corrupt,
-            timeouts_s=[float(t) for t in timeouts.split(",") if t.strip()],
-            blas_threads=blas_threads, interval_threads=interval_threads,
-        )
         with StageProgress(_console(), title="analyze") as stages:
-            result = analyze_with_executor(data, out, options, executor=executor, broker_url=broker,
-                                           timeout_s=timeout, progress=stages.report)
+            result = analyze_with_executor(data, out, options, executor=where.executor, broker_url=where.broker_url,
+                                           timeout_s=where.timeout_s, progress=stages.report)
     except (IrbenchError, ValueError) as exc:
         _fail(exc)
-        return
     console = _console()
     console.print(f"runs: {execution_note(data)}", soft_wrap=True)
     for name in result.skipped_files:

@@ -100,3 +100,28 @@ def test_analyze_says_it_uses_the_latest_execution(tmp_path: Path) -> None:
                    "--min-prompts", "1", "--min-runs", "2")
     text = " ".join(out.stdout.split())
     assert "the latest execution of each of 2 runs is analysed" in text and "1 earlier executions" in text, out
+
+
+def test_every_analyze_flag_reaches_the_recorded_options(tmp_path: Path) -> None:
+    """Each flag of `irbench analyze` lands in the options the manifest records (none dropped on the way)."""
+    import json
+
+    from tests.support.run_records import make_record
+
+    from storage.runs import RunStore
+
+    RunStore(tmp_path).write([make_record(1), make_record(2)])
+    flags = {"--corpus": str(REPO / "examples" / "prompts"), "--skip-corrupt": None, "--seed": "11",
+             "--replicates": "60", "--min-prompts": "1", "--min-runs": "3", "--pairs": "all",
+             "--timeouts": "7,9", "--merge-rule": "earliest-then-top-up", "--from": "2000-01-01",
+             "--interval-threads": "1"}
+    argv = [a for k, v in flags.items() for a in (k, v) if a is not None]
+    out = _irbench("analyze", "--data", str(tmp_path), "--out", str(tmp_path / "out"), *argv)
+    assert out.returncode == 0, out.stderr
+    manifests = list((tmp_path / "out").glob("*/manifest.json"))
+    assert manifests, out.stdout
+    recorded = {k: v["value"] for k, v in json.loads(manifests[0].read_text())["options"].items()}
+    assert recorded["corpus_dirs"] == [flags["--corpus"]] and recorded["skip_corrupt"] is True
+    assert (recorded["seed"], recorded["replicates"], recorded["min_prompts"], recorded["min_runs"]) == (11, 60, 1, 3)
+    assert recorded["pair_scope"] == "all" and recorded["timeouts_s"] == [7.0, 9.0]
+    assert recorded["merge_rule"] == "earliest-then-top-up" and recorded["date_from"] == "2000-01-01"
