@@ -12,6 +12,8 @@ has fewer than 2 successful runs. Typed dataclasses inside, a Table at the bound
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -131,8 +133,50 @@ def build_cells(runs: pa.Table, min_runs: int = 2) -> pa.Table:
     t = runs.select(list(REQUIRED_COLUMNS))
     if pc.count_distinct(t.column("run_id")).as_py() < t.num_rows:
         t = t.take(pa.array(_last_of_each_run_id(t.column("run_id"))))
+    idx = _index_cells(t)
+    runs_ok, metrics = _metrics(t, idx)
+    first, null = pa.array(idx.first_row), runs_ok < 2
+    first_date, last_date = _date_span(t, idx)
+    cols = {
+        **{c: t.column(c).take(first) for c in ("panel", "campaign", "model", "prompt_sha256")},
+        "prompt_name": t.column("prompt_name").take(pa.array(_name_rows(t, idx))),
+        "budget_max_tokens": t.column("budget_max_tokens").take(first),
+        "runs_total": pa.array(idx.runs_total, pa.int64()),
+        "runs_ok": pa.array(runs_ok, pa.int64()),
+        "included": pa.array(runs_ok >= min_runs, pa.bool_()),
+        **{c: pa.array(v, typ, mask=null) for c, (v, typ) in metrics.items()},
+        "first_date": pa.array(first_date.astype(np.int32), pa.int32()).cast(pa.date32()),
+        "last_date": pa.array(last_date.astype(np.int32), pa.int32()).cast(pa.date32()),
+    }
+    cells = pa.table({k: (v.combine_chunks() if isinstance(v, pa.ChunkedArray) else v)
+                      for k, v in cols.items()})
+    cells = cells.append_column("_budget_key", pc.fill_null(cells.column("budget_max_tokens"), -1))
+    cells = cells.append_column("_first", pa.array(np.arange(idx.n_cells)))
+    order = pc.sort_indices(cells, sort_keys=[(c, "ascending") for c in (
+        "panel", "campaign", "model", "prompt_name", "prompt_sha256", "_budget_key", "_first")])
+    cells = cells.take(order).drop_columns(["_budget_key", "_first"])
+    return pa.Table.from_arrays(cells.columns, schema=schema)
+
+
+@dataclass(frozen=True)
+class _CellIndex:
+    """Rows grouped into cells: ``row_cell`` (cell of each row, numbered by first appearance),
+    ``first_row`` (each cell's first row), ``order`` (rows by cell, then run index), ``starts``
+    and ``runs_total`` (each cell's slice of ``order``)."""
+
+    row_cell: np.ndarray
+    first_row: np.ndarray
+    order: np.ndarray
+    starts: np.ndarray
+    runs_total: np.ndarray
+
+    @property
+    def n_cells(self) -> int:
+        return len(self.first_row)
+
+
+def _index_cells(t: pa.Table) -> _CellIndex:
     n = t.num_rows
-    # cell of each row, numbered in order of first appearance
     key = np.zeros(n, np.int64)
     for name in ("panel", "campaign", "model", "prompt_sha256", "budget_max_tokens"):
         codes, k = _codes(t.column(name))
@@ -143,32 +187,40 @@ def build_cells(runs: pa.Table, min_runs: int = 2) -> pa.Table:
     rank[appearance] = np.arange(len(appearance))
     row_cell = rank[row_cell.ravel()]
     first_row = first_row[appearance]
-    n_cells = len(first_row)
     run_index = np.asarray(t.column("run_index").to_numpy(), np.int64)
     order = np.lexsort((np.arange(n), run_index, row_cell))  # by cell, then run order
-    cell_sorted = row_cell[order]
-    runs_total = np.bincount(row_cell, minlength=n_cells)
-    starts = np.zeros(n_cells, np.int64)
+    runs_total = np.bincount(row_cell, minlength=len(first_row))
+    starts = np.zeros(len(first_row), np.int64)
     np.cumsum(runs_total[:-1], out=starts[1:])
-    # most common prompt name, the first in run order on ties (Counter.most_common)
+    return _CellIndex(row_cell, first_row, order, starts, runs_total)
+
+
+def _name_rows(t: pa.Table, idx: _CellIndex) -> np.ndarray:
+    """One row per cell (cells ascending) holding its most common prompt name, the first in run
+    order on ties (``Counter.most_common``)."""
     name_codes, n_names = _codes(t.column("prompt_name"))
-    nk = cell_sorted * n_names + name_codes[order]
+    nk = idx.row_cell[idx.order] * n_names + name_codes[idx.order]
     groups, gfirst, gcount = np.unique(nk, return_index=True, return_counts=True)
     gcell = groups // n_names
     best = np.lexsort((gfirst, -gcount, gcell))
     keep = np.ones(len(best), bool)
     keep[1:] = gcell[best][1:] != gcell[best][:-1]
-    name_row = order[gfirst[best][keep]]  # one row per cell, cells ascending
-    dates = np.asarray(pc.cast(t.column("measurement_date"), pa.int32()).to_numpy(), np.int64)
-    ds = dates[order]
-    first_date = np.minimum.reduceat(ds, starts)
-    last_date = np.maximum.reduceat(ds, starts)
-    # successful runs, in run order within each cell
+    return idx.order[gfirst[best][keep]]
+
+
+def _date_span(t: pa.Table, idx: _CellIndex) -> tuple[np.ndarray, np.ndarray]:
+    """First and last measurement date of each cell (days since the epoch), failures included."""
+    dates = np.asarray(pc.cast(t.column("measurement_date"), pa.int32()).to_numpy(), np.int64)[idx.order]
+    return np.minimum.reduceat(dates, idx.starts), np.maximum.reduceat(dates, idx.starts)
+
+
+def _metrics(t: pa.Table, idx: _CellIndex) -> tuple[np.ndarray, dict[str, tuple[np.ndarray, pa.DataType]]]:
+    """Successful runs per cell, and each stability metric over them in run order (with its type)."""
     ok = np.asarray(succeeded_mask(t).to_numpy(), bool)
-    ok_rows = order[ok[order]]
-    ok_cell = row_cell[ok_rows]
-    runs_ok = np.bincount(ok_cell, minlength=n_cells)
-    pairs = cell_pairs(ok_cell, n_cells)
+    ok_rows = idx.order[ok[idx.order]]
+    ok_cell = idx.row_cell[ok_rows]
+    runs_ok = np.bincount(ok_cell, minlength=idx.n_cells)
+    pairs = cell_pairs(ok_cell, idx.n_cells)
     ids = t.column("node_ids").take(pa.array(ok_rows)).combine_chunks()
     entry_run = np.asarray(pc.list_parent_indices(ids).to_numpy(), np.int64)
     id_codes, n_ids = _codes(pc.list_flatten(ids))
@@ -177,36 +229,9 @@ def build_cells(runs: pa.Table, min_runs: int = 2) -> pa.Table:
     counts = np.asarray(pc.fill_null(t.column("node_count"), 0).to_numpy(), np.int64)[ok_rows]
     ca, eq = count_agreement_many(pairs, counts)
     mean_nodes, std_nodes = _rows_mean_std(counts.astype(np.float64), pairs.first_run, runs_ok)
-    null = runs_ok < 2
-
-    def metric(values: np.ndarray, typ: pa.DataType) -> pa.Array:
-        return pa.array(values, typ, mask=null)
-
-    cols = {
-        "panel": t.column("panel").take(pa.array(first_row)),
-        "campaign": t.column("campaign").take(pa.array(first_row)),
-        "model": t.column("model").take(pa.array(first_row)),
-        "prompt_sha256": t.column("prompt_sha256").take(pa.array(first_row)),
-        "prompt_name": t.column("prompt_name").take(pa.array(name_row)),
-        "budget_max_tokens": t.column("budget_max_tokens").take(pa.array(first_row)),
-        "runs_total": pa.array(runs_total, pa.int64()),
-        "runs_ok": pa.array(runs_ok, pa.int64()),
-        "included": pa.array(runs_ok >= min_runs, pa.bool_()),
-        "mean_jaccard": metric(agg.mean_jaccard, pa.float64()),
-        "id_stability": metric(agg.id_stability, pa.float64()),
-        "node_set_perfect": metric(agg.node_set_perfect, pa.bool_()),
-        "mean_nodes": metric(mean_nodes, pa.float64()),
-        "std_nodes": metric(std_nodes, pa.float64()),
-        "count_agreement": metric(ca, pa.float64()),
-        "count_equal_share": metric(eq, pa.float64()),
-        "first_date": pa.array(first_date.astype(np.int32), pa.int32()).cast(pa.date32()),
-        "last_date": pa.array(last_date.astype(np.int32), pa.int32()).cast(pa.date32()),
+    f64 = pa.float64()
+    return runs_ok, {
+        "mean_jaccard": (agg.mean_jaccard, f64), "id_stability": (agg.id_stability, f64),
+        "node_set_perfect": (agg.node_set_perfect, pa.bool_()), "mean_nodes": (mean_nodes, f64),
+        "std_nodes": (std_nodes, f64), "count_agreement": (ca, f64), "count_equal_share": (eq, f64),
     }
-    cells = pa.table({k: (v.combine_chunks() if isinstance(v, pa.ChunkedArray) else v)
-                      for k, v in cols.items()})
-    cells = cells.append_column("_budget_key", pc.fill_null(cells.column("budget_max_tokens"), -1))
-    cells = cells.append_column("_first", pa.array(np.arange(n_cells)))
-    idx = pc.sort_indices(cells, sort_keys=[(c, "ascending") for c in (
-        "panel", "campaign", "model", "prompt_name", "prompt_sha256", "_budget_key", "_first")])
-    cells = cells.take(idx).drop_columns(["_budget_key", "_first"])
-    return pa.Table.from_arrays(cells.columns, schema=schema)
