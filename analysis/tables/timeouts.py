@@ -123,14 +123,88 @@ def _run_arrays(runs: pa.Table) -> dict[str, np.ndarray]:
     }
 
 
-def _inclusion(ok: np.ndarray, cell: np.ndarray, cell_model: np.ndarray, cell_prompt: np.ndarray,
-               n_models: int, min_runs: int, min_prompts: int) -> tuple[np.ndarray, np.ndarray]:
-    """(prompts with an included cell, included) per model code, for one success vector."""
-    per_cell = np.bincount(cell, weights=ok.astype(np.float64), minlength=len(cell_model))
-    inc = per_cell >= min_runs
-    pairs = np.unique(np.stack([cell_model[inc], cell_prompt[inc]], axis=1), axis=0) if inc.any() else np.empty((0, 2), np.int64)
-    prompts = np.bincount(pairs[:, 0], minlength=n_models) if len(pairs) else np.zeros(n_models, np.int64)
-    return prompts.astype(np.int64), prompts >= min_prompts
+@dataclass(frozen=True)
+class _Groups:
+    """Runs coded by (panel, model) and by cell, with the stability table's inclusion rule."""
+
+    model_code: np.ndarray  # per run
+    model_keys: list[tuple[str, str]]  # (panel, model) per model code
+    cell_code: np.ndarray  # per run
+    cell_model: np.ndarray  # per cell code
+    cell_prompt: np.ndarray  # per cell code
+    min_runs: int
+    min_prompts: int
+
+    @classmethod
+    def of(cls, runs: pa.Table, min_runs: int, min_prompts: int) -> _Groups:
+        model_code, model_keys = _codes(list(zip(runs.column("panel").to_pylist(), runs.column("model").to_pylist())))
+        prompt_code, _ = _codes(runs.column("prompt_sha256").to_pylist())
+        cell_code, cell_keys = _codes(list(zip(
+            model_code.tolist(), runs.column("campaign").to_pylist(), prompt_code.tolist(),
+            runs.column("budget_max_tokens").to_pylist(),
+        )))
+        return cls(model_code, model_keys, cell_code, np.array([k[0] for k in cell_keys], dtype=np.int64),
+                   np.array([k[2] for k in cell_keys], dtype=np.int64), min_runs, min_prompts)
+
+    @property
+    def n_models(self) -> int:
+        return len(self.model_keys)
+
+    def per_model(self, mask: np.ndarray) -> np.ndarray:
+        """Runs per model code where ``mask`` holds."""
+        return np.bincount(self.model_code, weights=mask.astype(np.float64), minlength=self.n_models).astype(np.int64)
+
+    def inclusion(self, ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(prompts with an included cell, included) per model code, for one success vector."""
+        per_cell = np.bincount(self.cell_code, weights=ok.astype(np.float64), minlength=len(self.cell_model))
+        inc = per_cell >= self.min_runs
+        pairs = (np.unique(np.stack([self.cell_model[inc], self.cell_prompt[inc]], axis=1), axis=0)
+                 if inc.any() else np.empty((0, 2), np.int64))
+        prompts = np.bincount(pairs[:, 0], minlength=self.n_models) if len(pairs) else np.zeros(self.n_models, np.int64)
+        return prompts.astype(np.int64), prompts >= self.min_prompts
+
+
+def _losses(a: dict[str, np.ndarray], g: _Groups, ts: tuple[float, ...]) -> tuple[pa.Table, list[np.ndarray]]:
+    """The losses table (one row per model and timeout) and each timeout's inclusion vector."""
+    n, ok = g.n_models, a["ok"]
+    total = np.bincount(g.model_code, minlength=n).astype(np.int64)
+    rows: dict[str, list] = {f.name: [] for f in LOSSES_SCHEMA}
+    under: list[np.ndarray] = []
+    for t in ts:
+        ok_t = ok & ~(a["latency_ms"] > t * 1000.0)  # NaN latency (never called) is not "too slow"
+        censored = a["timeout_total"] & (a["recorded_timeout_s"] < t)
+        prompts_t, inc_t = g.inclusion(ok_t)
+        under.append(inc_t)
+        for col, values in (
+            ("panel", [k[0] for k in g.model_keys]), ("model", [k[1] for k in g.model_keys]),
+            ("timeout_s", [t] * n), ("runs", total), ("succeeded_recorded", g.per_model(ok)),
+            ("succeeded", g.per_model(ok_t)), ("lost", g.per_model(ok & ~ok_t)),
+            ("censored", g.per_model(censored)), ("prompts_included", prompts_t), ("included", inc_t),
+        ):
+            rows[col].extend(np.asarray(values).tolist())
+    losses = pa.Table.from_pydict(rows, schema=LOSSES_SCHEMA)
+    return losses.sort_by([("panel", "ascending"), ("model", "ascending"), ("timeout_s", "ascending")]), under
+
+
+def _flags(g: _Groups, ts: tuple[float, ...], recorded: tuple[np.ndarray, np.ndarray], under: list[np.ndarray]) -> pa.Table:
+    """One row per model: included as recorded, under each timeout, and whether that depends on it."""
+    rec_prompts, rec_inc = recorded
+    flags: dict[str, list] = {f.name: [] for f in FLAGS_SCHEMA}
+    for i, (panel, model) in enumerate(g.model_keys):
+        inc_by_t = [bool(u[i]) for u in under]
+        changes = [_fmt_s(t) for t, x in zip(ts, inc_by_t) if x != bool(rec_inc[i])]
+        if not changes:
+            note = "inclusion does not depend on the timeout"
+        elif rec_inc[i]:
+            note = "drops out of the table under " + ", ".join(changes)
+        else:
+            note = "would enter the table under " + ", ".join(changes)
+        for col, value in (("panel", panel), ("model", model), ("included_recorded", bool(rec_inc[i])),
+                           ("prompts_included_recorded", int(rec_prompts[i])),
+                           ("included_under", ", ".join(f"{_fmt_s(t)}: {'yes' if x else 'no'}" for t, x in zip(ts, inc_by_t))),
+                           ("depends_on_timeout", bool(changes)), ("note", note)):
+            flags[col].append(value)
+    return pa.Table.from_pydict(flags, schema=FLAGS_SCHEMA).sort_by([("panel", "ascending"), ("model", "ascending")])
 
 
 def timeout_sensitivity(
@@ -151,62 +225,9 @@ def timeout_sensitivity(
     if min_runs < 1 or min_prompts < 1:
         raise AnalysisError(f"min_runs and min_prompts must be >= 1, got {min_runs}, {min_prompts}")
     a = _run_arrays(runs)
-    model_code, model_keys = _codes(list(zip(runs.column("panel").to_pylist(), runs.column("model").to_pylist())))
-    prompt_code, _ = _codes(runs.column("prompt_sha256").to_pylist())
-    cell_code, cell_keys = _codes(list(zip(
-        model_code.tolist(), runs.column("campaign").to_pylist(), prompt_code.tolist(),
-        runs.column("budget_max_tokens").to_pylist(),
-    )))
-    cell_model = np.array([k[0] for k in cell_keys], dtype=np.int64)
-    cell_prompt = np.array([k[2] for k in cell_keys], dtype=np.int64)
-    n = len(model_keys)
-
-    def per_model(mask: np.ndarray) -> np.ndarray:
-        return np.bincount(model_code, weights=mask.astype(np.float64), minlength=n).astype(np.int64)
-
-    total = np.bincount(model_code, minlength=n).astype(np.int64)
-    ok = a["ok"]
-    rec_prompts, rec_inc = _inclusion(ok, cell_code, cell_model, cell_prompt, n, min_runs, min_prompts)
-    rows: dict[str, list] = {f.name: [] for f in LOSSES_SCHEMA}
-    under: list[np.ndarray] = []
-    for t in ts:
-        limit_ms = t * 1000.0
-        ok_t = ok & ~(a["latency_ms"] > limit_ms)  # NaN latency (never called) is not "too slow"
-        censored = a["timeout_total"] & (a["recorded_timeout_s"] < t)
-        prompts_t, inc_t = _inclusion(ok_t, cell_code, cell_model, cell_prompt, n, min_runs, min_prompts)
-        under.append(inc_t)
-        for col, values in (
-            ("panel", [k[0] for k in model_keys]), ("model", [k[1] for k in model_keys]),
-            ("timeout_s", [t] * n), ("runs", total), ("succeeded_recorded", per_model(ok)),
-            ("succeeded", per_model(ok_t)), ("lost", per_model(ok & ~ok_t)),
-            ("censored", per_model(censored)), ("prompts_included", prompts_t), ("included", inc_t),
-        ):
-            rows[col].extend(np.asarray(values).tolist())
-    losses = pa.Table.from_pydict(rows, schema=LOSSES_SCHEMA)
-    losses = losses.sort_by([("panel", "ascending"), ("model", "ascending"), ("timeout_s", "ascending")])
-
-    flags: dict[str, list] = {f.name: [] for f in FLAGS_SCHEMA}
-    for i, (panel, model) in enumerate(model_keys):
-        inc_by_t = [bool(u[i]) for u in under]
-        depends = any(x != bool(rec_inc[i]) for x in inc_by_t)
-        changes = [(_fmt_s(t), x) for t, x in zip(ts, inc_by_t) if x != bool(rec_inc[i])]
-        if not depends:
-            note = "inclusion does not depend on the timeout"
-        elif rec_inc[i]:
-            note = "drops out of the table under " + ", ".join(t for t, _ in changes)
-        else:
-            note = "would enter the table under " + ", ".join(t for t, _ in changes)
-        flags["panel"].append(panel)
-        flags["model"].append(model)
-        flags["included_recorded"].append(bool(rec_inc[i]))
-        flags["prompts_included_recorded"].append(int(rec_prompts[i]))
-        flags["included_under"].append(", ".join(f"{_fmt_s(t)}: {'yes' if x else 'no'}" for t, x in zip(ts, inc_by_t)))
-        flags["depends_on_timeout"].append(depends)
-        flags["note"].append(note)
-    flag_table = pa.Table.from_pydict(flags, schema=FLAGS_SCHEMA).sort_by(
-        [("panel", "ascending"), ("model", "ascending")]
-    )
-    return TimeoutSensitivity(losses, flag_table, ts, min_runs, min_prompts)
+    g = _Groups.of(runs, min_runs, min_prompts)
+    losses, under = _losses(a, g, ts)
+    return TimeoutSensitivity(losses, _flags(g, ts, g.inclusion(a["ok"]), under), ts, min_runs, min_prompts)
 
 
 def lost_runs(runs: pa.Table, timeout_s: float) -> pa.Table:
