@@ -3,6 +3,7 @@
 __all__ = [
     "app",
     "audit",
+    "config_table",
     "demo",
     "distributed",
     "envfile",

@@ -169,6 +169,7 @@ def cancel(
     campaign: Annotated[Path, typer.Argument(help="Campaign TOML file.", exists=True, dir_okay=False)],
     broker: BrokerOpt = None,
     reason: Annotated[str, typer.Option(help="Recorded as each cancelled run's cancel_reason.")] = "cancelled by user",
+    broker_wait_s: BrokerWaitOpt = 10.0,
 ) -> None:
     """Stop a distributed campaign: no further dispatch; remaining runs are recorded as cancelled.
 
@@ -182,7 +183,7 @@ def cancel(
     try:
         spec = load_campaign(campaign)
         url = broker_url(broker, spec.executor.broker)
-        wait_with_countdown(url, float(os.environ.get("IRBENCH_BROKER_WAIT_S", "10")), sys.stderr)
+        wait_with_countdown(url, broker_wait_s, sys.stderr)
         cancel_campaign(spec.name, url, reason=reason)
     except IrbenchError as exc:
         fail(exc)

@@ -194,9 +194,11 @@ def start_worker(
 PER_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
 
 
-def _configure_worker_logging(**_: Any) -> None:
-    configure_logging(level=os.environ.get("IRBENCH_LOG_LEVEL", "INFO"), json=True, stream=_CurrentStderr())  # type: ignore[arg-type]  # write/flush/isatty: all of TextIO that PrintLogger uses
-    task_level = os.environ.get("IRBENCH_CELERY_TASK_LOG_LEVEL", "WARNING").upper()
+def _configure_worker_logging(sender: Any = None, **_: Any) -> None:
+    holder = getattr(getattr(sender, "app", None), "irbench_runtime", None)
+    settings = holder.settings if holder is not None else WorkerSettings(redis_url="")  # not one of ours: defaults
+    configure_logging(level=settings.log_level, json=True, stream=_CurrentStderr())  # type: ignore[arg-type]  # write/flush/isatty: all of TextIO that PrintLogger uses
+    task_level = settings.celery_task_log_level.upper()
     for name in PER_TASK_LOGGERS:  # task failures are WARNING/ERROR and still logged
         logging.getLogger(name).setLevel(task_level)
 
@@ -212,4 +214,4 @@ worker_init.connect(_configure_worker_logging, weak=False, dispatch_uid="irbench
 worker_process_init.connect(_configure_worker_logging, weak=False, dispatch_uid="irbench-logging-proc")
 worker_shutdown.connect(_close_runtime, weak=False, dispatch_uid="irbench-close-runtime")
 presence.install(celery_signals, lambda app: app.irbench_runtime.settings.data_dir,
-                 lambda app: app.irbench_runtime.slots())
+                 lambda app: app.irbench_runtime.slots(), lambda app: app.irbench_runtime.settings.presence_interval_s)

@@ -98,6 +98,9 @@ class WorkerSettings:
     Python's collector as it is. ``cpu_policy``: how the kernel schedules a worker process, set
     when the Celery worker starts: ``batch`` (default; Linux ``SCHED_BATCH``: its threads do not
     preempt others when woken, ``workers.cpu_policy``) or ``normal``.
+    ``presence_interval_s``: how often the worker publishes its presence (queues, store, slots).
+    ``log_level``: the worker's own JSON log level; ``celery_task_log_level``: that of Celery's
+    per-task lines (two records per run that say less than ``run_finished``).
     """
 
     redis_url: str
@@ -122,6 +125,9 @@ class WorkerSettings:
     run_slots: int = 64
     gc_young_threshold: int = 10000
     cpu_policy: str = "batch"
+    presence_interval_s: float = 2.0
+    log_level: str = "INFO"
+    celery_task_log_level: str = "WARNING"
 
     def __post_init__(self) -> None:
         if self.visibility_timeout_s <= 0:

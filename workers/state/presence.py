@@ -146,19 +146,19 @@ def _queues_of(consumer: Any) -> tuple[str, ...]:
         return tuple(sorted(consumer.app.amqp.queues.keys()))
 
 
-def install(signals: Any, data_dir_for: Any, slots_for: Any) -> None:
+def install(signals: Any, data_dir_for: Any, slots_for: Any, interval_for: Any) -> None:
     """Start a publisher when a worker is ready and stop it at shutdown.
 
     ``signals``: ``celery.signals``; ``data_dir_for(app) -> str | None``: the worker's store root;
-    ``slots_for(app) -> (threads, run_slots)``: how many messages and runs it takes at once.
-    The interval comes from ``IRBENCH_PRESENCE_INTERVAL_S`` (default 2 s).
+    ``slots_for(app) -> (threads, run_slots)``: how many messages and runs it takes at once;
+    ``interval_for(app) -> float``: seconds between publications.
     """
     running: list[PresencePublisher] = []
 
     def on_ready(sender: Any = None, **_: Any) -> None:
         app = sender.app
         client = sync_redis(app.conf.broker_url, RedisTimeouts(retries=0))  # the next beat retries
-        interval = float(os.environ.get("IRBENCH_PRESENCE_INTERVAL_S", "2"))
+        interval = float(interval_for(app))
         data_dir = data_dir_for(app)
         threads, run_slots = slots_for(app)
         running.append(PresencePublisher(client, sender.hostname, _queues_of(sender),
