@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import httpx
 
+from deploy.processes import free_port
 from simulator.process import stop_process
 from workers.errors import ConfigError
 
@@ -92,14 +92,6 @@ class LlamaServer:
         self.stop()
 
 
-def _free_port(host: str) -> int:
-    # llama_cpp.server cannot take a bound socket: pick a free port and pass its number (the
-    # short race with another process is caught by the readiness check below).
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 def _die_with_parent() -> None:
     """In the child before exec (Linux): SIGTERM it when the process that started it dies, so
     a killed demo or test run never leaves a server holding a core."""
@@ -114,7 +106,7 @@ def start_llama_server(settings: LlamaServerSettings, *, log_path: Path | None =
     own output goes to ``log_path`` (or is discarded). ``ConfigError`` if it does not come up."""
     if importlib.util.find_spec("llama_cpp") is None:
         raise ConfigError(f"llama-cpp-python is not installed; {INSTALL_HINT}")
-    port = _free_port(settings.host)
+    port = free_port(settings.host)
     cmd = [
         sys.executable, "-m", "llama_cpp.server", "--model", str(settings.model_path),
         "--host", settings.host, "--port", str(port), "--n_ctx", str(settings.n_ctx),

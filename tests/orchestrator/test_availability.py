@@ -19,6 +19,7 @@ from simulator.server import start_background
 from storage.availability import Availability, AvailabilityStore
 from storage.probes import ProbeStore
 from workers.runtask import EndpointRef, TimeoutPolicy
+from simulator.process import stop_process
 
 DAY1 = dt.datetime(2026, 9, 1, 6, 0, tzinfo=dt.timezone.utc)
 DAY2 = DAY1 + dt.timedelta(days=1)
@@ -157,19 +158,6 @@ def test_cli_commands(tmp_path: Path, artifact_dir: Path) -> None:
     assert AvailabilityStore(data).read(sources=["check"]).num_rows == 2
 
 
-def _stop(proc, grace_s: float = 10.0) -> None:
-    import signal
-    import subprocess
-
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def test_beat_one_check_per_interval_with_two_beats(tmp_path: Path) -> None:
     """Real redis-server, a real Celery worker and two real beat processes against the simulator."""
     import json
@@ -217,9 +205,9 @@ def test_beat_one_check_per_interval_with_two_beats(tmp_path: Path) -> None:
                 time.sleep(0.5)
         finally:
             for p in procs[1:]:
-                _stop(p)
+                stop_process(p, 10.0)
             time.sleep(1.0)  # let the worker finish a check it already took
-            _stop(procs[0])
+            stop_process(procs[0], 10.0)
             for log in logs:
                 log.close()
         skipped = int(redis.Redis.from_url(srv.url).get(f"{LOCK_PREFIX}skipped") or 0)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from orchestrator.cli.audit import analyze_command
 from simulator.config import SimConfig, SimModel, load_sim_config
 from simulator.server import start_background
 from storage.availability import AvailabilityStore
+from deploy.processes import free_port
 
 IRBENCH = [sys.executable, "-m", "orchestrator.cli.app"]
 REPO = Path(__file__).resolve().parents[2]
@@ -26,15 +26,9 @@ def _irbench(*args: str) -> subprocess.CompletedProcess:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_probe_before_and_after_starting_its_simulator(tmp_path: Path, examples_dir: Path) -> None:
     """The README's probe, endpoint not yet started: a hint on stderr; then --retry-failed measures it."""
-    port = _free_port()
+    port = free_port()
     args = ["probe", str(examples_dir / "probe.toml"), "--data", str(tmp_path / "data"), "--reference-timeout", "1",
             "--endpoint-url", f"sim=http://127.0.0.1:{port}", "--no-progress"]
     down = _irbench(*args)

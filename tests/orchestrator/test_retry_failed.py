@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -24,6 +23,7 @@ from simulator.server import start_background
 from storage.records import Outcome
 from storage.runs import RunStore
 from workers.errors import ConfigError
+from deploy.processes import free_port
 
 IRBENCH = [sys.executable, "-m", "orchestrator.cli.app"]
 PROMPTS = Path(__file__).resolve().parents[2] / "examples" / "prompts"
@@ -43,12 +43,6 @@ def _requests(base_url: str, model: str) -> int:
     return int(stats.get("models", stats).get(model, {}).get("requests", 0))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _campaign(tmp_path: Path, port: int, models: dict[str, str]) -> Path:
     path = tmp_path / "retry.toml"
     body = "".join(f"[models.{m}]\n{extra}\n" for m, extra in models.items())
@@ -60,7 +54,7 @@ def _campaign(tmp_path: Path, port: int, models: dict[str, str]) -> Path:
 
 
 def test_endpoint_down_then_up_retry_executes_each_failed_run_once_more(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     campaign = _campaign(tmp_path, port, {"sim-a": ""})
     data = tmp_path / "data"
     planned = 2 * N_PROMPTS
@@ -130,7 +124,7 @@ def test_outcome_names_and_groups() -> None:
 
 
 def test_outcomes_without_retry_failed_is_a_user_error(tmp_path: Path) -> None:
-    campaign = _campaign(tmp_path, _free_port(), {"sim-a": ""})
+    campaign = _campaign(tmp_path, free_port(), {"sim-a": ""})
     out = _irbench("run", str(campaign), "--data", str(tmp_path / "d"), "--outcomes", "rate_limited")
     assert out.returncode == 2 and "--retry-failed" in out.stderr
 
@@ -144,7 +138,7 @@ def test_retry_failed_on_the_celery_executor_with_a_real_worker(tmp_path: Path) 
     from deploy.celery_workers import CeleryWorkers
     from deploy.redis_server import RedisServer
 
-    port = _free_port()
+    port = free_port()
     campaign = _campaign(tmp_path, port, {"sim-a": ""})
     data = tmp_path / "data"
     planned = 2 * N_PROMPTS

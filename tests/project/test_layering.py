@@ -47,7 +47,7 @@ OURS = frozenset(PACKAGES) | {"tests"}
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "storage": frozenset(),
     "workers": frozenset({"storage"}),
-    "orchestrator": frozenset({"workers", "storage", "analysis", "simulator", "viewer"}),
+    "orchestrator": frozenset({"workers", "storage", "analysis", "simulator", "viewer", "deploy"}),
     "analysis": frozenset({"storage"}),
     "viewer": frozenset({"storage", "analysis"}),
     "simulator": frozenset({"storage"}),
@@ -79,7 +79,7 @@ ROOMS: dict[str, frozenset[str]] = {
     "orchestrator.jobs": frozenset({"orchestrator.campaign", "orchestrator.local"}),
     "orchestrator.distributed": frozenset({"orchestrator.campaign", "orchestrator.local", "orchestrator.jobs"}),
     "orchestrator.cli": frozenset({"orchestrator.campaign", "orchestrator.local", "orchestrator.jobs",
-                                   "orchestrator.distributed", "simulator", "viewer"}),
+                                   "orchestrator.distributed", "simulator", "viewer", "deploy"}),
 }
 
 @dataclass(frozen=True)
@@ -222,7 +222,7 @@ def test_orchestrator_rooms_import_only_the_rooms_below_them() -> None:
     for e in OUR_EDGES:
         src = _room(e.importer)
         dst = _room(e.imported)
-        if src not in ROOMS or src == dst or not (dst.startswith("orchestrator") or dst in ("simulator", "viewer")):
+        if src not in ROOMS or src == dst or not (dst.startswith("orchestrator") or dst in ("simulator", "viewer", "deploy")):
             continue
         if dst not in ROOMS[src]:
             bad.append(f"{e.where}: {e.importer} imports {e.imported} ({src} may import {sorted(ROOMS[src]) or 'no other room'})")

@@ -26,6 +26,7 @@ import typer.main
 
 from orchestrator.cli.app import app
 from tests.support.paths import SHARED
+from deploy.processes import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", REPO / "deploy" / "README.md"]
@@ -110,12 +111,6 @@ def test_the_checker_catches_a_wrong_flag_and_verb() -> None:
 # ------------------------------------------------------------------------------ run them as pasted
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_port(port: int, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -153,7 +148,7 @@ def _runnable_blocks(md: Path) -> list[list[str]]:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_readme_blocks_run_in_order_as_pasted(tmp_path: Path) -> None:
-    ports = {"8765": str(_free_port()), "8766": str(_free_port()), "8000": str(_free_port())}
+    ports = {"8765": str(free_port()), "8766": str(free_port()), "8000": str(free_port())}
 
     def localise(text: str) -> str:
         for old, new in ports.items():
