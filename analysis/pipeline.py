@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +177,33 @@ def run_analysis(
                              precomputed)
 
 
+@dataclass(frozen=True)
+class _Shared:
+    """What every panel of one analysis uses: where, with which options and lookups."""
+
+    data_dir: Path
+    out_dir: Path
+    options: AnalysisOptions
+    index: Any  # the corpus index (sha256 -> prompt), for correctness
+    families: dict[str, str]
+    families_source: Any
+    override: dict
+    generated_at: dt.datetime
+    runs_read: int
+    skipped: list[str]
+    progress: Reporter
+
+
+def _panels(runs: pa.Table, imported: pa.Table, options: AnalysisOptions, data_dir: Path) -> list[str]:
+    panels = sorted(distinct_values(runs.column("panel"), imported.column("panel")))
+    if options.panel is None:
+        return panels
+    if options.panel not in panels:
+        raise NoRunsError(f"panel {options.panel!r} has no runs in {data_dir} (with the given filters); "
+                          f"panels present: {panels}")
+    return [options.panel]
+
+
 def _run_analysis(data_dir: Path, out_dir: Path, options: AnalysisOptions,
                   now: Callable[[], dt.datetime], raw_cells: pa.Table | None,
                   progress: Reporter, precomputed: Precomputed | None = None) -> AnalysisResult:
@@ -185,70 +213,66 @@ def _run_analysis(data_dir: Path, out_dir: Path, options: AnalysisOptions,
     else:
         runs, imported, skipped = precomputed.inputs(data_dir, options)
     release_freed_memory()
-    runs_read = runs.num_rows
-    panels = sorted(distinct_values(runs.column("panel"), imported.column("panel")))
-    if options.panel is not None:
-        if options.panel not in panels:
-            raise NoRunsError(
-                f"panel {options.panel!r} has no runs in {data_dir} (with the given filters); "
-                f"panels present: {panels}"
-            )
-        panels = [options.panel]
-    index = corpus_index(options.corpus_dirs)
+    panels = _panels(runs, imported, options, data_dir)
     families, families_source = families_for(data_dir, options.families_path)
-    override = load_precedence(options.precedence_path) if options.precedence_path else {}
-
-    generated_at = now()
-    results: dict[str, PanelResult] = {}
+    shared = _Shared(data_dir, out_dir, options, corpus_index(options.corpus_dirs), families, families_source,
+                     load_precedence(options.precedence_path) if options.precedence_path else {},
+                     now(), runs.num_rows, skipped, progress)
     imported_rows = imported.num_rows
     # per panel, so no reference to the whole table outlives the building of a panel's cells
     imported_of = {panel: _rows_of(imported, panel) for panel in panels}
     del imported
+    results: dict[str, PanelResult] = {}
     for panel in panels:
-        panel_runs = _rows_of(runs, panel)
-        panel_raw = None if raw_cells is None else _rows_of(raw_cells, panel)
-        def step(name: str, count: int | None = None, unit: str = "", _panel: str = panel,
-                 total: int = len(ANALYZE_STAGES)) -> None:
-            # hand the previous stage's freed temporaries back to the OS (allocators keep them)
-            release_freed_memory()
-            progress(Stage(name, _panel, ANALYZE_STAGES.index(name) + 1, total, count, unit))
-
-        cells, models, tables, summary, panel_imp = _audit_panel(
-            panel_runs, [imported_of.pop(panel)], options, index, families, override, panel_raw, step,
+        results[panel] = _analyse_panel(
+            shared, panel, _rows_of(runs, panel), [imported_of.pop(panel)],
+            None if raw_cells is None else _rows_of(raw_cells, panel),
             None if precomputed is None else precomputed.run_levels.get(panel))
-        cells = plain(cells)  # written and returned with string columns
-        release_freed_memory()
-        pdir = out_dir / panel_dirname(panel)
-        tables = {"cells": cells, "models": models.included, "excluded": models.excluded,
-                  **tables}
-        step("write", len(tables) + 1, "files")
-        paths = write_panel(pdir, tables)
-        manifest = build_manifest(
-            panel=panel, data_dir=data_dir, options=options, runs=panel_runs,
-            runs_read=runs_read, cells=cells, models=models, generated_at=generated_at,
-            imported=panel_imp,
-        )
-        manifest["files"] = {k: p.name for k, p in paths.items()}
-        step("timeouts", panel_runs.num_rows, "runs")
-        if panel_runs.num_rows:
-            # which runs a shorter (or longer) total timeout would have lost, from recorded latencies
-            sensitivity, ts_paths = analyze_timeouts(
-                panel_runs, pdir, min_runs=options.min_runs, min_prompts=options.min_prompts,
-                timeouts_s=options.timeouts_s,
-            )
-            manifest["files"].update({k: p.name for k, p in ts_paths.items()})
-            summary = {**summary, "timeout_sensitivity": sensitivity.summary()}
-        manifest["summary"] = summary
-        manifest["skipped_corrupt_files"] = skipped
-        manifest["families_source"] = families_source
-        manifest_path = write_manifest(manifest, pdir)
-        results[panel] = PanelResult(
-            panel=panel, directory=pdir, cells_path=paths["cells"],
-            models_path=paths["models"], excluded_path=paths["excluded"],
-            manifest_path=manifest_path, cells=cells, models=models, manifest=manifest,
-            tables=tables, paths=paths,
-        )
+    runs_read = shared.runs_read
     return AnalysisResult(
         data_dir=data_dir, out_dir=out_dir, options=options, runs_read=runs_read,
         panels=results, cells_imported=imported_rows, skipped_files=tuple(skipped),
+    )
+
+
+def _analyse_panel(shared: _Shared, panel: str, panel_runs: pa.Table, held: list[pa.Table],
+                   panel_raw: pa.Table | None, run_levels: RunLevel | None) -> PanelResult:
+    """Audit one panel and write its tables, timeouts and manifest under ``OUT/<panel>/``."""
+    options = shared.options
+
+    def step(name: str, count: int | None = None, unit: str = "") -> None:
+        # hand the previous stage's freed temporaries back to the OS (allocators keep them)
+        release_freed_memory()
+        shared.progress(Stage(name, panel, ANALYZE_STAGES.index(name) + 1, len(ANALYZE_STAGES), count, unit))
+
+    cells, models, tables, summary, panel_imp = _audit_panel(
+        panel_runs, held, options, shared.index, shared.families, shared.override, panel_raw, step, run_levels)
+    cells = plain(cells)  # written and returned with string columns
+    release_freed_memory()
+    pdir = shared.out_dir / panel_dirname(panel)
+    tables = {"cells": cells, "models": models.included, "excluded": models.excluded, **tables}
+    step("write", len(tables) + 1, "files")
+    paths = write_panel(pdir, tables)
+    manifest = build_manifest(
+        panel=panel, data_dir=shared.data_dir, options=options, runs=panel_runs, runs_read=shared.runs_read,
+        cells=cells, models=models, generated_at=shared.generated_at, imported=panel_imp,
+    )
+    manifest["files"] = {k: p.name for k, p in paths.items()}
+    step("timeouts", panel_runs.num_rows, "runs")
+    if panel_runs.num_rows:
+        # which runs a shorter (or longer) total timeout would have lost, from recorded latencies
+        sensitivity, ts_paths = analyze_timeouts(
+            panel_runs, pdir, min_runs=options.min_runs, min_prompts=options.min_prompts,
+            timeouts_s=options.timeouts_s,
+        )
+        manifest["files"].update({k: p.name for k, p in ts_paths.items()})
+        summary = {**summary, "timeout_sensitivity": sensitivity.summary()}
+    manifest["summary"] = summary
+    manifest["skipped_corrupt_files"] = shared.skipped
+    manifest["families_source"] = shared.families_source
+    manifest_path = write_manifest(manifest, pdir)
+    return PanelResult(
+        panel=panel, directory=pdir, cells_path=paths["cells"], models_path=paths["models"],
+        excluded_path=paths["excluded"], manifest_path=manifest_path, cells=cells, models=models,
+        manifest=manifest, tables=tables, paths=paths,
     )

@@ -54,21 +54,17 @@ def _share_perfect(merged: pa.Table) -> float:
 
 
 
-def sensitivity_table(cells: pa.Table, budget: dict[str, int], time: dict[str, int], *,
-                      merge_rule: str, min_runs: int, min_prompts: int,
-                      stabilisation: pa.Table | None = None,
-                      baseline: MergedCells | None = None) -> tuple[pa.Table, dict[str, Any]]:
-    """Grid of variants (module docstring) → (table, summary of the rule comparison).
+Grid = tuple[str, int, int]  # (merge rule, min_runs, min_prompts)
 
-    ``baseline``: ``merge_cells(cells, budget, time)`` when already computed (the variant
-    ``min_runs`` is then not merged again). One min_runs value is merged at a time, and only
-    its model tables are kept, so memory stays at about one merged copy of the cells."""
-    grid = [(rule, mr, mp) for rule in RULES for mr in sorted({2, 3, min_runs})
-            for mp in sorted({1, 3, 5, min_prompts})]
+
+def _variant_tables(cells: pa.Table, budget: dict[str, int], time: dict[str, int], grid: list[Grid],
+                    min_runs: int, baseline: MergedCells | None) -> tuple[dict[Grid, Any], dict[tuple[str, int], float], Any]:
+    """Each variant's model tables (grid order), each (rule, min_runs) headline share, and the
+    rule comparison at the baseline ``min_runs``. One min_runs value is merged at a time."""
     slim = merge_view(cells)
     shares: dict[tuple[str, int], float] = {}
     comparison = None
-    tables: dict[tuple[str, int, int], Any] = {}
+    tables: dict[Grid, Any] = {}
     for mr in sorted({2, 3, min_runs}):
         merged = (baseline if baseline is not None and mr == min_runs
                   else merge_cells(_reinclude(slim, mr), budget, time))
@@ -76,23 +72,24 @@ def sensitivity_table(cells: pa.Table, budget: dict[str, int], time: dict[str, i
             comparison = merged.comparison
         for rule in RULES:
             shares[(rule, mr)] = _share_perfect(merged.tables[rule])
-        for rule in RULES:  # one aggregation per merged table for all its thresholds
-            keys = [g for g in grid if g[:2] == (rule, mr)]
-            tables.update(zip(keys, model_tables(merged.tables[rule], [g[2] for g in keys],
-                                                 min_runs=mr)))
+            keys = [g for g in grid if g[:2] == (rule, mr)]  # one aggregation per merged table for all its thresholds
+            tables.update(zip(keys, model_tables(merged.tables[rule], [g[2] for g in keys], min_runs=mr)))
         del merged
         release_freed_memory()  # this merge's copy, before the next one is made
-    tables = {g: tables[g] for g in grid}  # grid order
-    base_key = (merge_rule, min_runs, min_prompts)
+    assert comparison is not None, "the loop always merges the baseline min_runs"
+    return {g: tables[g] for g in grid}, shares, comparison
+
+
+def _grid_rows(tables: dict[Grid, Any], shares: dict[tuple[str, int], float], base_key: Grid) -> list[dict[str, Any]]:
+    """One row per variant and model: rank (or excluded) against the baseline's."""
     base = tables[base_key]
     base_rank = dict(zip(base.models, base.included.column("rank").to_pylist()))
-    base_share = shares[(merge_rule, min_runs)]
+    base_share = shares[base_key[:2]]
     rows = []
     for g, t in tables.items():
         rule, mr, mp = g
         share = shares[(rule, mr)]
-        axis = "baseline" if g == base_key else "grid"
-        common = {"variant": f"{rule}|min_runs={mr}|min_prompts={mp}", "axis": axis,
+        common = {"variant": f"{rule}|min_runs={mr}|min_prompts={mp}", "axis": "baseline" if g == base_key else "grid",
                   "merge_rule": rule, "min_runs": mr, "min_prompts": mp,
                   "headline_share_perfect": share, "headline_shift": share - base_share}
         for r in t.included.to_pylist():
@@ -104,23 +101,41 @@ def sensitivity_table(cells: pa.Table, budget: dict[str, int], time: dict[str, i
         for r in t.excluded.to_pylist():
             br = base_rank.get(r["model"])
             rows.append({**common, "model": r["model"], "included": False, "rank": None,
-                         "baseline_rank": br, "changed": br is not None,
-                         "n_prompts": r["n_prompts"]})
-    if stabilisation is not None and stabilisation.num_rows:
-        for kind, col in (("absolute", "r_star_absolute"), ("relative", "r_star_relative")):
-            by_model: dict[str, list] = {}
-            for m, r in zip(stabilisation.column("model").to_pylist(),
-                            stabilisation.column(col).to_pylist()):
-                by_model.setdefault(m, []).append(r)
-            for m, rs in sorted(by_model.items()):
-                ok = [r for r in rs if r is not None]
-                rows.append({"variant": f"tolerance={kind}", "axis": "tolerance",
-                             "tolerance": kind, "model": m, "stabilising_cells": len(ok),
-                             "censored_cells": len(rs) - len(ok),
-                             "median_r_star": float(np.median(ok)) if ok else None})
+                         "baseline_rank": br, "changed": br is not None, "n_prompts": r["n_prompts"]})
+    return rows
+
+
+def _tolerance_rows(stabilisation: pa.Table | None) -> list[dict[str, Any]]:
+    """Per model and tolerance kind: stabilising and censored cells, median r* (runs)."""
+    rows: list[dict[str, Any]] = []
+    if stabilisation is None or not stabilisation.num_rows:
+        return rows
+    for kind, col in (("absolute", "r_star_absolute"), ("relative", "r_star_relative")):
+        by_model: dict[str, list] = {}
+        for m, r in zip(stabilisation.column("model").to_pylist(), stabilisation.column(col).to_pylist()):
+            by_model.setdefault(m, []).append(r)
+        for m, rs in sorted(by_model.items()):
+            ok = [r for r in rs if r is not None]
+            rows.append({"variant": f"tolerance={kind}", "axis": "tolerance", "tolerance": kind, "model": m,
+                         "stabilising_cells": len(ok), "censored_cells": len(rs) - len(ok),
+                         "median_r_star": float(np.median(ok)) if ok else None})
+    return rows
+
+
+def sensitivity_table(cells: pa.Table, budget: dict[str, int], time: dict[str, int], *,
+                      merge_rule: str, min_runs: int, min_prompts: int,
+                      stabilisation: pa.Table | None = None,
+                      baseline: MergedCells | None = None) -> tuple[pa.Table, dict[str, Any]]:
+    """Grid of variants (module docstring) → (table, summary of the rule comparison).
+
+    ``baseline``: ``merge_cells(cells, budget, time)`` when already computed (the variant
+    ``min_runs`` is then not merged again). One min_runs value is merged at a time, and only
+    its model tables are kept, so memory stays at about one merged copy of the cells."""
+    grid = [(rule, mr, mp) for rule in RULES for mr in sorted({2, 3, min_runs})
+            for mp in sorted({1, 3, 5, min_prompts})]
+    tables, shares, cmp = _variant_tables(cells, budget, time, grid, min_runs, baseline)
+    rows = _grid_rows(tables, shares, (merge_rule, min_runs, min_prompts)) + _tolerance_rows(stabilisation)
     other = RULES[1] if merge_rule == RULES[0] else RULES[0]
-    cmp = comparison
-    assert cmp is not None, "the loop above always compares the two merge rules"
     summary = {
         "rule": merge_rule, "other_rule": other,
         "share_perfect": {cmp.rule_a: cmp.share_perfect_a, cmp.rule_b: cmp.share_perfect_b},
