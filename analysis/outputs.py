@@ -88,9 +88,23 @@ def _sum(mask: pa.ChunkedArray | pa.Array) -> int:
     return int(pc.sum(mask.cast(pa.int64())).as_py() or 0)
 
 
-def build_manifest(*, panel: str, data_dir: Path, options: AnalysisOptions, runs: pa.Table,
-              runs_read: int, cells: pa.Table, models: ModelTable, generated_at: dt.datetime,
-              imported: pa.Table) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ManifestInputs:
+    """What a panel's manifest states about the analysis itself: the panel, where its runs were
+    read, with which options, how many runs all panels held, and when it ran."""
+
+    panel: str
+    data_dir: Path
+    options: AnalysisOptions
+    runs_read: int
+    generated_at: dt.datetime
+
+
+def build_manifest(about: ManifestInputs, *, runs: pa.Table, cells: pa.Table, models: ModelTable,
+                   imported: pa.Table) -> dict[str, Any]:
+    """The manifest of one panel: provenance (``about``), its data window and row counts."""
+    panel, data_dir, options, runs_read, generated_at = (
+        about.panel, about.data_dir, about.options, about.runs_read, about.generated_at)
     # min/max per column in Arrow (a to_pylist of 700k imported dates would be 8 % of the
     # panel's analyze); nulls skipped, window_end's included
     bounds = [pc.min_max(col).as_py() for col in (runs.column("measurement_date"),

@@ -26,6 +26,7 @@ from analysis.progress import ANALYZE_STAGES, Reporter, Stage, silent
 from analysis.outputs import (
     AnalysisResult,
     PanelResult,
+    ManifestInputs,
     build_manifest,
     panel_dirname,
     write_manifest,
@@ -93,21 +94,22 @@ _IMPORTED_KEPT = ("campaign", "model", "budget_rank", "time_order", "measurement
                   "window_end")
 
 
-def _audit_panel(panel_runs: pa.Table, held: list[pa.Table], options: AnalysisOptions,
-                 index: dict, families: dict[str, str], override: dict,
+def _audit_panel(panel_runs: pa.Table, held: list[pa.Table], shared: _Shared,
                  raw_cells: pa.Table | None = None, step: Callable[..., None] = lambda *a: None,
                  run_level_tables: RunLevel | None = None,
                  ) -> tuple[pa.Table, ModelTable, dict[str, pa.Table], dict[str, Any], pa.Table]:
     """All tables of one panel: (cells, model table, other tables by file stem, summaries,
     the imported cells' columns the manifest needs). ``held``: a one-element list with the
     panel's imported cells, popped so the other columns are freed once the cells are built.
+    ``shared`` gives the options, corpus index, families and precedence override.
     ``step(name, count, unit)`` is called as each stage starts."""
+    options, index, families = shared.options, shared.index, shared.families
     imported = held.pop()
     step("cells", panel_runs.num_rows + imported.num_rows, "runs and imported cells")
     cells = _panel_cells(panel_runs, imported, options.min_runs, raw_cells)
     imported = imported.select(list(_IMPORTED_KEPT))
     step("merge", cells.num_rows, "cells")
-    budget, time = precedence(cells, imported, override)
+    budget, time = precedence(cells, imported, shared.override)
     merged = merge_cells(merge_view(cells), budget, time)
     for rule, flags in chosen_flags(cells, merged).items():
         cells = cells.append_column("chosen_" + rule.replace("-", "_"), pa.array(flags))
@@ -125,8 +127,8 @@ def _audit_panel(panel_runs: pa.Table, held: list[pa.Table], options: AnalysisOp
     rl: RunLevel = run_level_tables or run_level(panel_runs, options, index)
     step("sensitivity", cells.num_rows, "cells")
     sens, sens_summary = sensitivity_table(
-        cells, budget, time, merge_rule=options.merge_rule, min_runs=options.min_runs,
-        min_prompts=options.min_prompts, stabilisation=rl.stabilisation, baseline=merged)
+        cells, budget, time, base=(options.merge_rule, options.min_runs, options.min_prompts),
+        stabilisation=rl.stabilisation, baseline=merged)
     tables = {"pairs": pairs, "sensitivity": sens, "drift": rl.drift,
               "stabilisation": rl.stabilisation, "correctness": rl.correctness,
               "correlations": correlations_table(models, rl.correctness),
@@ -246,17 +248,16 @@ def _analyse_panel(shared: _Shared, panel: str, panel_runs: pa.Table, held: list
         shared.progress(Stage(name, panel, ANALYZE_STAGES.index(name) + 1, len(ANALYZE_STAGES), count, unit))
 
     cells, models, tables, summary, panel_imp = _audit_panel(
-        panel_runs, held, options, shared.index, shared.families, shared.override, panel_raw, step, run_levels)
+        panel_runs, held, shared, panel_raw, step, run_levels)
     cells = plain(cells)  # written and returned with string columns
     release_freed_memory()
     pdir = shared.out_dir / panel_dirname(panel)
     tables = {"cells": cells, "models": models.included, "excluded": models.excluded, **tables}
     step("write", len(tables) + 1, "files")
     paths = write_panel(pdir, tables)
-    manifest = build_manifest(
-        panel=panel, data_dir=shared.data_dir, options=options, runs=panel_runs, runs_read=shared.runs_read,
-        cells=cells, models=models, generated_at=shared.generated_at, imported=panel_imp,
-    )
+    manifest = build_manifest(ManifestInputs(
+        panel=panel, data_dir=shared.data_dir, options=options, runs_read=shared.runs_read,
+        generated_at=shared.generated_at), runs=panel_runs, cells=cells, models=models, imported=panel_imp)
     manifest["files"] = {k: p.name for k, p in paths.items()}
     step("timeouts", panel_runs.num_rows, "runs")
     if panel_runs.num_rows:

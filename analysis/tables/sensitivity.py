@@ -123,18 +123,20 @@ def _tolerance_rows(stabilisation: pa.Table | None) -> list[dict[str, Any]]:
 
 
 def sensitivity_table(cells: pa.Table, budget: dict[str, int], time: dict[str, int], *,
-                      merge_rule: str, min_runs: int, min_prompts: int,
-                      stabilisation: pa.Table | None = None,
+                      base: Grid, stabilisation: pa.Table | None = None,
                       baseline: MergedCells | None = None) -> tuple[pa.Table, dict[str, Any]]:
     """Grid of variants (module docstring) → (table, summary of the rule comparison).
 
+    ``base``: the analysis's own (merge rule, min_runs, min_prompts), the variant the others
+    are compared with.
     ``baseline``: ``merge_cells(cells, budget, time)`` when already computed (the variant
     ``min_runs`` is then not merged again). One min_runs value is merged at a time, and only
     its model tables are kept, so memory stays at about one merged copy of the cells."""
+    merge_rule, min_runs, min_prompts = base
     grid = [(rule, mr, mp) for rule in RULES for mr in sorted({2, 3, min_runs})
             for mp in sorted({1, 3, 5, min_prompts})]
     tables, shares, cmp = _variant_tables(cells, budget, time, grid, min_runs, baseline)
-    rows = _grid_rows(tables, shares, (merge_rule, min_runs, min_prompts)) + _tolerance_rows(stabilisation)
+    rows = _grid_rows(tables, shares, base) + _tolerance_rows(stabilisation)
     other = RULES[1] if merge_rule == RULES[0] else RULES[0]
     summary = {
         "rule": merge_rule, "other_rule": other,
