@@ -18,9 +18,11 @@ import redis
 from deploy.celery_workers import CeleryWorkers
 from deploy.local_cluster import free_port
 from deploy.redis_server import RedisServer
+from tests.support.distributed import wait_for
 from tests.support.campaign_files import one_endpoint, write_campaign
 from tests.support.scripted_server import scripted_server
 from tests.support.terminal import with_default_sigint
+from workers.state.presence import read_presence
 
 pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parents[2]
@@ -98,7 +100,7 @@ def test_worker_on_another_store_is_named_and_nothing_dispatched(tmp_path: Path)
     with RedisServer() as srv, scripted_server() as sim, CeleryWorkers(
         srv.url, count=1, concurrency=2, env={"IRBENCH_DATA_DIR": str(other), "IRBENCH_PRESENCE_INTERVAL_S": "0.5"}
     ):
-        time.sleep(1.0)  # the worker's first presence
+        wait_for(lambda: read_presence(redis.Redis.from_url(srv.url)), 30, "the worker's first presence")
         data = tmp_path / "data"
         proc = subprocess.run(
             [*CLI, "run", str(_campaign(tmp_path, sim.base_url)), "--data", str(data), "--executor", "celery",
