@@ -56,9 +56,9 @@ class LimiterMachine(RuleBasedStateMachine):
         super().__init__()
         self.loop = loop
         self.client = aioredis.Redis.from_url(url)
-        self.lim = RedisLimiter(self.client, key_prefix=f"sm:{uuid.uuid4().hex}", timing=RateTiming(
-            lease_ttl_s=TTL_S, period_s=PERIOD_S, jitter_allowance_s=ALLOW_S, reserve_ahead_s=AHEAD_S, reservation_grace_s=GRACE_S,
-        ))
+        timing = RateTiming(lease_ttl_s=TTL_S, period_s=PERIOD_S, jitter_allowance_s=ALLOW_S, reserve_ahead_s=AHEAD_S,
+                            reservation_grace_s=GRACE_S)
+        self.lim = RedisLimiter(self.client, key_prefix=f"sm:{uuid.uuid4().hex}", timing=timing)
         self.limits = ModelLimits(max_concurrency=CAP, requests_per_minute=RPM, tokens_per_minute=TPM)
         self.expiry: dict[str, float] = {}  # holder -> lease expiry on the server clock
         self.mine: set[str] = set()  # holders we still remember (not crashed)
