@@ -28,7 +28,7 @@ if str(REPO) not in sys.path:  # `python bench/x.py` puts bench/ first, not the 
     sys.path.insert(0, str(REPO))
 
 from simulator.server import SubprocessSimulator, start_subprocess  # noqa: E402
-from deploy.celery_workers import CeleryWorkers  # noqa: E402
+from deploy.celery_workers import CeleryWorkers, WorkerCommand  # noqa: E402
 from deploy.redis_server import RedisServer  # noqa: E402
 
 
@@ -79,10 +79,11 @@ class BenchCluster:
         return self.redis.url
 
     def _start_workers(self, count: int, app: str | None = None, queues: str | None = None) -> None:
-        extra = {k: v for k, v in (("app", app), ("queues", queues)) if v is not None}
+        default = WorkerCommand()
+        command = WorkerCommand(app=default.app if app is None else app, queues=default.queues if queues is None else queues,
+                                log_level=self.worker_log_level)
         self.workers = CeleryWorkers(
-            self.url, count=count, concurrency=self.concurrency, env=self.worker_env, log_level=self.worker_log_level,
-            start_timeout_s=60.0, **extra,
+            self.url, count=count, concurrency=self.concurrency, command=command, env=self.worker_env, start_timeout_s=60.0,
         )
         self.workers.start()
 

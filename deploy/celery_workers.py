@@ -18,10 +18,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["CeleryWorkers", "CeleryWorkersError"]
+__all__ = ["CeleryWorkers", "CeleryWorkersError", "WorkerCommand"]
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,9 +31,19 @@ class CeleryWorkersError(RuntimeError):
     pass
 
 
+@dataclass(frozen=True)
+class WorkerCommand:
+    """Which ``celery worker`` each process is: the Celery ``app`` module (``-A``; a benchmark's
+    reference app, say), the comma-separated ``queues`` it consumes (``-Q``), its ``log_level``."""
+
+    app: str = "orchestrator.distributed.worker_app"
+    queues: str = "irbench"
+    log_level: str = "INFO"
+
+
 class CeleryWorkers:
-    """``count`` workers consuming ``queues`` from ``broker_url`` with ``concurrency`` threads each;
-    ``app``: the Celery app module (``-A``; a benchmark's reference app, say)."""
+    """``count`` workers of ``command`` on ``broker_url`` with ``concurrency`` threads each, each
+    ready within ``start_timeout_s`` seconds of its start."""
 
     def __init__(
         self,
@@ -40,20 +51,16 @@ class CeleryWorkers:
         *,
         count: int = 3,
         concurrency: int = 4,
-        queues: str = "irbench",
+        command: WorkerCommand = WorkerCommand(),
         env: Mapping[str, str] | None = None,
         start_timeout_s: float = 30.0,
-        log_level: str = "INFO",
-        app: str = "orchestrator.distributed.worker_app",
     ) -> None:
         self.broker_url = broker_url
-        self.app = app
+        self.command = command
         self.count = count
         self.concurrency = concurrency
-        self.queues = queues
         self.env = dict(env or {})
         self.start_timeout_s = start_timeout_s
-        self.log_level = log_level
         self._tmp = tempfile.TemporaryDirectory(prefix="irbench-celery-")
         self.log_dir = Path(self._tmp.name)
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * count
@@ -66,10 +73,10 @@ class CeleryWorkers:
         self._generation[i] += 1
         env = {**os.environ, **self.env, "IRBENCH_BROKER_URL": self.broker_url, "PYTHONUNBUFFERED": "1"}
         argv = [
-            sys.executable, "-m", "celery", "-A", self.app, "worker",
-            "-P", "threads", "-c", str(self.concurrency), "-Q", self.queues,
+            sys.executable, "-m", "celery", "-A", self.command.app, "worker",
+            "-P", "threads", "-c", str(self.concurrency), "-Q", self.command.queues,
             "-n", f"w{i}-{self._generation[i]}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "--loglevel", self.log_level, "-f", str(self.log_path(i)),
+            "--loglevel", self.command.log_level, "-f", str(self.log_path(i)),
         ]
         self.procs[i] = subprocess.Popen(
             argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True

@@ -21,7 +21,7 @@ from orchestrator.campaign.prepared import PreparedCampaign
 from storage.outcomes import RERUN_BY_DEFAULT, TIMEOUT_OUTCOMES
 from storage.records import Outcome
 from storage.runs import RunStore
-from storage.parquet.unreadable import read_checked
+from storage.parquet.unreadable import RowSelection, read_checked
 from workers.errors import ConfigError
 from workers.runtask import RunTask
 
@@ -59,8 +59,8 @@ def latest_outcomes(prepared: PreparedCampaign, store: RunStore, *, skip_corrupt
     """run_id → outcome of its latest execution, for the planned runs that have one
     (``skip_corrupt``: unreadable files are left out, as ``irbench status --skip-corrupt`` does)."""
     planned = {t.run_id for t in prepared.tasks}
-    table, _ = read_checked(store.dataset, skip=skip_corrupt, filters={"campaign": [prepared.spec.name]},
-                            columns=["run_id", "outcome"])
+    selection = RowSelection(filters={"campaign": [prepared.spec.name]}, columns=["run_id", "outcome"])
+    table, _ = read_checked(store.dataset, skip=skip_corrupt, selection=selection)
     return {r: o for r, o in zip(table.column("run_id").to_pylist(), table.column("outcome").to_pylist())
             if r in planned}
 

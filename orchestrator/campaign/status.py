@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.campaign.prepared import PreparedCampaign
-from storage.parquet.unreadable import read_checked
+from storage.parquet.unreadable import RowSelection, read_checked
 from storage.runs import RunStore
 
 
@@ -33,10 +33,9 @@ def campaign_status(prepared: PreparedCampaign, store: RunStore, *, skip_corrupt
     An unreadable Parquet file is a ``StorageError`` naming it, unless ``skip_corrupt``: then
     the other files are counted and the skipped ones listed in ``skipped_files``."""
     planned_ids = {t.run_id for t in prepared.tasks}
-    table, skipped = read_checked(
-        store.dataset, skip=skip_corrupt, filters={"campaign": [prepared.spec.name]},
-        columns=["run_id", "model", "outcome"],
-    )
+    table, skipped = read_checked(store.dataset, skip=skip_corrupt, selection=RowSelection(
+        filters={"campaign": [prepared.spec.name]}, columns=["run_id", "model", "outcome"],
+    ))
     stored: dict[str, Counter[str]] = {}
     for run_id, model, outcome in zip(
         table.column("run_id").to_pylist(), table.column("model").to_pylist(), table.column("outcome").to_pylist()

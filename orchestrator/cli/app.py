@@ -213,6 +213,7 @@ def worker(
     Example: irbench worker --broker redis://127.0.0.1:6379/0 --data /shared/irbench-data --concurrency 8
     """
     from orchestrator.distributed.worker_app import run_worker
+    from workers.celery.app import WorkerCommand
 
     try:
         url = broker_url(broker, None)
@@ -223,8 +224,8 @@ def worker(
     except IrbenchError as exc:
         fail(exc)
         return
-    run_worker(url, concurrency=concurrency, queues=tuple(q for q in queues.split(",") if q),
-               data_dir=str(data.resolve()), loglevel=loglevel, settings=settings)
+    command = WorkerCommand(concurrency=concurrency, queues=tuple(q for q in queues.split(",") if q), loglevel=loglevel)
+    run_worker(url, command=command, data_dir=str(data.resolve()), settings=settings)
 
 
 @app.command()

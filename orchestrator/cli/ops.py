@@ -64,7 +64,7 @@ def probe_command(
     """
     from analysis.tables.probes import ProbeSettings
     from orchestrator.campaign.retry import parse_outcomes
-    from orchestrator.jobs.probe import attribution_lines, probe_rich_table, run_probe
+    from orchestrator.jobs.probe import ProbeExecution, attribution_lines, probe_rich_table, run_probe
     from orchestrator.local.progress import ModelBars
 
     console = _console()
@@ -84,8 +84,9 @@ def probe_command(
         elif executor != "local":
             raise ConfigError(f"--executor {executor!r}: use 'local' or 'celery'")
         with ModelBars(enabled=progress and executor == "local") as bars:
+            execution = ProbeExecution(execute=execute, on_progress=bars.update, retry_outcomes=retry_outcomes)
             result = run_probe(probe, data, settings=settings, base_urls=_endpoint_urls(endpoint_url),
-                               on_progress=bars.update, out_path=out, execute=execute, retry_outcomes=retry_outcomes)
+                               execution=execution, out_path=out)
     except (IrbenchError, ValueError) as exc:
         _fail(exc)
         return

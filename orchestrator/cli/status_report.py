@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from orchestrator.campaign.prepared import PreparedCampaign
 from storage.runs import RunStore, latest_executions
-from storage.parquet.unreadable import read_checked
+from storage.parquet.unreadable import RowSelection, read_checked
 
 
 class StatusCounts(BaseModel):
@@ -42,10 +42,10 @@ def status_report(prepared: PreparedCampaign, store: RunStore, *, skip_corrupt: 
     name = prepared.spec.name
     planned_ids = {t.run_id for t in prepared.tasks}
     models = {m: StatusCounts(planned=n) for m, n in sorted(Counter(t.model for t in prepared.tasks).items())}
-    execs, skipped = read_checked(
-        store.dataset, skip=skip_corrupt, filters={"campaign": [name]}, dedupe="executions",
+    execs, skipped = read_checked(store.dataset, skip=skip_corrupt, dedupe="executions", selection=RowSelection(
+        filters={"campaign": [name]},
         columns=["run_id", "model", "outcome", "attempts", "execution_id", "finished_at", "measured_at"],
-    )
+    ))
     if execs.num_rows:
         execs = execs.filter(pc.is_in(execs.column("run_id"), value_set=_ids(planned_ids)))
     n_attempts = pc.fill_null(pc.list_value_length(execs.column("attempts")), 0).to_pylist() if execs.num_rows else []

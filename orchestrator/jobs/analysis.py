@@ -83,6 +83,28 @@ class AnalysisJob:
         return scratch_dir(self.message)
 
 
+@dataclass(frozen=True)
+class JobQueue:
+    """Where an analysis job's tasks go: ``queue`` on the broker at ``broker_url``, sent through
+    ``app`` (``None``: a Celery app made for ``broker_url``)."""
+
+    broker_url: str
+    queue: str = DEFAULT_QUEUE
+    app: Celery | None = None
+
+    def celery_app(self) -> Celery:
+        return self.app or make_celery_app(self.broker_url)
+
+
+@dataclass(frozen=True)
+class JobWait:
+    """How a caller waits for a job: at most ``timeout_s`` seconds (``None``: no limit), looking
+    for its done file every ``poll_interval_s`` seconds."""
+
+    timeout_s: float | None = None
+    poll_interval_s: float = 0.5
+
+
 def plan_parts(data_dir: Path, options: AnalysisOptions, max_files_per_part: int = 64,
                min_parts: int = 8) -> list[list[str]]:
     """File lists of the map tasks (``orchestrator.jobs.analysis_plan.plan_analysis``): per date
@@ -94,14 +116,13 @@ def enqueue_analysis(
     data_dir: Path,
     out_dir: Path,
     options: AnalysisOptions | None,
-    broker_url: str,
+    to: JobQueue,
     *,
-    app: Celery | None = None,
-    queue: str = DEFAULT_QUEUE,
     max_files_per_part: int = 64,
     job_id: str | None = None,
 ) -> AnalysisJob:
-    """Send the map tasks (or, with no run file, the reduce) and return at once."""
+    """Send the map tasks (or, with no run file, the reduce) to ``to`` and return at once."""
+    queue = to.queue
     options = options or AnalysisOptions()
     data_dir, out_dir = Path(data_dir).resolve(), Path(out_dir).resolve()
     if not data_dir.is_dir():
@@ -115,7 +136,7 @@ def enqueue_analysis(
     scratch_dir(message).mkdir(parents=True, exist_ok=True)
     write_parquet_atomic(plan.split, split_path(message))
     (scratch_dir(message) / "job.json").write_text(json.dumps({**message, "files": parts}, indent=1), encoding="utf-8")
-    app = app or make_celery_app(broker_url)
+    app = to.celery_app()
     with app.producer_or_acquire() as producer:
         if not parts:
             app.send_task(REDUCE_TASK, args=(message,), queue=queue, producer=producer)
@@ -129,15 +150,15 @@ def enqueue_analysis(
 def wait_analysis(
     job: AnalysisJob,
     *,
-    timeout_s: float | None = None,
-    poll_interval_s: float = 0.5,
+    wait: JobWait = JobWait(),
     on_progress: Callable[[int, int], None] | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, Any]:
     """Wait for the reduce's done file; returns its content. ``on_progress(parts_done, parts)``.
 
     Raises :class:`AnalysisJobError` with the task's message when a task failed, and
-    :class:`AnalysisJobTimeout` after ``timeout_s``."""
+    :class:`AnalysisJobTimeout` after ``wait.timeout_s``."""
+    timeout_s, poll_interval_s = wait.timeout_s, wait.poll_interval_s
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     last = -1
     while True:
@@ -183,23 +204,20 @@ def analyze_distributed(
     data_dir: Path,
     out_dir: Path,
     options: AnalysisOptions | None,
-    broker_url: str,
+    to: JobQueue,
     *,
-    timeout_s: float | None = None,
-    poll_interval_s: float = 0.5,
+    wait: JobWait = JobWait(),
     max_files_per_part: int = 64,
-    queue: str = DEFAULT_QUEUE,
-    app: Celery | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> AnalysisResult:
-    """``run_analysis`` on the Celery workers: same outputs under ``out_dir``; blocks until done.
+    """``run_analysis`` on the Celery workers of ``to``: same outputs under ``out_dir``; blocks
+    until done, or ``AnalysisJobTimeout`` after ``wait.timeout_s``.
 
     The job's scratch files live under ``out_dir/.jobs/<job_id>/`` (removed on success) and its
     status in ``out_dir/.jobs/<job_id>.done.json`` / ``.error.json``."""
     options = options or AnalysisOptions()
-    job = enqueue_analysis(data_dir, out_dir, options, broker_url, app=app, queue=queue,
-                           max_files_per_part=max_files_per_part)
-    done = wait_analysis(job, timeout_s=timeout_s, poll_interval_s=poll_interval_s, on_progress=on_progress)
+    job = enqueue_analysis(data_dir, out_dir, options, to, max_files_per_part=max_files_per_part)
+    done = wait_analysis(job, wait=wait, on_progress=on_progress)
     return load_result(job.out_dir, job.data_dir, options, done)
 
 
@@ -224,7 +242,7 @@ def enqueue_campaign_analysis(
     scoped = base.model_copy(update={"campaigns": [campaign]})
     out = campaign_analysis_dir(data_dir, campaign, now().astimezone(dt.timezone.utc).date())
     return enqueue_analysis(Path(data_dir), out, AnalysisOptions.model_validate(scoped.model_dump()),
-                            broker_url, app=app, queue=queue)
+                            JobQueue(broker_url, queue=queue, app=app))
 
 
 def analyze_with_executor(
@@ -250,4 +268,4 @@ def analyze_with_executor(
     if not broker_url:
         raise ConfigError("--executor celery needs --broker redis://HOST:PORT/DB")
     progress(Stage("distributed", unit=f"map and reduce on the workers via {broker_url}"))
-    return analyze_distributed(Path(data_dir), Path(out_dir), options, broker_url, timeout_s=timeout_s)
+    return analyze_distributed(Path(data_dir), Path(out_dir), options, JobQueue(broker_url), wait=JobWait(timeout_s=timeout_s))

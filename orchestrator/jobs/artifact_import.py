@@ -199,8 +199,11 @@ def _run_id(campaign: str, model: str, prompt: str, k: int) -> str:
     return "art-" + hashlib.sha256(raw).hexdigest()[:40]
 
 
-def _record(path: Path, src: _IRSource, model: str, prompt: str, key: str, k: int,
-            mapping: Mapping, corpus_path: Path | None) -> RunRecord:
+def _record(path: Path, src: _IRSource, model: str, prompt: str, k: int, mapping: Mapping,
+            prompts: _Prompts) -> RunRecord:
+    """The run record of raw IR file ``path``: run ``k`` of ``model`` on ``prompt`` (whose key and
+    corpus file ``prompts`` resolve), dated at the start of the mapping's window."""
+    key, corpus_path = prompts.key(prompt), prompts.corpus.get(prompt)
     text = path.read_text(encoding="utf-8")
     ext = extract_ir(text)
     at = dt.datetime.combine(mapping.window_start, dt.time(0), tzinfo=dt.UTC)
@@ -273,8 +276,7 @@ def _read_runs(artifact: Path, mapping: Mapping, prompts: _Prompts, warnings: li
                     warnings.append(f"{f}: not <prompt>_r<k>.json; skipped")
                     continue
                 name = prompts.name_for_stem(m["stem"])
-                records.append(_record(f, src, model, name, prompts.key(name), int(m["k"]), mapping,
-                                       prompts.corpus.get(name)))
+                records.append(_record(f, src, model, name, int(m["k"]), mapping, prompts))
     return records
 
 

@@ -96,33 +96,42 @@ class ProbeResult:
     parquet_path: Path
 
 
+@dataclass(frozen=True)
+class ProbeExecution:
+    """How a probe's runs are executed: by ``execute`` (``None``: the local executor) with the
+    keys in ``secrets`` (``None``: the environment variables the endpoints name), reporting to
+    ``on_progress``; ``retry_outcomes`` (``--retry-failed``): also execute again the runs whose
+    latest execution ended in one of these outcome classes."""
+
+    execute: Executor | None = None
+    secrets: Mapping[str, str] | None = None
+    on_progress: ProgressCallback | None = None
+    retry_outcomes: frozenset[Outcome] = frozenset()
+
+
 def run_probe(
     probe_spec_path: Path,
     data_dir: Path,
     *,
     settings: ProbeSettings = ProbeSettings(),
     base_urls: Mapping[str, str] | None = None,
-    secrets: Mapping[str, str] | None = None,
-    execute: Executor | None = None,
-    on_progress: ProgressCallback | None = None,
+    execution: ProbeExecution = ProbeExecution(),
     out_path: Path | None = None,
     now: Callable[[], dt.datetime] = utc_now,
-    retry_outcomes: frozenset[Outcome] = frozenset(),
 ) -> ProbeResult:
-    """Run (or resume) the probe at ``probe_spec_path`` and summarise it.
+    """Run (or resume) the probe at ``probe_spec_path`` as ``execution`` says and summarise it.
 
     Runs go to ``data_dir/runs``; the summary replaces this probe's rows in ``data_dir/probes``
-    and is written to ``out_path`` (default ``data_dir/probes.parquet``). ``secrets`` defaults
-    to the environment variables the endpoints name. ``execute`` defaults to the local executor.
-    ``retry_outcomes`` (``--retry-failed``): also execute again the runs whose latest execution
-    ended in one of these outcome classes.
+    and is written to ``out_path`` (default ``data_dir/probes.parquet``). ``base_urls``
+    overrides endpoints' base_url.
     """
     data_dir = Path(data_dir)
     spec = load_probe(Path(probe_spec_path), settings, base_urls)
     prepared: PreparedCampaign = prepare(spec)
-    secrets = resolve_secrets(spec) if secrets is None else secrets
+    secrets = resolve_secrets(spec) if execution.secrets is None else execution.secrets
     store = RunStore(data_dir)
-    execute = execute or run_campaign_local
+    execute = execution.execute or run_campaign_local
+    on_progress, retry_outcomes = execution.on_progress, execution.retry_outcomes
     if retry_outcomes:  # only then: an executor need not take the keyword
         skipped, summary = execute(prepared, store, secrets, on_progress=on_progress, retry_outcomes=retry_outcomes)
     else:

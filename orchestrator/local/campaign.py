@@ -10,7 +10,9 @@ import structlog
 from orchestrator.campaign.plan import pending
 from orchestrator.campaign.prepared import PreparedCampaign
 from orchestrator.campaign.retry import latest_outcomes, retryable_tasks
-from orchestrator.local.executor import ExecutionSummary, LocalOptions, ProgressCallback, run_event_loop, run_local
+from orchestrator.local.executor import (
+    ExecutionSummary, LocalOptions, ProgressCallback, RunServices, run_event_loop, run_local,
+)
 from storage.availability import AvailabilityRecord, AvailabilityStore
 from storage.records import Outcome
 from storage.runs import RunStore
@@ -45,7 +47,7 @@ def run_campaign_local(
         # a model an availability check found gone is not called; its runs are recorded cancelled
         gate.close(model, f"{timeline.latest_status.value} (availability check {timeline.latest_check})")
     summary = run_event_loop(
-        run_local(todo, store, secrets=secrets, options=options, on_progress=on_progress, gate=gate)
+        run_local(todo, store, secrets=secrets, options=options, services=RunServices(gate=gate), on_progress=on_progress)
     )
     _record_retirements(summary, prepared, availability)
     return skipped, summary

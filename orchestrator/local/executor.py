@@ -82,6 +82,19 @@ class LocalOptions:
     gc_young_threshold: int = 10000
 
 
+@dataclass(frozen=True)
+class RunServices:
+    """What every run of one execution shares besides its provider (``workers.execute.RunContext``):
+    the ``limiter`` and model ``gate`` (``None``: in-memory ones, the gate closing a model after
+    its tasks' ``disable_after_consecutive``), the ``clock`` (``None``: the system's) and the
+    execute ``settings``."""
+
+    limiter: Limiter | None = None
+    gate: ModelGate | None = None
+    clock: Clock | None = None
+    settings: ExecuteSettings = ExecuteSettings()
+
+
 @dataclass
 class ModelProgress:
     """Counts of this call's runs of one model: ``done`` = finished in any class; ``failed`` = a
@@ -267,24 +280,22 @@ async def run_local(
     *,
     secrets: Mapping[str, str],
     options: LocalOptions = LocalOptions(),
-    limiter: Limiter | None = None,
-    gate: ModelGate | None = None,
-    clock: Clock | None = None,
+    services: RunServices = RunServices(),
     client: httpx.AsyncClient | None = None,
     on_progress: ProgressCallback | None = None,
-    settings: ExecuteSettings = ExecuteSettings(),
 ) -> ExecutionSummary:
     """Execute ``tasks`` (already filtered to the pending ones) and store every record.
 
     ``secrets`` maps environment-variable names to API keys; it is read here and handed to the
-    providers in memory only. Returns counts per model and outcome; raises ``StorageError``
+    providers in memory only. ``client``: one HTTP client every call shares (None: pooled
+    clients per endpoint). Returns counts per model and outcome; raises ``StorageError``
     when the store refused a write (the runs not stored execute again on the next resume).
     """
     providers = _Providers(secrets, options, client)
     ctx = RunContext(
-        provider_for=providers, limiter=limiter or MemoryLimiter(),
-        gate=gate or MemoryGate(tasks[0].retry.disable_after_consecutive if tasks else 3),
-        clock=clock or SystemClock(), settings=settings,
+        provider_for=providers, limiter=services.limiter or MemoryLimiter(),
+        gate=services.gate or MemoryGate(tasks[0].retry.disable_after_consecutive if tasks else 3),
+        clock=services.clock or SystemClock(), settings=services.settings,
     )
     pools = _ModelPools(tasks, options, on_progress)
     min_runs = options.writer_process_min_runs

@@ -34,7 +34,7 @@ from storage.parquet.dedupe import dedupe_copies, dedupe_table, pick_latest
 from storage.parquet.atomic import link_first_wins
 from storage.errors import StorageError
 from storage.parquet.read_checks import FILENAME_COLUMN, check_required, check_versions
-from storage.parquet.scan import filter_expression, parquet_format, scan_files, with_file_names
+from storage.parquet.scan import ScanLayout, filter_expression, parquet_format, scan_files, with_file_names
 from storage.parquet.spec import STEM_RE as _STEM_RE
 from storage.parquet.spec import DatasetSpec
 from storage.schema import schema_version_of
@@ -92,10 +92,9 @@ class ParquetDataset:
         self.version = schema_version_of(spec.schema)
         pidx = spec.schema.get_field_index(spec.partition_col)
         self.file_schema = spec.schema.remove(pidx)
-        self._partitioning = ds.partitioning(
-            pa.schema([spec.schema.field(spec.partition_col)]), flavor="hive"
-        )
-        self._format = parquet_format()  # no pre-buffering: many small files
+        partitioning = ds.partitioning(pa.schema([spec.schema.field(spec.partition_col)]), flavor="hive")
+        # no pre-buffering: many small files
+        self._layout = ScanLayout(spec, self.version, self.path, parquet_format(), partitioning)
 
     # ------------------------------------------------------------------ layout
     def partition_dir(self, day: dt.date) -> Path:
@@ -346,9 +345,7 @@ class ParquetDataset:
         extra = [*self._dedupe_columns(), self.spec.version_col] if dedupe else [self.spec.version_col]
         wanted = [c for c in columns if c != FILENAME_COLUMN]
         needed = list(dict.fromkeys(wanted + [c for c in extra if c is not None]))
-        table, names = scan_files(self.spec, self.version, self.path, files, needed, expr,
-                                  fmt=self._format, partitioning=self._partitioning,
-                                  dictionary_columns=dictionary_columns)
+        table, names = scan_files(self._layout, files, needed, expr, dictionary_columns=dictionary_columns)
         check_versions(self.spec, self.version, table, names)
         check_required(self.spec, self.version, self.path, table, names)
         if dedupe == "executions":

@@ -2,7 +2,7 @@
 
 ``filter_expression`` builds the row filter (date range on the partition column plus column
 filters); ``parquet_format`` is the file format a scan reads with; ``scan_files`` reads the
-matching rows of exactly the given files, each row tagged with its source file as an int32
+matching rows of exactly the given files of a ``ScanLayout``, each row tagged with its source file as an int32
 ordinal (``FILENAME_COLUMN``), and turns a failed scan into FileNotFoundError (a file vanished)
 or one ``StorageError`` naming the unreadable files; ``with_file_names`` maps the ordinals back
 to paths. Listing the files, retries, the checks on what was read and deduplication are
@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import errno
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from storage.parquet.read_checks import FILENAME_COLUMN, diagnose_unreadable
 from storage.parquet.spec import DatasetSpec
 
 
-__all__ = ["filter_expression", "parquet_format", "scan_files", "with_file_names"]
+__all__ = ["ScanLayout", "filter_expression", "parquet_format", "scan_files", "with_file_names"]
 
 
 def filter_expression(
@@ -78,16 +79,29 @@ def parquet_format(dictionary_columns: Sequence[str] = ()) -> ds.ParquetFileForm
         default_fragment_scan_options=scan_options)
 
 
+@dataclass(frozen=True)
+class ScanLayout:
+    """A dataset as files on disk: its ``spec`` and schema ``version`` (``None``: the schema
+    carries none), its directory ``path``, the format ``fmt`` its files are read with and the
+    hive ``partitioning`` of that directory."""
+
+    spec: DatasetSpec
+    version: int | None
+    path: Path
+    fmt: ds.ParquetFileFormat
+    partitioning: ds.Partitioning
+
+
 def scan_files(
-    spec: DatasetSpec, version: int | None, path: Path, files: list[Path],
-    columns: list[str], expr: ds.Expression | None, *, fmt: ds.ParquetFileFormat,
-    partitioning: ds.Partitioning, dictionary_columns: tuple[str, ...] = (),
+    layout: ScanLayout, files: list[Path], columns: list[str], expr: ds.Expression | None,
+    *, dictionary_columns: tuple[str, ...] = (),
 ) -> tuple[pa.Table, list[str]]:
-    """``columns`` of the rows of ``files`` (non-empty, under the dataset directory ``path``)
-    matching ``expr``, plus ``FILENAME_COLUMN``: each row's file as its position in the returned
-    ``names`` (the sorted paths). ``dictionary_columns`` (string columns) come back as
-    ``dictionary<int32, string>``. Raises FileNotFoundError if a file vanished (a compaction),
-    a ``StorageError`` naming the unreadable files if the scan failed otherwise."""
+    """``columns`` of the rows of ``files`` (non-empty, under the dataset directory
+    ``layout.path``) matching ``expr``, plus ``FILENAME_COLUMN``: each row's file as its position
+    in the returned ``names`` (the sorted paths). ``dictionary_columns`` (string columns) come
+    back as ``dictionary<int32, string>``. Raises FileNotFoundError if a file vanished (a
+    compaction), a ``StorageError`` naming the unreadable files if the scan failed otherwise."""
+    spec, fmt = layout.spec, layout.fmt
     schema = spec.schema
     for name in dictionary_columns:
         f = schema.field(name)
@@ -101,8 +115,8 @@ def scan_files(
         [str(f) for f in files],
         schema=schema,
         format=fmt,
-        partitioning=partitioning,
-        partition_base_dir=str(path),
+        partitioning=layout.partitioning,
+        partition_base_dir=str(layout.path),
     )
     names = sorted(str(f) for f in files)
     try:
@@ -112,7 +126,7 @@ def scan_files(
     except (OSError, pa.ArrowException) as exc:
         if isinstance(exc, OSError) and exc.errno == errno.ENOENT:
             raise FileNotFoundError(str(exc)) from exc
-        raise diagnose_unreadable(spec, version, path, files, exc) from exc
+        raise diagnose_unreadable(spec, layout.version, layout.path, files, exc) from exc
     return table, names
 
 

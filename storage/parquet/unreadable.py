@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,19 +31,29 @@ def unreadable_files(files: Sequence[Path]) -> list[Path]:
     return bad
 
 
+@dataclass(frozen=True)
+class RowSelection:
+    """Which rows and columns a read asks for, as in ``ParquetDataset.read``: the partition dates
+    ``[date_from, date_to]``, the column ``filters``, the ``columns`` (``None``: all)."""
+
+    date_from: dt.date | None = None
+    date_to: dt.date | None = None
+    filters: Mapping[str, Any] | None = None
+    columns: Sequence[str] | None = None
+
+
 def read_checked(
     dataset: ParquetDataset,
     *,
     skip: bool,
-    date_from: dt.date | None = None,
-    date_to: dt.date | None = None,
-    filters: Mapping[str, Any] | None = None,
-    columns: Sequence[str] | None = None,
+    selection: RowSelection = RowSelection(),
     flag: str = "--skip-corrupt",
     dedupe: bool | str = True,
 ) -> tuple[pa.Table, list[Path]]:
-    """``(rows, skipped files)``; see the module docstring. ``flag`` names the option in the
-    error message; ``dedupe`` as in ``ParquetDataset.read`` (``"executions"``: every execution once)."""
+    """``(rows of selection, skipped files)``; see the module docstring. ``flag`` names the option
+    in the error message; ``dedupe`` as in ``ParquetDataset.read`` (``"executions"``: every
+    execution once)."""
+    date_from, date_to, filters, columns = selection.date_from, selection.date_to, selection.filters, selection.columns
     try:
         return dataset.read(
             date_from=date_from, date_to=date_to, filters=filters, columns=columns, dedupe=dedupe

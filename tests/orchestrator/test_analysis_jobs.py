@@ -24,6 +24,8 @@ from analysis.tables.cells import build_cells
 from analysis.options import AnalysisOptions
 from orchestrator.jobs.analysis import (
     AnalysisJobError,
+    JobQueue,
+    JobWait,
     analyze_distributed,
     analyze_with_executor,
     campaign_analysis_dir,
@@ -104,8 +106,8 @@ def test_distributed_outputs_equal_local(tmp_path: Path, broker: str) -> None:
     assert naive.num_rows > local_cells.num_rows
 
     local = run_analysis(data, tmp_path / "local", OPTIONS, now=lambda: NOW)
-    dist = analyze_distributed(data, tmp_path / "dist", OPTIONS, broker, max_files_per_part=3, timeout_s=90,
-                               poll_interval_s=0.2)
+    dist = analyze_distributed(data, tmp_path / "dist", OPTIONS, JobQueue(broker), max_files_per_part=3,
+                               wait=JobWait(timeout_s=90, poll_interval_s=0.2))
     assert sorted(dist.panels) == sorted(local.panels) == ["main", "side"]
     assert dist.runs_read == local.runs_read
     for name, panel in local.panels.items():
@@ -130,7 +132,7 @@ def test_corrupt_file_fails_the_job_or_is_skipped(tmp_path: Path, broker: str) -
     bad = RunStore(data).dataset.partition_dir(DAYS[1]) / "zz-corrupt.parquet"
     bad.write_bytes(b"PAR1 this is not parquet")
     with pytest.raises(AnalysisJobError, match=r"zz-corrupt\.parquet.*--skip-corrupt"):
-        analyze_distributed(data, tmp_path / "dist", OPTIONS, broker, timeout_s=60, poll_interval_s=0.2)
+        analyze_distributed(data, tmp_path / "dist", OPTIONS, JobQueue(broker), wait=JobWait(timeout_s=60, poll_interval_s=0.2))
     skip = OPTIONS.model_copy(update={"skip_corrupt": True})
     local = run_analysis(data, tmp_path / "local", skip, now=lambda: NOW)
     dist = analyze_with_executor(data, tmp_path / "dist2", skip, executor="celery", broker_url=broker,
@@ -151,7 +153,7 @@ def test_completed_campaign_enqueues_its_dated_analysis(tmp_path: Path, broker: 
                                       options=CeleryOptions(claim_ttl_s=3.0, reconcile_interval_s=1.0),
                                       on_analysis=jobs.append)
     assert summary.executed == 36 and len(jobs) == 1
-    done = wait_analysis(jobs[0], timeout_s=60, poll_interval_s=0.2)
+    done = wait_analysis(jobs[0], wait=JobWait(timeout_s=60, poll_interval_s=0.2))
     out = campaign_analysis_dir(tmp_path / "data", "aj-camp", dt.datetime.now(dt.UTC).date())
     assert jobs[0].out_dir == out.resolve() and done["panels"] == {"aj-camp": str(out.resolve() / "aj-camp")}
     local = run_analysis(tmp_path / "data", tmp_path / "local", OPTIONS.model_copy(update={"campaigns": ["aj-camp"]}),

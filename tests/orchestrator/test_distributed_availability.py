@@ -27,7 +27,7 @@ from orchestrator.distributed.executor import (
     celery_execute,
     run_campaign_celery,
 )
-from orchestrator.jobs.probe import run_probe
+from orchestrator.jobs.probe import ProbeExecution, run_probe
 from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimConfig, SimModel, load_sim_config
 from simulator.server import start_background
@@ -140,9 +140,9 @@ def test_probe_on_the_celery_executor(tmp_path: Path, cluster, examples_dir: Pat
     srv, _ = cluster
     settings = ProbeSettings(reference_timeout_s=1.0)  # slow simulated models ~2 s, fast ~5 ms
     with start_background(load_sim_config(examples_dir / "sim_probe.toml")) as sim:
+        execution = ProbeExecution(execute=celery_execute(srv.url, options=FAST, timeout_s=90), secrets={})
         result = run_probe(examples_dir / "probe.toml", tmp_path / "data", settings=settings,
-                           base_urls={"sim": sim.base_url}, secrets={},
-                           execute=celery_execute(srv.url, options=FAST, timeout_s=90))
+                           base_urls={"sim": sim.base_url}, execution=execution)
     got = {r["model"]: r["attribution"] for r in result.table.to_pylist()}
     assert got == {"probe-fast": "works_under_both", "probe-reasoner": "budget_bound",
                    "probe-slow": "timeout_bound", "probe-slow-reasoner": "fails_under_both"}

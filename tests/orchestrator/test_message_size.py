@@ -30,7 +30,7 @@ from tests.support.campaign_files import one_endpoint, write_campaign
 from tests.support.distributed import executions_per_run, stats, wait_for
 from workers.celery import DEFAULT_THREADS
 from workers.celery.app import make_celery_app
-from workers.state.presence import PRESENCE_PREFIX, PresencePublisher, WorkerPresence, read_presence
+from workers.state.presence import PRESENCE_PREFIX, PresencePublisher, WorkerPresence, WorkerSlots, read_presence
 from workers.state.connect import sync_redis
 from workers.errors import ConfigError
 
@@ -102,7 +102,7 @@ def test_presence_is_found_through_its_index_without_scanning_the_keyspace() -> 
                 pipe.set(f"irbench:camp:{{c}}:done:r{i}", "ok")
             pipe.execute()
             pubs = [PresencePublisher(client, f"w{i}", ("irbench",), None, interval_s=10.0,
-                                      threads=4 + i, run_slots=16) for i in range(3)]
+                                      slots=WorkerSlots(threads=4 + i, run_slots=16)) for i in range(3)]
             for p in pubs:
                 p.publish_once()
             # an older worker's presence, without the slot fields, is still read

@@ -18,7 +18,7 @@ from analysis.tables.probes import (
     probe_table,
     summarise_cells,
 )
-from orchestrator.jobs.probe import attribution_lines, load_probe, probe_rich_table, run_probe
+from orchestrator.jobs.probe import ProbeExecution, attribution_lines, load_probe, probe_rich_table, run_probe
 from simulator.config import load_sim_config
 from simulator.server import start_background
 from storage.probes import ProbeStore
@@ -34,11 +34,11 @@ def probe_run(tmp_path_factory, examples_dir: Path):
     with start_background(load_sim_config(examples_dir / "sim_probe.toml")) as sim:
         first = run_probe(
             examples_dir / "probe.toml", data, settings=ProbeSettings(reference_timeout_s=REFERENCE_S),
-            base_urls={"sim": sim.base_url}, secrets={}, now=lambda: NOW,
+            base_urls={"sim": sim.base_url}, execution=ProbeExecution(secrets={}), now=lambda: NOW,
         )
         again = run_probe(
             examples_dir / "probe.toml", data, settings=ProbeSettings(reference_timeout_s=REFERENCE_S),
-            base_urls={"sim": sim.base_url}, secrets={}, now=lambda: NOW + dt.timedelta(hours=1),
+            base_urls={"sim": sim.base_url}, execution=ProbeExecution(secrets={}), now=lambda: NOW + dt.timedelta(hours=1),
         )
     return data, first, again
 

@@ -18,6 +18,7 @@ import redis
 import redis.asyncio as aioredis
 
 from deploy.redis_server import RedisServer
+from workers.limits.memory import RateTiming
 from workers.state.redis_limiter import RedisLimiter
 from workers.limits import MemoryLimiter
 
@@ -66,7 +67,7 @@ async def open_limiter(backend: Backend, probe: Probe | None = None, **kw: Any) 
         yield MemoryLimiter(clock=probe.clock if probe else time.monotonic, **kw)
         return
     client = aioredis.Redis.from_url(backend.url)
-    lim = RedisLimiter(client, key_prefix=f"t:{uuid.uuid4().hex}", **kw)
+    lim = RedisLimiter(client, key_prefix=f"t:{uuid.uuid4().hex}", timing=RateTiming(**kw))
     try:
         yield lim
     finally:

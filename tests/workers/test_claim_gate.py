@@ -133,12 +133,13 @@ def claims(client):
 
     import redis.asyncio as aioredis
 
+    from workers.limits.memory import RateTiming
     from workers.state.redis_limiter import RedisLimiter
 
     loop = asyncio.new_event_loop()
     kw = client.connection_pool.connection_kwargs
     aclient = aioredis.Redis(host=kw["host"], port=kw["port"])
-    lim = RedisLimiter(aclient, key_prefix=f"lim{uuid.uuid4().hex[:8]}", lease_ttl_s=30.0)
+    lim = RedisLimiter(aclient, key_prefix=f"lim{uuid.uuid4().hex[:8]}", timing=RateTiming(lease_ttl_s=30.0))
     yield ClaimPermits(client, lim), lim, loop
     loop.run_until_complete(lim.aclose())
     loop.run_until_complete(aclient.aclose())

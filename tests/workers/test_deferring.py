@@ -24,6 +24,7 @@ from tests.support.permit_holds import PermitHolds
 from workers.state.campaign_state import CampaignState
 from workers.celery.deferring import Deferred, DeferringLimiter
 from workers.state.gate import RedisGate
+from workers.limits.memory import RateTiming
 from workers.state.redis_limiter import RedisLimiter
 from workers.celery.runtime import WorkerSettings
 from workers.errors import LimiterUnavailable
@@ -42,7 +43,7 @@ def _limiters(srv: RedisServer) -> Iterator[tuple[asyncio.AbstractEventLoop, Cal
     def make(redis_retry_s: float) -> DeferringLimiter:
         client = aioredis.Redis.from_url(srv.url, socket_timeout=1.0, socket_connect_timeout=0.5)
         sync = redis.Redis.from_url(srv.url, socket_timeout=1.0, socket_connect_timeout=0.5)
-        inner = RedisLimiter(client, key_prefix=f"dl:{uuid.uuid4().hex[:8]}", lease_ttl_s=30, period_s=1.0,
+        inner = RedisLimiter(client, key_prefix=f"dl:{uuid.uuid4().hex[:8]}", timing=RateTiming(lease_ttl_s=30, period_s=1.0),
                              max_block_s=0.2)
         made.append((inner, client, sync))
         gate = RedisGate(CampaignState(sync, f"dl-{uuid.uuid4().hex[:8]}"), async_client=client)

@@ -19,8 +19,9 @@ from tests.support.distributed import WORKER_ENV, assert_every_run_stored, make_
 from tests.support.paths import REPO
 
 
-WORKER_MAIN = "import sys; from workers.celery.app import start_worker; " \
-    "start_worker(sys.argv[1], concurrency=2, queues=('irbench-sw',), data_dir=sys.argv[2], hostname='sw@%h')"
+WORKER_MAIN = "import sys; from workers.celery.app import WorkerCommand, start_worker; " \
+    "start_worker(sys.argv[1], command=WorkerCommand(concurrency=2, queues=('irbench-sw',), hostname='sw@%h'), " \
+    "data_dir=sys.argv[2])"
 
 
 def test_start_worker_entry_point_on_its_own_queue(tmp_path: Path) -> None:

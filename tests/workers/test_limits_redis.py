@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from deploy.redis_server import RedisServer
+from workers.limits.memory import RateTiming
 from workers.state.redis_limiter import RedisLimiter
 from workers.errors import LimiterUnavailable, ModelDisabled
 from workers.limits import Lease
@@ -55,10 +56,9 @@ class LimiterMachine(RuleBasedStateMachine):
         super().__init__()
         self.loop = loop
         self.client = aioredis.Redis.from_url(url)
-        self.lim = RedisLimiter(
-            self.client, key_prefix=f"sm:{uuid.uuid4().hex}", lease_ttl_s=TTL_S, period_s=PERIOD_S,
-            jitter_allowance_s=ALLOW_S, reserve_ahead_s=AHEAD_S, reservation_grace_s=GRACE_S,
-        )
+        timing = RateTiming(lease_ttl_s=TTL_S, period_s=PERIOD_S, jitter_allowance_s=ALLOW_S, reserve_ahead_s=AHEAD_S,
+                            reservation_grace_s=GRACE_S)
+        self.lim = RedisLimiter(self.client, key_prefix=f"sm:{uuid.uuid4().hex}", timing=timing)
         self.limits = ModelLimits(max_concurrency=CAP, requests_per_minute=RPM, tokens_per_minute=TPM)
         self.expiry: dict[str, float] = {}  # holder -> lease expiry on the server clock
         self.mine: set[str] = set()  # holders we still remember (not crashed)
@@ -274,12 +274,13 @@ WORKER = textwrap.dedent(
     """
     import asyncio, json, random, sys
     import redis.asyncio as aioredis
+    from workers.limits.memory import RateTiming
     from workers.state.redis_limiter import RedisLimiter
     from workers.runtask import ModelLimits
 
     async def main(url, prefix, who):
         c = aioredis.Redis.from_url(url)
-        lim = RedisLimiter(c, key_prefix=prefix, period_s=1.0)
+        lim = RedisLimiter(c, key_prefix=prefix, timing=RateTiming(period_s=1.0))
         limits = ModelLimits(max_concurrency=2, requests_per_minute=40)
         out = []
         for i in range(6):
@@ -356,7 +357,7 @@ def test_redis_down_raises_limiter_unavailable_then_recovers_with_state() -> Non
 
     async def body(srv: RedisServer) -> None:
         client = aioredis.Redis.from_url(srv.url, socket_connect_timeout=1.0)
-        lim = RedisLimiter(client, key_prefix="r", lease_ttl_s=30.0)
+        lim = RedisLimiter(client, key_prefix="r", timing=RateTiming(lease_ttl_s=30.0))
         try:
             await lim.acquire("m", limits, "held", 0)
             srv.stop(kill=False)  # SIGTERM: AOF is fsynced on every write
@@ -380,8 +381,8 @@ def test_release_on_another_instance_wakes_waiters(redis_srv: RedisServer) -> No
 
     async def body() -> None:
         c1, c2 = aioredis.Redis.from_url(redis_srv.url), aioredis.Redis.from_url(redis_srv.url)
-        other = RedisLimiter(c1, key_prefix=prefix, period_s=1.0)
-        lim = RedisLimiter(c2, key_prefix=prefix, period_s=1.0, max_block_s=30.0)  # no wake: a 30 s wait
+        other = RedisLimiter(c1, key_prefix=prefix, timing=RateTiming(period_s=1.0))
+        lim = RedisLimiter(c2, key_prefix=prefix, timing=RateTiming(period_s=1.0), max_block_s=30.0)  # no wake: a 30 s wait
         try:
             d = await other.try_acquire("m", limits, "other-holder", 100)
             assert d.permit is not None and await other.outstanding("m") == 1

@@ -15,7 +15,7 @@ from workers import errors
 from workers.providers import _http
 from workers.providers.base import ChatRequest, Provider, Reply
 from workers.providers.ollama import OllamaProvider
-from workers.providers.openai_compat import OpenAIProvider
+from workers.providers.openai_compat import OpenAIDialect, OpenAIProvider
 from workers.providers.registry import make_http_client, make_provider
 from workers.runtask import EndpointRef, TimeoutPolicy
 
@@ -152,7 +152,8 @@ def test_openai_request_body_and_headers(server) -> None:  # type: ignore[no-unt
 def test_openai_max_completion_tokens_and_no_cap(server) -> None:  # type: ignore[no-untyped-def]
     async def go() -> None:
         async with make_http_client() as client:
-            provider = OpenAIProvider(client, server.base_url, None, max_tokens_param="max_completion_tokens")
+            dialect = OpenAIDialect(max_tokens_param="max_completion_tokens")
+            provider = OpenAIProvider(client, server.base_url, None, dialect=dialect)
             await provider.complete(ChatRequest(model="ok", user_message="x", timeouts=FAST, max_tokens=8000))
             body = server.received[-1]["body"]
             assert body["max_completion_tokens"] == 8000 and "max_tokens" not in body

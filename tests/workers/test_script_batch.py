@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 
 from workers.state.campaign_state import CLAIMED, DONE, CampaignState
 from workers.state.claim_permit import ClaimPermits
+from workers.limits.memory import RateTiming
 from workers.state.redis_limiter import RedisLimiter
 from workers.state.script_batch import ScriptBatch
 from workers.runtask import EndpointRef, ModelLimits, RunTask
@@ -75,7 +76,7 @@ def _task(run_id: str) -> RunTask:
 def test_a_workers_claims_and_done_markers_go_as_one_command(client) -> None:
     kw = client.connection_pool.connection_kwargs
     aclient = aioredis.Redis(host=kw["host"], port=kw["port"])
-    claims = ClaimPermits(client, RedisLimiter(aclient, key_prefix="sbl", lease_ttl_s=30.0))
+    claims = ClaimPermits(client, RedisLimiter(aclient, key_prefix="sbl", timing=RateTiming(lease_ttl_s=30.0)))
     st = CampaignState(client, "sb1", prefix="sbt")
     tasks = [_task(f"r{i}") for i in range(6)]
     claims.run_calls([claims.claim_call(st, _task("warm"), "w0", 30)[0]])  # the script is loaded

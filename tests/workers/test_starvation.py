@@ -17,6 +17,7 @@ from deploy.redis_server import RedisServer
 from tests.support.permit_holds import PermitHolds
 from workers.state.campaign_state import CampaignState
 from workers.state.gate import RedisGate
+from workers.limits.memory import RateTiming
 from workers.state.redis_limiter import RedisLimiter
 from workers.celery.runtime import Deferred, DeferringLimiter, WorkerSettings
 from workers.limits.base import Permit
@@ -55,7 +56,7 @@ def test_a_late_permit_is_given_back_and_reacquired(srv: RedisServer, stalls: in
 
     async def body() -> tuple[Permit, float, int]:
         client = aioredis.Redis.from_url(srv.url)
-        inner = RedisLimiter(client, key_prefix=prefix, period_s=1.0, jitter_allowance_s=ALLOWANCE_S)
+        inner = RedisLimiter(client, key_prefix=prefix, timing=RateTiming(period_s=1.0, jitter_allowance_s=ALLOWANCE_S))
         calls = 0
         real_acquire = inner.acquire
 
@@ -104,7 +105,7 @@ def test_a_cooldown_started_after_the_grant_is_waited_out(srv: RedisServer) -> N
     async def body() -> float:
         nonlocal inner
         client = aioredis.Redis.from_url(srv.url)
-        inner = RedisLimiter(client, key_prefix=prefix, period_s=1.0, jitter_allowance_s=ALLOWANCE_S)
+        inner = RedisLimiter(client, key_prefix=prefix, timing=RateTiming(period_s=1.0, jitter_allowance_s=ALLOWANCE_S))
         lim = DeferringLimiter(inner, CoolingGate(state, async_client=client), PermitHolds(settings))  # type: ignore[arg-type]
         lim._acquisitions = 1  # a retry's permit: waited for, never deferred
         try:
@@ -152,7 +153,7 @@ def test_no_permit_in_the_same_process_while_its_cooldown_is_on_its_way(srv: Red
 
     async def body() -> tuple[float | None, float | None, float]:
         client = aioredis.Redis.from_url(srv.url)
-        inner = SlowCooldownLimiter(client, key_prefix=prefix, period_s=1.0, jitter_allowance_s=ALLOWANCE_S)
+        inner = SlowCooldownLimiter(client, key_prefix=prefix, timing=RateTiming(period_s=1.0, jitter_allowance_s=ALLOWANCE_S))
         runtime = PermitHolds(settings)  # one process: both runs share its runtime
         a = DeferringLimiter(inner, RedisGate(state, async_client=client), runtime)  # type: ignore[arg-type]
         b = DeferringLimiter(inner, RedisGate(state, async_client=client), runtime)  # type: ignore[arg-type]

@@ -27,7 +27,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from celery import Celery
@@ -162,14 +162,31 @@ class _CurrentStderr:
         return False
 
 
+@dataclass(frozen=True)
+class WorkerCommand:
+    """The ``celery worker`` command line of one worker process: ``concurrency`` threads (``-c``),
+    the ``queues`` it consumes (``-Q``), its Celery ``loglevel`` and node ``hostname`` (``-n``;
+    ``None``: Celery's default name)."""
+
+    concurrency: int = DEFAULT_THREADS
+    queues: tuple[str, ...] = (DEFAULT_QUEUE,)
+    loglevel: str = "INFO"
+    hostname: str | None = None
+
+    def argv(self) -> list[str]:
+        """The arguments after ``celery -A <app>``."""
+        argv = ["worker", "-P", "threads", "-c", str(self.concurrency), "-Q", ",".join(self.queues),
+                "--loglevel", self.loglevel, "--without-gossip", "--without-mingle"]
+        if self.hostname:
+            argv += ["-n", self.hostname]
+        return argv
+
+
 def start_worker(
     broker_url: str,
     *,
-    concurrency: int = DEFAULT_THREADS,
-    queues: tuple[str, ...] = (DEFAULT_QUEUE,),
+    command: WorkerCommand = WorkerCommand(),
     data_dir: str | None = None,
-    loglevel: str = "INFO",
-    hostname: str | None = None,
     settings: WorkerSettings | None = None,
     registrars: Sequence[Registrar] = (),
 ) -> None:
@@ -182,11 +199,7 @@ def start_worker(
     if data_dir is not None:
         settings = replace(settings, data_dir=data_dir)
     worker_app = make_celery_app(broker_url, worker_settings=settings, registrars=registrars)
-    argv = ["worker", "-P", "threads", "-c", str(concurrency), "-Q", ",".join(queues), "--loglevel", loglevel,
-            "--without-gossip", "--without-mingle"]
-    if hostname:
-        argv += ["-n", hostname]
-    worker_app.worker_main(argv=argv)
+    worker_app.worker_main(argv=command.argv())
 
 
 #: Celery's per-task lines ("Task … received", "Task … succeeded in …"): two log records per run

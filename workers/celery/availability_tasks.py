@@ -15,6 +15,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,22 +63,31 @@ def slot_of(when: dt.datetime, interval_s: float) -> int:
     return math.floor(when.timestamp() / interval_s)
 
 
+@dataclass(frozen=True)
+class ScheduledCheck:
+    """What the beat asks for (its message's arguments): check ``targets`` every ``interval_s``
+    seconds with ``settings``, storing the rows under ``data_dir``."""
+
+    targets: Sequence[CheckTarget]
+    data_dir: Path
+    interval_s: float
+    settings: CheckSettings = CheckSettings()
+
+
 def run_scheduled_check(
     redis_client: Any,
-    targets: Sequence[CheckTarget],
-    data_dir: Path,
-    interval_s: float,
+    check: ScheduledCheck,
     *,
     now: Callable[[], dt.datetime] = utc_now,
     secrets: Mapping[str, str] | None = None,
-    settings: CheckSettings = CheckSettings(),
     owner: str = "",
 ) -> dict[str, Any]:
-    """Run the check of the current slot unless another process already took the slot.
+    """Run ``check`` for the current slot unless another process already took the slot.
 
     Returns ``{"slot", "skipped": bool, "rows", "statuses"}``. The slot lock lives for two
     intervals (``SET NX EX``); skips are counted under ``irbench:availability:skipped``.
     """
+    interval_s = check.interval_s
     if interval_s <= 0:
         raise ConfigError(f"interval_s must be > 0 s, got {interval_s}")
     checked_at = now()
@@ -86,8 +96,8 @@ def run_scheduled_check(
     if not redis_client.set(key, owner or f"pid-{os.getpid()}", nx=True, ex=max(1, math.ceil(2 * interval_s))):
         redis_client.incr(f"{LOCK_PREFIX}skipped")
         return {"slot": slot, "skipped": True, "rows": 0, "statuses": {}}
-    records = check_availability(targets, AvailabilityStore(data_dir), now=lambda: checked_at, secrets=secrets,
-                                 settings=settings, stem=f"scheduled-{slot}")
+    records = check_availability(check.targets, AvailabilityStore(check.data_dir), now=lambda: checked_at,
+                                 secrets=secrets, settings=check.settings, stem=f"scheduled-{slot}")
     statuses: dict[str, int] = {}
     for r in records:
         statuses[r.status.value] = statuses.get(r.status.value, 0) + 1
@@ -103,8 +113,9 @@ def register_availability_tasks(app: Any) -> None:
                            settings: dict | None = None) -> dict:
         client = sync_redis(app.conf.broker_url)
         try:
-            return run_scheduled_check(client, targets_from_json(targets), Path(data_dir), float(interval_s),
-                                       settings=settings_from_json(settings))
+            check = ScheduledCheck(targets_from_json(targets), Path(data_dir), float(interval_s),
+                                   settings=settings_from_json(settings))
+            return run_scheduled_check(client, check)
         finally:
             client.close()
 

@@ -42,6 +42,7 @@ from workers.celery import DEFAULT_THREADS
 from workers.celery.local_cooldowns import LocalCooldowns
 from workers.state.claim_permit import ClaimPermits
 from workers.state.connect import RedisTimeouts, async_redis, sync_redis
+from workers.limits.memory import RateTiming
 from workers.state.redis_limiter import RedisLimiter
 from workers.celery.transport import ACK_FLUSH_S
 from workers.celery.deferring import Deferred, DeferringLimiter
@@ -204,11 +205,13 @@ class WorkerRuntime:
         limiter = RedisLimiter(
             client,
             key_prefix=f"{self.settings.key_prefix}:lim",
-            lease_ttl_s=self.settings.lease_ttl_s,
-            period_s=self.settings.limit_period_s,
-            jitter_allowance_s=self.settings.limit_jitter_allowance_s,
-            reserve_ahead_s=self.settings.max_defer_s,
-            reservation_grace_s=self.settings.reservation_grace_s,
+            timing=RateTiming(
+                lease_ttl_s=self.settings.lease_ttl_s,
+                period_s=self.settings.limit_period_s,
+                jitter_allowance_s=self.settings.limit_jitter_allowance_s,
+                reserve_ahead_s=self.settings.max_defer_s,
+                reservation_grace_s=self.settings.reservation_grace_s,
+            ),
             max_block_s=max(self.settings.max_wait_s, 0.05),
         )
         return client, limiter

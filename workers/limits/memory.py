@@ -108,6 +108,24 @@ def check_config(lease_ttl_s: float, period_s: float, jitter_allowance_s: float,
         )
 
 
+@dataclass(frozen=True)
+class RateTiming:
+    """The times a limiter keeps leases and rate windows by, in seconds: ``lease_ttl_s`` (lease
+    lifetime without renewal), ``period_s`` (the window the limits are counted over),
+    ``jitter_allowance_s`` (added to that window), ``reserve_ahead_s`` (farthest slot a rate
+    denial reserves), ``reservation_grace_s`` (how long after its slot an unclaimed reservation
+    is kept). Invalid values raise ``LimiterError``."""
+
+    lease_ttl_s: float = 900.0
+    period_s: float = 60.0
+    jitter_allowance_s: float = 0.25
+    reserve_ahead_s: float = 30.0
+    reservation_grace_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        check_config(self.lease_ttl_s, self.period_s, self.jitter_allowance_s, self.reserve_ahead_s, self.reservation_grace_s)
+
+
 def over_budget(d: LimitDecision, waited_s: float, max_wait_s: float | None) -> bool:
     """True when a denied ``acquire`` must give up now rather than wait (bounded waits).
 

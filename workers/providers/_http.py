@@ -405,30 +405,41 @@ def protocol_error(raw: RawResponse, *, model: str, what: str, secrets: Iterable
     )
 
 
+@dataclass(frozen=True)
+class ExchangeLimits:
+    """How one exchange is bounded: ``timeouts`` (connect/read/total deadlines, seconds) and
+    ``max_body_bytes`` (the decoded body; ``None`` = no bound, as ``ChatRequest.max_response_bytes``)."""
+
+    timeouts: TimeoutPolicy
+    max_body_bytes: int | None = None
+
+
 async def post_chat(
     client: HttpClient,
-    url: str,
-    body: dict[str, Any],
+    call: HttpCall,
     *,
     model: str,
-    timeouts: TimeoutPolicy,
+    limits: ExchangeLimits,
     clock: Clock,
     now: WallClock,
-    headers: dict[str, str],
     secrets: tuple[str | None, ...],
-    max_body_bytes: int | None = None,
 ) -> tuple[RawResponse, Any]:
-    """POST a chat request; return the raw response and its decoded JSON body.
+    """Send a chat request (``call``: its URL, JSON body and headers); return the raw response
+    and its decoded JSON body. ``model`` names the call in error messages.
 
-    Non-2xx statuses, bodies over ``max_body_bytes`` and bodies that are not JSON raise the
-    classified ``ProviderError``.
+    Non-2xx statuses, bodies over ``limits.max_body_bytes`` and bodies that are not JSON raise
+    the classified ``ProviderError``.
     """
     raw = await send(
-        client, HttpCall("POST", url, json_body=body, headers=headers, context=f"model={model}"),
-        timeouts=timeouts, clock=clock, secrets=secrets, max_body_bytes=max_body_bytes,
+        client, call, timeouts=limits.timeouts, clock=clock, secrets=secrets, max_body_bytes=limits.max_body_bytes,
     )
     raise_for_status(raw, model=model, now=now(), secrets=secrets)
     return raw, decode_json_body(raw, model=model, secrets=secrets)
+
+
+def chat_call(url: str, body: dict[str, Any], headers: dict[str, str], model: str) -> HttpCall:
+    """The ``POST`` of one chat request; its transport errors name ``model``."""
+    return HttpCall("POST", url, json_body=body, headers=headers, context=f"model={model}")
 
 
 def answer_outcome(finish_reason: str | None, answer: str) -> Outcome:

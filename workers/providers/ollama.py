@@ -81,8 +81,8 @@ class OllamaProvider:
                 secrets=secrets,
             )
             raw = await streaming.post_stream(
-                self._client, url, self.build_body(request), reader, model=request.model,
-                timeouts=request.timeouts, clock=self._clock, now=self._now, headers=self._headers(), secrets=secrets,
+                self._client, _http.chat_call(url, self.build_body(request), self._headers(), request.model), reader,
+                model=request.model, timeouts=request.timeouts, now=self._now,
             )
             if not all(isinstance(e, dict) and isinstance(e.get("message", {}), dict) for e in reader.events):
                 raise _http.protocol_error(raw, model=request.model, what="stream line is not a chat chunk", secrets=secrets)
@@ -92,15 +92,12 @@ class OllamaProvider:
                           "".join(_text(m.get("thinking")) for m in pieces), secrets=secrets, streamed=True)
         raw, data = await _http.post_chat(
             self._client,
-            url,
-            self.build_body(request),
+            _http.chat_call(url, self.build_body(request), self._headers(), request.model),
             model=request.model,
-            timeouts=request.timeouts,
+            limits=_http.ExchangeLimits(request.timeouts, request.max_response_bytes),
             clock=self._clock,
             now=self._now,
-            headers=self._headers(),
             secrets=secrets,
-            max_body_bytes=request.max_response_bytes,
         )
         message = data.get("message") if isinstance(data, dict) else None
         if not isinstance(message, dict):
@@ -146,7 +143,5 @@ def _reply(
 ) -> Reply:
     """The classified reply; ``final`` is the whole body or the last (``done``) stream line. An
     endpoint may echo the key inside a 200 answer: it is masked before anything keeps the text."""
-    return streaming.answer_reply(
-        raw, content, thinking, final.get("done_reason"), prompt_tokens=final.get("prompt_eval_count"),
-        completion_tokens=final.get("eval_count"), secrets=secrets, streamed=streamed,
-    )
+    counts = streaming.TokenUsage(prompt_tokens=final.get("prompt_eval_count"), completion_tokens=final.get("eval_count"))
+    return streaming.answer_reply(raw, content, thinking, final.get("done_reason"), counts, secrets=secrets, streamed=streamed)

@@ -5,7 +5,7 @@ Request: one user message, ``stream`` (false unless the model streams), ``temper
 ``max_tokens`` or, for endpoints that want it, ``max_completion_tokens``), a ``json_schema``
 ``response_format`` in structured-output mode, then ``request.options`` merged last as extra
 body fields (so a campaign can set anything the endpoint understands). The reasoning switch is
-not standardised across OpenAI-compatible servers: ``reasoning_on``/``reasoning_off`` are the
+not standardised across OpenAI-compatible servers: ``OpenAIDialect.reasoning_on``/``reasoning_off`` are the
 body fields sent when ``request.reasoning`` is True/False (default: ``reasoning_effort``).
 ``Cache-Control: no-store`` asks every cache on the path not to keep or reuse the answer.
 
@@ -22,8 +22,8 @@ to the first token and the stream's duration (``workers.providers.streaming``).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
-
 
 from workers.providers import _http, streaming
 from workers.providers.base import ChatRequest, Reply
@@ -32,6 +32,17 @@ from workers.runtask import ResponseLimits, TimeoutPolicy
 LIST_MAX_BYTES = ResponseLimits().max_response_bytes  # a model list is no bigger than an answer
 
 SCHEMA_NAME = "irbench_ir"
+
+
+@dataclass(frozen=True)
+class OpenAIDialect:
+    """How one endpoint spells what OpenAI-compatible servers do not agree on: the body field of
+    the token cap (``max_tokens_param``) and the body fields sent when ``request.reasoning`` is
+    True (``reasoning_on``) or False (``reasoning_off``)."""
+
+    max_tokens_param: str = "max_tokens"
+    reasoning_on: dict[str, Any] = field(default_factory=lambda: {"reasoning_effort": "medium"})
+    reasoning_off: dict[str, Any] = field(default_factory=lambda: {"reasoning_effort": "none"})
 
 
 class OpenAIProvider:
@@ -45,9 +56,7 @@ class OpenAIProvider:
         base_url: str,
         api_key: str | None,
         *,
-        max_tokens_param: str = "max_tokens",
-        reasoning_on: dict[str, Any] | None = None,
-        reasoning_off: dict[str, Any] | None = None,
+        dialect: OpenAIDialect | None = None,
         clock: _http.Clock = time.monotonic,
         now: _http.WallClock = _http.utc_now,
     ) -> None:
@@ -55,9 +64,7 @@ class OpenAIProvider:
         self._root = root[: -len("/v1")] if root.endswith("/v1") else root
         self._client = client
         self._api_key = api_key
-        self._max_tokens_param = max_tokens_param
-        self._reasoning_on = {"reasoning_effort": "medium"} if reasoning_on is None else reasoning_on
-        self._reasoning_off = {"reasoning_effort": "none"} if reasoning_off is None else reasoning_off
+        self._dialect = OpenAIDialect() if dialect is None else dialect
         self._clock = clock
         self._now = now
 
@@ -79,16 +86,16 @@ class OpenAIProvider:
         if request.temperature is not None:
             body["temperature"] = request.temperature
         if request.max_tokens is not None:
-            body[self._max_tokens_param] = request.max_tokens
+            body[self._dialect.max_tokens_param] = request.max_tokens
         if request.json_schema is not None:
             body["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": SCHEMA_NAME, "schema": request.json_schema},
             }
         if request.reasoning is True:
-            body.update(self._reasoning_on)
+            body.update(self._dialect.reasoning_on)
         elif request.reasoning is False:
-            body.update(self._reasoning_off)
+            body.update(self._dialect.reasoning_off)
         body.update(request.options)
         return body
 
@@ -99,15 +106,12 @@ class OpenAIProvider:
         secrets = (self._api_key,)
         raw, data = await _http.post_chat(
             self._client,
-            f"{self._root}/v1/chat/completions",
-            self.build_body(request),
+            _http.chat_call(f"{self._root}/v1/chat/completions", self.build_body(request), self._headers(), request.model),
             model=request.model,
-            timeouts=request.timeouts,
+            limits=_http.ExchangeLimits(request.timeouts, request.max_response_bytes),
             clock=self._clock,
             now=self._now,
-            headers=self._headers(),
             secrets=secrets,
-            max_body_bytes=request.max_response_bytes,
         )
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
@@ -133,8 +137,8 @@ class OpenAIProvider:
             max_bytes=request.max_response_bytes, secrets=secrets,
         )
         raw = await streaming.post_stream(
-            self._client, url, self.build_body(request), reader, model=request.model, timeouts=request.timeouts,
-            clock=self._clock, now=self._now, headers=self._headers(), secrets=secrets,
+            self._client, _http.chat_call(url, self.build_body(request), self._headers(), request.model), reader,
+            model=request.model, timeouts=request.timeouts, now=self._now,
         )
         content: list[str] = []
         reasoning: list[str] = []
@@ -196,8 +200,8 @@ def _reply(
     the key inside a 200 answer: it is masked before anything keeps the text."""
     details = usage.get("completion_tokens_details")
     details = details if isinstance(details, dict) else {}
-    return streaming.answer_reply(
-        raw, content, reasoning, finish_reason, prompt_tokens=usage.get("prompt_tokens"),
-        completion_tokens=usage.get("completion_tokens"), reasoning_tokens=details.get("reasoning_tokens"),
-        secrets=secrets, streamed=streamed,
+    counts = streaming.TokenUsage(
+        prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"),
+        reasoning_tokens=details.get("reasoning_tokens"),
     )
+    return streaming.answer_reply(raw, content, reasoning, finish_reason, counts, secrets=secrets, streamed=streamed)

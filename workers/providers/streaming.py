@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
@@ -50,7 +51,8 @@ class EventReader:
     ) -> None:
         self._framing = framing
         self._is_token, self._is_done = is_token, is_done
-        self._clock, self._where, self._max_bytes, self._secrets = clock, where, max_bytes, secrets
+        self.clock, self.secrets = clock, secrets  # post_stream times and masks the exchange with these
+        self._where, self._max_bytes = where, max_bytes
         self._started = 0.0
         self.events: list[Any] = []
         self.done = False
@@ -59,11 +61,11 @@ class EventReader:
         self.last_byte_ms: float | None = None
 
     def _elapsed_ms(self) -> float:
-        return (self._clock() - self._started) * 1000.0
+        return (self.clock() - self._started) * 1000.0
 
     def _fail(self, cls: type[ProtocolFailed] | type[ServerFailed], what: str, response: httpx.Response) -> Exception:
         return cls(
-            _http.clip(f"{self._where}: {what}", self._secrets),
+            _http.clip(f"{self._where}: {what}", self.secrets),
             status_code=response.status_code,
             latency_ms=self._elapsed_ms(),
             bytes_received=response.num_bytes_downloaded,
@@ -135,27 +137,23 @@ class EventReader:
 
 async def post_stream(
     client: _http.HttpClient,
-    url: str,
-    body: dict[str, Any],
+    call: _http.HttpCall,
     reader: EventReader,
     *,
     model: str,
     timeouts: TimeoutPolicy,
-    clock: _http.Clock,
     now: _http.WallClock,
-    headers: dict[str, str],
-    secrets: tuple[str | None, ...],
 ) -> _http.RawResponse:
-    """POST a streamed chat request, events into ``reader``; non-2xx raise as in ``post_chat``,
-    and a 2xx stream that ends without its end marker is ``ProtocolFailed``."""
-    raw = await _http.send(
-        client, _http.HttpCall("POST", url, json_body=body, headers=headers, context=f"model={model}"),
-        timeouts=timeouts, clock=clock, secrets=secrets, reader=reader,
-    )
+    """Send a streamed chat request (``call``: URL, JSON body, headers), events into ``reader``;
+    non-2xx raise as in ``post_chat``, and a 2xx stream that ends without its end marker is
+    ``ProtocolFailed``. The reader's clock times the whole exchange (so the first token and the
+    latency share one clock) and its secrets are masked out of every message."""
+    secrets = reader.secrets
+    raw = await _http.send(client, call, timeouts=timeouts, clock=reader.clock, secrets=secrets, reader=reader)
     _http.raise_for_status(raw, model=model, now=now(), secrets=secrets)
     if not reader.done:
         raise ProtocolFailed(
-            _http.clip(f"POST {url} model={model}: stream ended before its end marker after "
+            _http.clip(f"POST {call.url} model={model}: stream ended before its end marker after "
                        f"{len(reader.events)} event(s); the connection was cut or the server is not streaming", secrets),
             status_code=raw.status_code, latency_ms=raw.latency_ms, bytes_received=raw.bytes_received,
             first_token_ms=reader.first_token_ms,
@@ -168,9 +166,17 @@ def stream_duration_ms(raw: _http.RawResponse) -> float | None:
     return None if raw.first_token_ms is None else max(raw.latency_ms - raw.first_token_ms, 0.0)
 
 
+@dataclass(frozen=True)
+class TokenUsage:
+    """The token counts an endpoint reported, as it sent them (anything but an int is dropped)."""
+
+    prompt_tokens: Any = None
+    completion_tokens: Any = None
+    reasoning_tokens: Any = None
+
+
 def answer_reply(
-    raw: _http.RawResponse, content: str, reasoning: str, finish_reason: Any, *,
-    prompt_tokens: Any, completion_tokens: Any, reasoning_tokens: Any = None,
+    raw: _http.RawResponse, content: str, reasoning: str, finish_reason: Any, usage: TokenUsage, *,
     secrets: tuple[str | None, ...], streamed: bool,
 ) -> Reply:
     """The classified reply from a whole (or reassembled streamed) answer, for every wire format:
@@ -188,9 +194,9 @@ def answer_reply(
         status_code=raw.status_code,
         bytes_received=raw.bytes_received,
         finish_reason=mask_optional(finish, secrets),
-        prompt_tokens=_http.int_or_none(prompt_tokens),
-        completion_tokens=_http.int_or_none(completion_tokens),
-        reasoning_tokens=_http.int_or_none(reasoning_tokens),
+        prompt_tokens=_http.int_or_none(usage.prompt_tokens),
+        completion_tokens=_http.int_or_none(usage.completion_tokens),
+        reasoning_tokens=_http.int_or_none(usage.reasoning_tokens),
         first_token_ms=raw.first_token_ms if streamed else None,
         stream_duration_ms=stream_duration_ms(raw) if streamed else None,
     )

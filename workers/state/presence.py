@@ -91,14 +91,23 @@ def read_presence(client: redis.Redis, prefix: str = PRESENCE_PREFIX) -> list[Wo
     return sorted(out, key=lambda p: p.name)
 
 
+@dataclass(frozen=True)
+class WorkerSlots:
+    """How much one worker takes at once: ``threads`` (messages it holds, its -c) and
+    ``run_slots`` (runs it executes); ``None``: not said."""
+
+    threads: int | None = None
+    run_slots: int | None = None
+
+
 class PresencePublisher:
-    """Publishes one worker's presence until ``stop()``; Redis errors are logged and retried."""
+    """Publishes one worker's presence (every ``interval_s`` seconds) until ``stop()``; Redis
+    errors are logged and retried."""
 
     def __init__(self, client: redis.Redis, name: str, queues: tuple[str, ...], data_dir: str | None,
-                 *, interval_s: float = 2.0, prefix: str = PRESENCE_PREFIX,
-                 threads: int | None = None, run_slots: int | None = None) -> None:
+                 *, slots: WorkerSlots = WorkerSlots(), interval_s: float = 2.0, prefix: str = PRESENCE_PREFIX) -> None:
         self._client, self._name, self._queues, self._data_dir = client, name, queues, data_dir
-        self._threads, self._run_slots = threads, run_slots
+        self._slots = slots
         self._interval_s, self._key, self._index = interval_s, f"{prefix}:{name}", prefix
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="irbench-presence", daemon=True)
@@ -106,7 +115,7 @@ class PresencePublisher:
     def presence(self) -> WorkerPresence:
         store_id = read_store_id(Path(self._data_dir)) if self._data_dir else None
         return WorkerPresence(self._name, self._queues, self._data_dir, store_id, socket.gethostname(),
-                              os.getpid(), time.time(), self._threads, self._run_slots)
+                              os.getpid(), time.time(), self._slots.threads, self._slots.run_slots)
 
     def publish_once(self) -> None:
         pipe = self._client.pipeline(transaction=False)
@@ -163,7 +172,7 @@ def install(signals: Any, data_dir_for: Any, slots_for: Any, interval_for: Any) 
         threads, run_slots = slots_for(app)
         running.append(PresencePublisher(client, sender.hostname, _queues_of(sender),
                                          str(Path(data_dir).resolve()) if data_dir else None,
-                                         interval_s=interval, threads=threads, run_slots=run_slots).start())
+                                         slots=WorkerSlots(threads, run_slots), interval_s=interval).start())
 
     def on_shutdown(**_: Any) -> None:
         while running:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from importlib import resources
 from typing import Any
 
@@ -43,7 +43,7 @@ from workers.limits.base import Permit
 from workers.limits.base import Lease, LimitDecision
 from workers.limits.memory import (
     CONCURRENCY,
-    check_config,
+    RateTiming,
     check_cost,
     intervals_s,
     over_budget,
@@ -68,20 +68,6 @@ def _acquire_keys(prefix: str, model: str, holder: str) -> list[str]:
     return [*_keys(prefix, model), f"{prefix}:{{{model}}}:log", f"{prefix}:{{{model}}}:resv:{holder}"]
 
 
-@dataclass(frozen=True)
-class _RateConfig:
-    """What the limiter passes to ``acquire.lua`` besides the request itself (seconds)."""
-
-    lease_ttl_s: float
-    period_s: float
-    jitter_allowance_s: float
-    reserve_ahead_s: float
-    reservation_grace_s: float
-
-    def __post_init__(self) -> None:
-        check_config(self.lease_ttl_s, self.period_s, self.jitter_allowance_s, self.reserve_ahead_s, self.reservation_grace_s)
-
-
 def script_source(name: str) -> str:
     """The Lua source of one limiter script (``acquire``, ``release``, …)."""
     return (resources.files("workers.state") / "lua").joinpath(f"{name}.lua").read_text()
@@ -91,7 +77,7 @@ def _load_scripts(client: Any) -> dict[str, Any]:
     return {n: client.register_script(script_source(n)) for n in _SCRIPTS}
 
 
-def _acquire_args(limits: ModelLimits, holder: str, cost_tokens: int, cfg: _RateConfig, reserve: bool) -> list[Any]:
+def _acquire_args(limits: ModelLimits, holder: str, cost_tokens: int, cfg: RateTiming, reserve: bool) -> list[Any]:
     check_cost(cost_tokens)
     per_request, per_token = intervals_s(limits, cfg.period_s, cfg.jitter_allowance_s)
     return [
@@ -146,10 +132,10 @@ class RedisLimiter:
     """Limiter shared by every worker that talks to the same Redis.
 
     ``client``: a ``redis.asyncio.Redis`` (pooled). ``key_prefix``: namespace of all keys.
-    ``lease_ttl_s``: lease lifetime without :meth:`renew`. ``period_s``: the rate window the
-    per-minute limits are counted over. ``jitter_allowance_s``, ``reserve_ahead_s``,
-    ``reservation_grace_s``: as in :class:`workers.limits.memory.MemoryLimiter` (same defaults).
-    ``max_block_s``: longest single wait before re-checking.
+    ``timing``: lease lifetime (without :meth:`renew`), rate window and reservation times, as in
+    :class:`workers.limits.memory.MemoryLimiter` (same defaults).
+    ``max_block_s``: longest single wait before re-checking; ``listener_ready_timeout_s``: how
+    long the first wait waits for the change listener to subscribe.
     Use as ``async with RedisLimiter(...) as lim`` or call :meth:`aclose` to stop the listener.
     """
 
@@ -158,20 +144,16 @@ class RedisLimiter:
         client: aioredis.Redis,
         *,
         key_prefix: str = "irbench:lim",
-        lease_ttl_s: float = 900.0,
-        period_s: float = 60.0,
-        jitter_allowance_s: float = 0.25,
-        reserve_ahead_s: float = 30.0,
-        reservation_grace_s: float = 30.0,
+        timing: RateTiming = RateTiming(),
         max_block_s: float = 5.0,
         listener_ready_timeout_s: float = 2.0,
     ) -> None:
         if max_block_s <= 0:
             raise LimiterError("max_block_s must be > 0 seconds")
-        self._cfg = _RateConfig(lease_ttl_s, period_s, jitter_allowance_s, reserve_ahead_s, reservation_grace_s)
+        self._cfg = timing
         self._client = client
         self._prefix = key_prefix
-        self._ttl_s = lease_ttl_s
+        self._ttl_s = timing.lease_ttl_s
         self._max_block_s = max_block_s
         self._ready_timeout_s = listener_ready_timeout_s
         self._scripts = _load_scripts(client)
