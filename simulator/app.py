@@ -122,11 +122,13 @@ class SimState:
     truth_cache: dict[tuple[str, str], tuple[AnnotationSet, list[str]]] = field(default_factory=dict)
     prompt_counters: dict[tuple[str, str], int] = field(default_factory=dict)
     model_requests: Counter = field(default_factory=Counter)
+    unknown_requests: Counter = field(default_factory=Counter)  # requests naming no configured model
     stats: dict[str, ModelStats] = field(default_factory=dict)
 
     def reset(self) -> None:
         self.prompt_counters.clear()
         self.model_requests.clear()
+        self.unknown_requests.clear()
         self.stats.clear()
 
 
@@ -267,6 +269,7 @@ class SimApp:
         t0 = time.perf_counter_ns()
         name = body.get("model")
         if not isinstance(name, str) or name not in self.config.models:
+            self.state.unknown_requests[str(name)] += 1
             if self.config.unknown_model_status == 400:  # a gateway (LiteLLM's wording)
                 raise _Reject(400, f"Invalid model name passed in model={name}. Call `/v1/models` to view "
                                    "available models for your key.", "400")

@@ -1,10 +1,11 @@
-"""What a campaign is: its spec and checks, corpus, plan, ad-hoc campaigns and retry selection."""
+"""What a campaign is: its spec and checks, corpus, plan, ad-hoc campaigns, retry selection and how it ended."""
 
 __all__ = [
     "adhoc",
     "corpus",
     "instruction",
     "limits",
+    "outcome",
     "plan",
     "prepared",
     "retry",

@@ -101,6 +101,7 @@ def run_request(req: RunRequest) -> None:
     except IrbenchError as exc:
         fail(exc)
     _print_summary(req, _Ran(prepared, skipped, summary, again))
+    _exit_on_failed_runs(prepared, store)
 
 
 def _run_local(req: RunRequest, prepared: PreparedCampaign, store: RunStore, retry_outcomes: frozenset[Outcome],
@@ -161,3 +162,19 @@ def _print_summary(req: RunRequest, ran: _Ran) -> None:
     )
     if summary.interrupted:
         raise typer.Exit(code=INTERRUPTED_EXIT_CODE)  # main() says what to do
+
+
+def _exit_on_failed_runs(prepared: PreparedCampaign, store: RunStore) -> None:
+    """One stderr line per model with failed runs (class counts, first error), then exit 3 when
+    some planned runs failed, 4 when all did (``orchestrator.campaign.outcome``)."""
+    from orchestrator.campaign.outcome import campaign_outcome
+
+    outcome = campaign_outcome(prepared, store)
+    if outcome.exit_code == 0:
+        return
+    for model in outcome.models:
+        sys.stderr.write(f"failed: {model.line()}\n")
+    sys.stderr.write(f"{outcome.failed}/{outcome.planned} planned runs failed; `irbench status` lists them, "
+                     "`--retry-failed` executes the transient ones again\n")
+    sys.stderr.flush()
+    raise typer.Exit(code=outcome.exit_code)

@@ -1,8 +1,8 @@
 """A rich progress display with one bar per model, fed by executor callbacks.
 
-It writes to stderr (stdout is for results). Each bar shows done/total, then failed and
-cancelled separately (cancelled runs never reached the endpoint, so they are not failures of the
-model), runs in flight, the model's own completion rate (runs/s over rich's recent-samples
+It writes to stderr (stdout is for results). Each bar shows ``done/total done``, then every count
+with its label — ``ok``, ``failed``, ``cancelled`` (cancelled runs never reached the endpoint, so
+they are not failures of the model) — runs in flight, the model's own completion rate (runs/s over rich's recent-samples
 window, the final average once the model is done) and its ETA from that rate.
 """
 
@@ -54,8 +54,8 @@ class ModelBars:
             TextColumn("[bold]{task.fields[model]:<22}"),
             BarColumn(bar_width=24),
             MofNCompleteColumn(),
-            TextColumn("failed {task.fields[failed]:>3}  cancelled {task.fields[cancelled]:>3}  "
-                       "in flight {task.fields[in_flight]:>2}"),
+            TextColumn("done  ok {task.fields[ok]:>3}  failed {task.fields[failed]:>3}  "
+                       "cancelled {task.fields[cancelled]:>3}  in flight {task.fields[in_flight]:>2}"),
             _RateColumn(),
             TextColumn("ETA"),
             TimeRemainingColumn(),
@@ -68,14 +68,15 @@ class ModelBars:
         self._tasks: dict[str, TaskID] = {}
 
     def update(self, model: str, state: ModelProgress) -> None:
+        ok = max(state.done - state.failed - state.cancelled, 0)
         if model not in self._tasks:
             self._tasks[model] = self._progress.add_task(
                 model, total=state.total, model=model,
-                failed=state.failed, cancelled=state.cancelled, in_flight=state.in_flight,
+                ok=ok, failed=state.failed, cancelled=state.cancelled, in_flight=state.in_flight,
             )
         self._progress.update(
             self._tasks[model], completed=state.done, total=state.total,
-            failed=state.failed, cancelled=state.cancelled, in_flight=state.in_flight,
+            ok=ok, failed=state.failed, cancelled=state.cancelled, in_flight=state.in_flight,
         )
 
     def __enter__(self) -> ModelBars:

@@ -21,6 +21,7 @@ from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimConfig, SimModel
 from simulator.server import start_background
 from storage.records import Outcome
+from orchestrator.campaign.outcome import ALL_FAILED_EXIT_CODE, SOME_FAILED_EXIT_CODE
 from storage.runs import RunStore
 from workers.errors import ConfigError
 from deploy.processes import free_port
@@ -59,7 +60,7 @@ def test_endpoint_down_then_up_retry_executes_each_failed_run_once_more(tmp_path
     data = tmp_path / "data"
     planned = 2 * N_PROMPTS
     first = _irbench("run", str(campaign), "--data", str(data))  # nothing listens: connect_error
-    assert first.returncode == 0, first.stderr
+    assert first.returncode == ALL_FAILED_EXIT_CODE, first.stderr
     store = RunStore(data)
     assert store.count_by_outcome("retry-demo") == {"connect_error": planned}
 
@@ -70,7 +71,7 @@ def test_endpoint_down_then_up_retry_executes_each_failed_run_once_more(tmp_path
 
     with start_background(SimConfig(models={"sim-a": SimModel()}), port=port) as sim:
         plain = _irbench("run", str(campaign), "--data", str(data))  # a plain re-run keeps failures
-        assert plain.returncode == 0 and _requests(sim.base_url, "sim-a") == 0
+        assert plain.returncode == ALL_FAILED_EXIT_CODE and _requests(sim.base_url, "sim-a") == 0
         again = _irbench("run", str(campaign), "--data", str(data), "--retry-failed")
         assert again.returncode == 0, again.stderr
         assert _requests(sim.base_url, "sim-a") == planned  # each failed run called exactly once
@@ -90,7 +91,7 @@ def test_only_the_chosen_classes_are_retried(tmp_path: Path) -> None:
     with start_background(cfg) as sim:
         campaign = _campaign(tmp_path, sim.port, {"sim-flaky": "", "sim-ok": ""})
         data = tmp_path / "data"
-        assert _irbench("run", str(campaign), "--data", str(data)).returncode == 0
+        assert _irbench("run", str(campaign), "--data", str(data)).returncode == SOME_FAILED_EXIT_CODE
         store = RunStore(data)
         prepared = prepare(load_campaign(campaign))
         failed = retryable(prepared, store).by_outcome.get("server_error", 0)
@@ -99,12 +100,13 @@ def test_only_the_chosen_classes_are_retried(tmp_path: Path) -> None:
         assert calls == 2 * N_PROMPTS
 
         none = _irbench("run", str(campaign), "--data", str(data), "--retry-failed", "--outcomes", "rate_limited,timeouts")
-        assert none.returncode == 0 and _requests(sim.base_url, "sim-flaky") == calls
+        assert none.returncode == SOME_FAILED_EXIT_CODE and _requests(sim.base_url, "sim-flaky") == calls
         rounds = 0
         while (left := retryable(prepared, store).total) and rounds < 20:
             before = _requests(sim.base_url, "sim-flaky")
-            assert _irbench("run", str(campaign), "--data", str(data), "--retry-failed").returncode == 0
+            code = _irbench("run", str(campaign), "--data", str(data), "--retry-failed").returncode
             assert _requests(sim.base_url, "sim-flaky") - before == left  # exactly the retryable runs
+            assert code == (SOME_FAILED_EXIT_CODE if retryable(prepared, store).total else 0)
             rounds += 1
         assert retryable(prepared, store).total == 0
         total_calls = _requests(sim.base_url, "sim-flaky") + _requests(sim.base_url, "sim-ok")
@@ -145,19 +147,19 @@ def test_retry_failed_on_the_celery_executor_with_a_real_worker(tmp_path: Path) 
     with RedisServer() as redis_srv, CeleryWorkers(redis_srv.url, count=1):
         env = {**os.environ, "IRBENCH_BROKER_URL": redis_srv.url, "COLUMNS": "250"}
 
-        def celery(*args: str) -> subprocess.CompletedProcess:
+        def celery(*args: str, code: int = 0) -> subprocess.CompletedProcess:
             out = subprocess.run([*IRBENCH, "run", str(campaign), "--data", str(data), "--executor", "celery",
                                   "--no-progress", "--no-analyze", *args], capture_output=True, text=True,
                                  timeout=240, env=env)
-            assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+            assert out.returncode == code and "Traceback" not in out.stderr, out.stderr
             return out
 
-        first = celery()
+        first = celery(code=ALL_FAILED_EXIT_CODE)
         assert f"{planned} executed now" in " ".join(first.stdout.split())
         store = RunStore(data)
         assert store.count_by_outcome("retry-demo") == {"connect_error": planned}
         with start_background(SimConfig(models={"sim-a": SimModel()}), port=port) as sim:
-            plain = celery()
+            plain = celery(code=ALL_FAILED_EXIT_CODE)
             assert "0 executed now" in " ".join(plain.stdout.split()) and _requests(sim.base_url, "sim-a") == 0
             again = celery("--retry-failed")
             text = " ".join(again.stdout.split())

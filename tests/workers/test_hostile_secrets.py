@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from orchestrator.campaign.outcome import SOME_FAILED_EXIT_CODE
 from pathlib import Path
 
 import pyarrow.dataset as ds
@@ -97,7 +98,8 @@ def test_echoed_key_never_stored_local(server, tmp_path: Path) -> None:  # type:
          "--log-file", str(log), "--verbose"],
         capture_output=True, text=True, env=env, timeout=120, cwd=REPO,
     )
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == SOME_FAILED_EXIT_CODE, proc.stderr  # some models fail by design
+    assert "failed: " in proc.stderr  # the per-model failure lines are searched for the key too
     assert all(r["headers"].get("authorization") == f"Bearer {KEY}" for r in server.received)
     assert len(server.received) == 4 + 4 + 4 * 2 + 4 + 4  # 2 prompts x 2 runs per model; the 500s twice
     _check_store(data, 20)
@@ -119,7 +121,8 @@ def test_echoed_key_never_stored_distributed(server, tmp_path: Path) -> None:  #
              "--executor", "celery", "--broker", srv.url, "--no-analyze", "--log-file", str(log), "--verbose"],
             capture_output=True, text=True, env=env, timeout=150, cwd=REPO,
         )
-        assert proc.returncode == 0, proc.stderr + workers.logs()
+        assert proc.returncode == SOME_FAILED_EXIT_CODE, proc.stderr + workers.logs()  # some models fail by design
+        assert "failed: " in proc.stderr  # the per-model failure lines are searched for the key too
         client = redis.Redis.from_url(srv.url)
         live = []
         for key in client.scan_iter(count=1000):
