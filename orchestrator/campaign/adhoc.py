@@ -104,49 +104,83 @@ class AdhocRun(BaseModel):
         ]
         return "\n".join(lines)
 
-    def write(self, data: Path, today: dt.date | None = None) -> Path:
-        """Write ``DATA/campaigns/<name>.toml`` (replacing an older copy) and return its path."""
+    def write(self, data: Path, today: dt.date | None = None) -> tuple[Path, list[str]]:
+        """Write ``DATA/campaigns/<name>.toml`` and return (its path, what changed against the copy
+        already there: ``"runs = 3 -> runs = 4"`` lines). An unchanged campaign keeps its file."""
         self.check()
         folder = Path(data) / CAMPAIGNS_DIR
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{self.campaign_name()}.toml"
         text = self.to_toml(today or dt.datetime.now(dt.timezone.utc).date())
+        changes: list[str] = []
+        if path.exists():
+            changes = _changed_lines(path.read_text(encoding="utf-8"), text)
+            if not changes:
+                return path, []
         tmp = path.with_suffix(".toml.tmp")
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)
-        return path
+        return path, changes
+
+
+def _changed_lines(before: str, after: str) -> list[str]:
+    """``old -> new`` for each setting line that differs (comments and blank lines ignored)."""
+    def settings(text: str) -> list[str]:
+        return [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+
+    old, new = settings(before), settings(after)
+    if len(old) != len(new):
+        return [f"{len(old)} setting lines -> {len(new)}"]
+    return [f"{a} -> {b}" for a, b in zip(old, new) if a != b]
 
 
 @dataclass(frozen=True)
 class AdhocFlags:
-    """The ad-hoc flags of ``irbench run`` as given (None = not given)."""
+    """The ad-hoc flags of ``irbench run`` as given (None = not given: ``AdhocRun``'s default)."""
 
     model: str | None = None
     base_url: str | None = None
     prompts: Path | None = None
-    wire_format: str = "openai"
+    wire_format: str | None = None
     api_key_env: str | None = None
-    runs: int = 1
+    runs: int | None = None
     max_tokens: int | None = None
-    temperature: float | None = 0.0
+    temperature: float | None = None
     name: str | None = None
 
+    def given(self) -> list[str]:
+        """The flags given, as ``--flag`` names, in declaration order."""
+        return ["--" + k.replace("_", "-") for k, v in asdict(self).items() if v is not None]
 
-def campaign_file_for(campaign: Path | None, data: Path, flags: AdhocFlags) -> Path:
+
+@dataclass(frozen=True)
+class CampaignFile:
+    """The campaign ``irbench run`` loads; ``changes``: how an ad-hoc re-run changed its file."""
+
+    path: Path
+    changes: tuple[str, ...] = ()
+
+
+def campaign_file_for(campaign: Path | None, data: Path, flags: AdhocFlags) -> CampaignFile:
     """The campaign file ``irbench run`` should load: the given TOML, or the ad-hoc one written now.
 
-    Raises ConfigError when both or neither are described, or when an ad-hoc flag is missing.
+    Raises ConfigError when both or neither are described, when an ad-hoc flag goes with a
+    campaign file (it would be ignored), or when an ad-hoc flag is missing.
     """
     given = (("--model", flags.model), ("--base-url", flags.base_url), ("--prompts", flags.prompts))
     adhoc_given = [flag for flag, v in given if v]
     if campaign is not None:
         if adhoc_given:
             raise ConfigError(f"give a campaign file or {'/'.join(adhoc_given)}, not both")
-        return campaign
+        if flags.given():
+            raise ConfigError(f"{', '.join(flags.given())} only go with an ad-hoc run (--model, --base-url, --prompts); "
+                              f"with a campaign file, set them in {campaign}")
+        return CampaignFile(campaign)
     if not adhoc_given:
         raise ConfigError("say what to run: a campaign file (irbench run examples/demo.toml --data data/), or "
                           "--model NAME --base-url URL --prompts DIR")
     missing = [f for f in ("--model", "--base-url", "--prompts") if f not in adhoc_given]
     if missing:
         raise ConfigError(f"an ad-hoc run needs --model, --base-url and --prompts; missing {', '.join(missing)}")
-    return AdhocRun(**asdict(flags)).write(data)
+    path, changes = AdhocRun(**{k: v for k, v in asdict(flags).items() if v is not None}).write(data)
+    return CampaignFile(path, tuple(changes))

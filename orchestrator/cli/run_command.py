@@ -83,7 +83,11 @@ def run_request(req: RunRequest) -> None:
         if req.outcomes is not None and not req.retry_failed:
             raise ConfigError("--outcomes only goes with --retry-failed")
         retry_outcomes = parse_outcomes(req.outcomes) if req.retry_failed else frozenset()
-        campaign = campaign_file_for(req.campaign, req.data, req.adhoc)
+        chosen = campaign_file_for(req.campaign, req.data, req.adhoc)
+        campaign = chosen.path
+        if chosen.changes:
+            warn(f"this ad-hoc run changes campaign {campaign.stem} ({'; '.join(chosen.changes)}); "
+                 f"{campaign} now says so")
         spec = load_campaign(campaign)
         kind = req.executor or spec.executor.kind
         if kind not in ("local", "celery"):

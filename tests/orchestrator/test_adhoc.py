@@ -46,6 +46,7 @@ def test_adhoc_run_writes_its_campaign_and_the_same_command_resumes(tmp_path: Pa
         assert first.returncode == 0, first.stderr
         assert _requests(sim.base_url) == 2 * N_PROMPTS
         written = sorted((data / "campaigns").glob("*.toml"))
+        first_text = written[0].read_text()
         assert len(written) == 1 and written[0].stem.startswith("adhoc-sim-a-")
         spec = load_campaign(written[0])  # the provenance file is a valid campaign
         assert spec.name == written[0].stem and spec.runs == 2
@@ -57,11 +58,15 @@ def test_adhoc_run_writes_its_campaign_and_the_same_command_resumes(tmp_path: Pa
         assert again.returncode == 0, again.stderr
         assert _requests(sim.base_url) == 2 * N_PROMPTS  # same command: same campaign, nothing to do
         assert f"{2 * N_PROMPTS} already stored, 0 executed" in " ".join(again.stdout.split())
+        assert "changes campaign" not in again.stderr and written[0].read_text() == first_text  # file kept as is
 
         more = _irbench(*[a if a != "2" else "3" for a in args], cwd=tmp_path)  # --runs 3 extends it
         assert more.returncode == 0, more.stderr
         assert _requests(sim.base_url) == 3 * N_PROMPTS
         assert store.count_by_outcome(spec.name) == {"ok": 3 * N_PROMPTS}
+        notice = [ln for ln in more.stderr.splitlines() if "changes campaign" in ln]
+        assert len(notice) == 1 and "runs = 2 -> runs = 3" in notice[0] and spec.name in notice[0], more.stderr
+        assert load_campaign(written[0]).runs == 3  # the provenance says what ran
 
         other = _irbench("run", "--model", "sim-b", "--base-url", sim.base_url, "--prompts", str(PROMPTS),
                          "--data", str(data), "--no-progress", "--name", "b-check", cwd=tmp_path)
@@ -72,6 +77,17 @@ def test_adhoc_run_writes_its_campaign_and_the_same_command_resumes(tmp_path: Pa
         # the written file runs as an ordinary campaign too: zero calls
         via_file = _irbench("run", str(written[0]), "--data", str(data), "--no-progress", cwd=tmp_path)
         assert via_file.returncode == 0 and _requests(sim.base_url) == 4 * N_PROMPTS
+
+
+@pytest.mark.parametrize("flag", [["--runs", "4"], ["--max-tokens", "10"], ["--temperature", "0.7"],
+                                  ["--wire-format", "ollama"], ["--name", "x"], ["--api-key-env", "KEY"]])
+def test_an_adhoc_flag_beside_a_campaign_file_is_refused(tmp_path: Path, flag: list[str]) -> None:
+    campaign = REPO / "examples" / "demo.toml"
+    out = _irbench("run", str(campaign), *flag, "--data", str(tmp_path / "d"), "--no-progress", cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{flag[0]} only go with an ad-hoc run" in lines[0] and str(campaign) in lines[0]
+    assert not (tmp_path / "d").exists()  # nothing ran, nothing was written
 
 
 def test_dotenv_supplies_the_key_and_irbench_data_the_root(tmp_path: Path) -> None:
