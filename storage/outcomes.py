@@ -56,6 +56,12 @@ RETRIED_WITHIN_RUN: frozenset[Outcome] = frozenset({Outcome.RATE_LIMITED, Outcom
 #: would change the measurement).
 RERUN_BY_DEFAULT: frozenset[Outcome] = RETRIED_WITHIN_RUN | TIMEOUT_OUTCOMES | {Outcome.PROTOCOL_ERROR, Outcome.CANCELLED}
 
+#: A model answering with one of these is closed for the campaign (its remaining runs are stored
+#: ``cancelled``): the next call would meet the same wall, so those cancelled runs are not
+#: retried by default either, until the class itself is chosen (``--outcomes not_found,cancelled``).
+CLOSES_MODEL: frozenset[Outcome] = frozenset(
+    {Outcome.NOT_FOUND, Outcome.AUTH_ERROR, Outcome.RETIRED, Outcome.CLIENT_ERROR})
+
 #: Parse outcomes of a *successful run* everywhere (metrics, probes, timeouts, manifests,
 #: imports, the viewer): the answer yielded a validated IR, possibly after repairs.
 SUCCESS_PARSE_OUTCOMES: frozenset[str] = frozenset({ParseOutcome.OK.value, ParseOutcome.REPAIRED.value})

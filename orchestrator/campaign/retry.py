@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.campaign.prepared import PreparedCampaign
-from storage.outcomes import RERUN_BY_DEFAULT, TIMEOUT_OUTCOMES
+from storage.outcomes import CLOSES_MODEL, RERUN_BY_DEFAULT, TIMEOUT_OUTCOMES
 from storage.records import Outcome
 from storage.runs import RunStore
 from storage.parquet.unreadable import RowSelection, read_checked
@@ -68,9 +68,15 @@ def latest_outcomes(prepared: PreparedCampaign, store: RunStore, *, skip_corrupt
 def retryable_tasks(
     tasks: Iterable[RunTask], latest: Mapping[str, str], outcomes: frozenset[Outcome]
 ) -> list[RunTask]:
-    """The tasks whose latest execution ended in ``outcomes``, in planned order."""
+    """The tasks whose latest execution ended in ``outcomes``, in planned order. A ``cancelled``
+    run of a model that another run shows closed (``CLOSES_MODEL``, a class not in ``outcomes``)
+    is left out: retrying it would meet the same wall."""
+    tasks = list(tasks)
     wanted = {o.value for o in outcomes}
-    return [t for t in tasks if latest.get(t.run_id) in wanted]
+    walls = {o.value for o in CLOSES_MODEL - outcomes}
+    closed = {t.model for t in tasks if latest.get(t.run_id) in walls}
+    return [t for t in tasks if latest.get(t.run_id) in wanted
+            and not (latest[t.run_id] == Outcome.CANCELLED.value and t.model in closed)]
 
 
 @dataclass(frozen=True)

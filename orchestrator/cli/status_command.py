@@ -34,8 +34,17 @@ class StatusRequest:
     skip_corrupt: bool = False
 
 
+def no_store_note(data: Path) -> str | None:
+    """The warning for a ``--data`` that holds no store (no ``runs/`` folder), else None."""
+    if (Path(data) / "runs").is_dir():
+        return None
+    return (f"{data} holds no irbench store (no runs/ folder): nothing has run with this --data yet, "
+            "or it points at another directory")
+
+
 def show_status(req: StatusRequest) -> None:
-    """Print the status table (or one JSON object with ``as_json``); exits 2 on a user error."""
+    """Print the status table (or one JSON object with ``as_json``); exits 2 on a user error.
+    A ``--data`` without a store is said on stderr (the planned runs are still shown)."""
     if req.as_json:
         from orchestrator.cli.status_report import print_status_json
 
@@ -54,6 +63,8 @@ def show_status(req: StatusRequest) -> None:
         live = _live_status(req, prepared, store) if req.broker else None
     except IrbenchError as exc:
         fail(exc)
+    if (note := no_store_note(req.data)) is not None:
+        warn(note)
     for path in st.skipped_files:
         warn(f"skipped unreadable file {path}")
     _print_table(prepared, st)

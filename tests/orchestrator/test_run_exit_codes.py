@@ -97,3 +97,22 @@ def _assert_some_failed(proc: subprocess.CompletedProcess, data: Path, sim: Runn
     # once it is disabled, the rest are stored cancelled
     assert sim.app.state.model_requests["steady"] == RUNS * PROMPTS
     assert 1 <= sim.app.state.unknown_requests["gone"] == stored["gone"].count("not_found")
+
+
+def test_status_does_not_call_an_unknown_models_cancelled_runs_retryable(tmp_path: Path, sim: RunningSimulator) -> None:
+    # one call at a time, closed at the first not_found: the rest of its runs are stored cancelled
+    body = (f'[retry]\nmax_attempts = 1\ndisable_after_consecutive = 1\n[endpoints.s]\nbase_url = "{sim.base_url}"\n'
+            "[models.steady]\n[models.gone]\nmax_concurrency = 1\n")
+    campaign, data = write_campaign(tmp_path, "exits", body, runs=RUNS, prompts=PROMPTS), tmp_path / "data"
+    assert _run(campaign, data).returncode == SOME_FAILED_EXIT_CODE
+    stored = _outcomes(data)["gone"]
+    assert "cancelled" in stored and "not_found" in stored  # closed after its first not_found(s)
+    status = subprocess.run([*CLI, "status", str(campaign), "--data", str(data)], capture_output=True, text=True,
+                            timeout=120, cwd=REPO)
+    assert status.returncode == 0 and "retryable" not in status.stdout, status.stdout
+    calls = sim.app.state.unknown_requests["gone"]
+    again = _run(campaign, data, "--retry-failed")  # nothing to retry: no call
+    assert "0 executed now" in " ".join(again.stdout.split()) and sim.app.state.unknown_requests["gone"] == calls
+    # choosing the class says the model is fixed: its not_found and cancelled runs run again
+    chosen = _run(campaign, data, "--retry-failed", "--outcomes", "not_found,cancelled")
+    assert f"{RUNS * PROMPTS} executed now" in " ".join(chosen.stdout.split()), chosen.stdout

@@ -227,6 +227,9 @@ def test_the_valid_base_campaign_is_not_an_error(tmp_path: Path) -> None:
     proc = _run_subprocess(tmp_path, Case("valid", verb="status"))
     assert proc.returncode == 0, proc.stderr
     assert b"0/2 runs stored" in proc.stdout
+    # no run has written here: the planned runs are shown, and stderr says there is no store
+    lines = proc.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and "holds no irbench store" in lines[0], proc.stderr
 
 
 def test_status_names_a_corrupt_file_and_skips_it_on_request(tmp_path: Path) -> None:
