@@ -34,13 +34,8 @@ from orchestrator.campaign.status import CampaignStatus, campaign_status
 
 from orchestrator.campaign.prepared import PreparedCampaign
 from orchestrator.distributed.options import CeleryOptions
-from orchestrator.distributed.campaign import (
-    Bundle,
-    CeleryModelProgress,
-    CeleryProgressCallback,
-    DistributedCampaign,
-    progress_from_counts,
-)
+from orchestrator.distributed.campaign import Bundle, DistributedCampaign
+from orchestrator.distributed.progress import CeleryModelProgress, CeleryProgressCallback, progress_from_counts
 from orchestrator.local.executor import ExecutionSummary
 from storage.availability import AvailabilityRecord, AvailabilityStore
 from storage.records import Outcome, RunRecord

@@ -238,11 +238,15 @@ class CampaignState:
     def key(self, name: str) -> str:
         return f"{self.base}:{name}"
 
-    # ----- time ------------------------------------------------------------------------------
+    # ----- time and server ----------------------------------------------------------------------
     def now_s(self) -> float:
         """Redis's clock in seconds (the clock every score here is on)."""
         sec, usec = self.client.time()
         return float(sec) + float(usec) / 1e6
+
+    def server_run_id(self) -> str:
+        """The Redis server's run id: a new one after a restart (the state may be older then)."""
+        return str(self.client.info("server").get("run_id", ""))
 
     # ----- plan --------------------------------------------------------------------------------
     def set_planned(self, totals: Mapping[str, int]) -> None:
@@ -335,6 +339,10 @@ class CampaignState:
             cursor = 0
         ids = [_s(x) for x in self.client.lrange(self.key("donelog"), cursor, cursor + limit - 1)]
         return ids, cursor + len(ids)
+
+    def done_log_length(self) -> int:
+        """Entries in the done log so far (the cursor :meth:`done_since` would return at its end)."""
+        return int(self.client.llen(self.key("donelog")))
 
     def counts(self) -> dict[str, dict[str, int]]:
         """model -> outcome -> runs done (plus ``_failed``, ``_executions``, ``_attempts``)."""
@@ -436,3 +444,12 @@ class CampaignState:
 
     def clear_cancel(self) -> None:
         self.client.delete(self.key("cancel"))
+
+    def reopen_disabled(self, models: Iterable[str]) -> None:
+        """Open those of ``models`` closed as 'disabled' (a streak of disabling outcomes), and
+        drop their streaks; other closures (retired, unavailable) stay."""
+        for model in models:
+            reason = self.client.hget(self.key("gate"), model)
+            if reason is not None and _s(reason).startswith("disabled"):
+                self.client.hdel(self.key("gate"), model)
+                self.client.hdel(self.key("streak"), model)
