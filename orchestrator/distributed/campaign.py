@@ -97,7 +97,7 @@ class DistributedCampaign:
 
     def start(self) -> None:
         """Write the plan, reopen the retried runs, note the Redis server and decide what to send."""
-        self.ctx.call(lambda: self.ctx.state.set_planned(self.planned), "writing the plan")
+        self.ctx.call(lambda: self.ctx.state.done.set_planned(self.planned), "writing the plan")
         self.completion.reopen_retried()
         self.reconciler.start()
         self.dispatcher.start()

@@ -66,12 +66,12 @@ class CompletionTracker:
 
     def _reopen_retried(self) -> None:
         state, by_id = self._ctx.state, self._ctx.by_id
-        state.reopen({r: by_id[r].model for r in self.again})
+        state.done.reopen({r: by_id[r].model for r in self.again})
         # done-log entries before this position announce the earlier executions (nothing of a
         # retried run is dispatched yet): completion skips them for the retried runs
-        self._stale_done_until = state.done_log_length()
-        state.clear_cancel()
-        state.reopen_disabled({by_id[r].model for r in self.again})
+        self._stale_done_until = state.done.log_length()
+        state.flags.clear_cancel()
+        state.flags.reopen_disabled({by_id[r].model for r in self.again})
 
     def restart_log(self) -> None:
         """Redis restarted: its done log was rebuilt from the AOF, read it again from the start."""
@@ -109,7 +109,7 @@ class CompletionTracker:
     def _follow_done_log(self) -> None:
         state = self._ctx.state
         while True:
-            ids, self._done_cursor = self._ctx.call(lambda: state.done_since(self._done_cursor), "reading done runs")
+            ids, self._done_cursor = self._ctx.call(lambda: state.done.since(self._done_cursor), "reading done runs")
             if not ids:
                 break
             first = self._done_cursor - len(ids)
@@ -132,7 +132,7 @@ class CompletionTracker:
         if self._unverified and waited >= grace_s:
             lost = sorted(self._unverified)
             log.warning("done_runs_missing_from_store", campaign=self._ctx.campaign, runs=len(lost))
-            self._ctx.call(lambda: self._ctx.state.undo_done(lost), "forgetting lost done markers")
+            self._ctx.call(lambda: self._ctx.state.done.undo(lost), "forgetting lost done markers")
             for rid in lost:
                 self._pending[rid] = self._ctx.by_id[rid]
             self._unverified.clear()

@@ -2,7 +2,7 @@
 
 * **dispatch** publishes pending runs (models interleaved) while fewer than ``max_outstanding``
   are queued or running, and re-publishes deferred runs whose time has come
-  (``CampaignState.pop_due``: the delayed set is ours, in Redis, not countdown messages inside
+  (``DelayedRuns.pop_due``: the delayed set is ours, in Redis, not countdown messages inside
   workers that can die; a run due before the next look, at most ``poll_interval_s`` ahead, goes
   out with the remainder as a countdown, so a reserved rate slot is met exactly);
 * **poison**: a run that failed ``max_task_failures`` times (its task raised or its worker died)
@@ -64,7 +64,7 @@ class Dispatcher:
     def close_unsendable(self) -> None:
         """Never-dispatched runs of a cancelled campaign or an unavailable model: recorded here
         (``cancelled`` with the reason, no call) so every planned run has a record."""
-        reason = self._ctx.call(self._ctx.state.cancel_reason, "reading the cancel flag")
+        reason = self._ctx.call(self._ctx.state.flags.cancel_reason, "reading the cancel flag")
         if reason is not None and self._to_send:
             self._store_closed(self._to_send, reason)
             self._to_send = []
@@ -79,7 +79,7 @@ class Dispatcher:
         ctx, state, options = self._ctx, self._ctx.state, self._ctx.options
         sent = 0
         ahead = options.poll_interval_s  # due before the next look: sent now, with the rest as countdown
-        due = ctx.call(lambda: state.pop_due(options.dispatch_batch * 10, ahead), "moving due runs")
+        due = ctx.call(lambda: state.delayed.pop_due(options.dispatch_batch * 10, ahead), "moving due runs")
         if due:
             tasks = self.drop_poisoned([ctx.by_id[r] for r in due if r in ctx.by_id])
             self._publisher.send(tasks, len(self._tracker.pending), countdown_s=due)
@@ -95,7 +95,7 @@ class Dispatcher:
     def pause_s(self) -> float:
         """The loop's sleep: ``poll_interval_s``, or less when a deferred run falls due sooner, so
         a run whose rate slot is reserved goes out at its slot (late runs would arrive together)."""
-        due = self._ctx.call(self._ctx.state.next_due_in_s, "reading the next due run")
+        due = self._ctx.call(self._ctx.state.delayed.next_due_in_s, "reading the next due run")
         if due is None:
             return self._ctx.options.poll_interval_s
         return min(self._ctx.options.poll_interval_s, max(due, 0.002))
@@ -104,7 +104,7 @@ class Dispatcher:
         """Store ``worker_error`` for runs that failed ``max_task_failures`` times; keep the rest."""
         keep = []
         for t in tasks:
-            n, text = self._ctx.call(partial(self._ctx.state.failures, t.run_id), "reading failures")
+            n, text = self._ctx.call(partial(self._ctx.state.claims.failures, t.run_id), "reading failures")
             if n >= self._ctx.options.max_task_failures:
                 self._poison(t, n, text)
             else:
@@ -128,5 +128,5 @@ class Dispatcher:
         self._store.write(records)
         state = self._ctx.state
         for r in records:
-            self._ctx.call(partial(state.mark_done, r.run_id, r.model, r.outcome.value, True, len(r.attempts)),
+            self._ctx.call(partial(state.done.mark, r.run_id, r.model, r.outcome.value, True, len(r.attempts)),
                            "marking done")

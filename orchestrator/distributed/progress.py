@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from orchestrator.distributed.context import CampaignContext
 from orchestrator.local.executor import ModelProgress
-from workers.state.campaign_state import META_FIELDS
+from workers.state.done_runs import META_FIELDS
 
 
 @dataclass
@@ -25,7 +25,7 @@ def progress_from_counts(
     planned: dict[str, int], counts: dict[str, dict[str, int]], running: dict[str, int],
     prev: dict[str, CeleryModelProgress], dt_s: float,
 ) -> dict[str, CeleryModelProgress]:
-    """Per-model progress from the campaign's counters (``CampaignState.counts``)."""
+    """Per-model progress from the campaign's counters (``DoneRuns.counts``)."""
     out = {}
     for model, total in planned.items():
         c = counts.get(model, {})
@@ -57,8 +57,8 @@ class ProgressView:
         """Per-model progress from the Redis counters, to ``on_progress``."""
         ctx = self._ctx
         now = ctx.clock()
-        counts = ctx.call(ctx.state.counts, "reading counters")
-        running = ctx.call(ctx.state.running_by_model, "reading in-flight runs")
+        counts = ctx.call(ctx.state.done.counts, "reading counters")
+        running = ctx.call(ctx.state.claims.running_by_model, "reading in-flight runs")
         self.progress = progress_from_counts(self._planned, counts, running, self.progress, now - self._shown_at)
         self._shown_at = now
         if self._on_progress:

@@ -68,7 +68,7 @@ class Publisher:
             messages = _messages(batch, k, countdown_s)
 
             def send(batch: list[RunTask] = batch, messages: list[tuple[list[RunTask], float]] = messages) -> None:
-                self._ctx.state.record_dispatch(t.run_id for t in batch)
+                self._ctx.state.queued.record(t.run_id for t in batch)
                 with self._broker.producer_or_acquire() as producer:
                     for group, wait in messages:
                         self._send(producer, group, wait)

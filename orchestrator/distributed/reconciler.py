@@ -71,17 +71,17 @@ class Reconciler:
 
     def _claims_expired(self) -> int:
         ctx = self._ctx
-        running = ctx.call(ctx.state.running, "reading running runs")
+        running = ctx.call(ctx.state.claims.running, "reading running runs")
         if not running:
             return 0
-        dead = ctx.call(lambda: ctx.state.lost_running(running), "finding dead claims")
+        dead = ctx.call(lambda: ctx.state.claims.lost(running), "finding dead claims")
         tasks = self._dispatcher.drop_poisoned([ctx.by_id[r] for r in dead if r in self._tracker.pending])
         self._publisher.resend(tasks, "claim_expired")
         return len(tasks)
 
     def _missing_from_broker(self) -> int:
         ctx = self._ctx
-        queued = ctx.call(ctx.state.queued, "reading queued runs")
+        queued = ctx.call(ctx.state.queued.dispatched_at, "reading queued runs")
         if not queued:
             return 0
         now_r = ctx.call(ctx.state.now_s, "reading the Redis clock")

@@ -308,12 +308,12 @@ class WorkerRuntime:
                 by_state.setdefault(id(w.state), (w.state, []))[1].append(w.run_id)
             for state, run_ids in by_state.values():
                 try:
-                    state.refresh_queued(run_ids)
+                    state.queued.refresh(run_ids)
                 except RedisError as exc:
                     log.warning("queued_refresh_failed", runs=len(run_ids), error=str(exc))
             for c in claims:
                 try:
-                    c.state.renew_claim(c.run_id, c.owner, self.settings.claim_ttl_s)
+                    c.state.claims.renew(c.run_id, c.owner, self.settings.claim_ttl_s)
                 except RedisError as exc:
                     log.warning("claim_renew_failed", run_id=c.run_id, error=str(exc))
             for p in permits:
