@@ -72,8 +72,8 @@ def warm_runtime(redis_url: str, tasks: list[RunTask], data: Path, slots: int,
     settings = WorkerSettings(redis_url=redis_url, run_slots=slots, gc_young_threshold=gc_young_threshold)
     holder = RuntimeHolder(redis_url, settings)
     state = CampaignState(holder.get().redis, tasks[0].campaign)
-    state.set_planned({MODEL: len(tasks)})
-    state.record_dispatch(t.run_id for t in tasks)
+    state.done.set_planned({MODEL: len(tasks)})
+    state.queued.record(t.run_id for t in tasks)
     run_message(holder, "bench", tasks[:64], str(data))
     return holder, tasks[64:]
 

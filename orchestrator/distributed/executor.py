@@ -34,13 +34,8 @@ from orchestrator.campaign.status import CampaignStatus, campaign_status
 
 from orchestrator.campaign.prepared import PreparedCampaign
 from orchestrator.distributed.options import CeleryOptions
-from orchestrator.distributed.campaign import (
-    Bundle,
-    CeleryModelProgress,
-    CeleryProgressCallback,
-    DistributedCampaign,
-    progress_from_counts,
-)
+from orchestrator.distributed.campaign import Bundle, DistributedCampaign
+from orchestrator.distributed.progress import CeleryModelProgress, CeleryProgressCallback, progress_from_counts
 from orchestrator.local.executor import ExecutionSummary
 from storage.availability import AvailabilityRecord, AvailabilityStore
 from storage.records import Outcome, RunRecord
@@ -93,27 +88,21 @@ def _cancelled_records(tasks: Sequence[RunTask], reason: str, by_model: dict[str
 AVAILABILITY_MARK = "(availability check "
 
 
-def _text(value: bytes | str) -> str:
-    """A Redis reply as text (the clients here return bytes)."""
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def _close_unavailable(state: CampaignState, store: RunStore, models: set[str]) -> dict[str, str]:
     """Close, in the campaign's Redis gate, every planned model the availability dataset lists
     as gone; reopen models an earlier call closed for that reason that are available again.
     Returns model -> reason of the models closed for availability."""
     gone = AvailabilityStore(store.root, fsync=False).unavailable_models()
     closed: dict[str, str] = {}
-    gate_key = state.key("gate")
-    current = {_text(k): _text(v) for k, v in state.client.hgetall(gate_key).items()}
+    current = state.flags.closed_models()
     for model in sorted(models):
         timeline = gone.get(model)
         if timeline is not None:
             reason = f"{timeline.latest_status.value} {AVAILABILITY_MARK}{timeline.latest_check})"
-            state.client.hsetnx(gate_key, model, reason)
+            state.flags.close(model, reason)
             closed[model] = current.get(model, reason)
         elif AVAILABILITY_MARK in current.get(model, ""):
-            state.client.hdel(gate_key, model)  # found available again since
+            state.flags.open(model)  # found available again since
     if closed:
         log.info("models_closed_for_availability", campaign=state.campaign, models=closed)
     return closed
@@ -222,9 +211,9 @@ def campaign_status_celery(
     try:
         state = CampaignState(client, prepared.spec.name)
         planned = dict(Counter(t.model for t in prepared.tasks))
-        progress = progress_from_counts(planned, state.counts(), state.running_by_model(), {}, 0.0)
-        closed = {_text(k): _text(v) for k, v in client.hgetall(state.key("gate")).items()}
-        return CeleryCampaignStatus(stored, progress, state.outstanding(), state.cancel_reason(), closed)
+        progress = progress_from_counts(planned, state.done.counts(), state.claims.running_by_model(), {}, 0.0)
+        closed = state.flags.closed_models()
+        return CeleryCampaignStatus(stored, progress, state.outstanding(), state.flags.cancel_reason(), closed)
     finally:
         client.close()
 
@@ -234,7 +223,7 @@ def cancel_campaign(campaign_name: str, broker_url: str, reason: str = "cancelle
     (no call), and the orchestrator stops dispatching and records never-dispatched runs."""
     client = sync_redis(broker_url)
     try:
-        CampaignState(client, campaign_name).cancel(reason)
+        CampaignState(client, campaign_name).flags.cancel(reason)
     finally:
         client.close()
 

@@ -49,7 +49,7 @@ def test_the_cursor_reads_the_store_while_runs_are_pending(cluster: str, tmp_pat
 
         def sleep(s: float) -> None:
             assert camp is not None
-            looks.append((len(camp.remaining), camp.cursor.files_read))
+            looks.append((len(camp.completion.pending), camp.completion.cursor.files_read))
             time.sleep(s)
 
         bundle = Bundle(redis=client, broker=make_celery_app(cluster), store=store, clock=time.monotonic, sleep=sleep)
@@ -64,4 +64,4 @@ def test_the_cursor_reads_the_store_while_runs_are_pending(cluster: str, tmp_pat
     assert files >= 4, files  # the scenario: the store grew file by file during the campaign
     read_while_pending = max((read for pending, read in looks if pending > 0), default=0)
     assert read_while_pending > 0, looks[-10:]
-    assert camp.cursor.files_read == files  # and every file read once, none twice
+    assert camp.completion.cursor.files_read == files  # and every file read once, none twice

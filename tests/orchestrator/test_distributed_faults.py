@@ -127,7 +127,7 @@ def test_poison_run_ends_as_worker_error_and_others_carry_on(up: Cluster, tmp_pa
     assert Counter(r.outcome.value for rid, r in recs.items() if rid != victim.run_id) == {"ok": 11}
     assert_calls_equal_attempts(store, name, st, models)  # the poison run never reached the endpoint
     state = CampaignState(redis.Redis.from_url(up.url), name)
-    assert state.failures(victim.run_id)[0] == 3 and state.delayed_count() == 0
+    assert state.claims.failures(victim.run_id)[0] == 3 and state.delayed.count() == 0
     # the status script view
     out = subprocess.run([sys.executable, "-m", "orchestrator.cli.app", "status", str(path), "--data", str(store.root),
                           "--json"], cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -150,7 +150,7 @@ def test_deferred_runs_survive_their_worker(up: Cluster, tmp_path: Path, per_mes
         store = RunStore(tmp_path / "data")
         bg = Background(prepared, store, up.url, options=replace(FAST, runs_per_message=per_message), timeout_s=120)
         state = CampaignState(redis.Redis.from_url(up.url), name)
-        wait_for(lambda: state.delayed_count() >= 10, 30, "deferred runs")
+        wait_for(lambda: state.delayed.count() >= 10, 30, "deferred runs")
         up.workers.kill(0)  # deferred runs are in Redis, not countdown messages in this worker
         t_kill = time.monotonic()
         summary = bg.join(120)
@@ -159,7 +159,7 @@ def test_deferred_runs_survive_their_worker(up: Cluster, tmp_path: Path, per_mes
     assert not summary.interrupted
     assert_every_run_stored(store, prepared, max_duplicates=RUN_SLOTS)
     assert_calls_equal_attempts(store, name, st, models, lost=RUN_SLOTS)
-    assert state.delayed_count() == 0
+    assert state.delayed.count() == 0
     # ~40 runs at 8/s after the kill: ~5 s of rate-limited work, plus one claim TTL at most
     assert after_s < 20, after_s
     assert "run_deferred" in up.workers.logs()
@@ -239,8 +239,8 @@ def test_a_run_that_kills_its_worker_ends_as_worker_error(up: Cluster, tmp_path:
     assert f"{deaths} task failures" in bad.cancel_reason and "worker lost" in bad.cancel_reason
     others = [r for rid, r in recs.items() if rid != poison.run_id]
     assert Counter(r.outcome.value for r in others) == {"ok": 24}, Counter(r.outcome.value for r in others)
-    assert state.failures(poison.run_id)[0] == deaths
-    assert state.delayed_count() == 0 and poison.run_id not in state.running()
+    assert state.claims.failures(poison.run_id)[0] == deaths
+    assert state.delayed.count() == 0 and poison.run_id not in state.claims.running()
     # the other models: every call stored, except those in flight on a killed worker
     others_models = {m: v for m, v in models.items() if m != poison_model}
     assert_calls_equal_attempts(store, "f5", st, others_models, lost=deaths * (RUN_SLOTS - 1))
@@ -256,7 +256,7 @@ def _irbench_run(path: Path, data: Path, url: str) -> subprocess.Popen[bytes]:
 
 def test_deferred_runs_wait_while_the_orchestrator_is_down(up: Cluster, tmp_path: Path) -> None:
     """The design: rate-limited runs wait in the campaign's delayed set in Redis, and only the
-    orchestrator moves due runs back to the broker (``CampaignState.pop_due``). So while the
+    orchestrator moves due runs back to the broker (``DelayedRuns.pop_due``). So while the
     orchestrator is down (SIGKILL) deferred runs stay parked — no call, nothing lost, the
     workers idle — and ``irbench run`` again resumes them: it sees them deferred (Redis knows
     them, so they are not sent twice), releases them as they fall due, and the campaign ends
@@ -270,7 +270,7 @@ def test_deferred_runs_wait_while_the_orchestrator_is_down(up: Cluster, tmp_path
         state = CampaignState(redis.Redis.from_url(up.url), "f6")
         first = _irbench_run(path, store.root, up.url)
         try:
-            wait_for(lambda: state.delayed_count() >= 10 or first.poll() is not None, 60, "deferred runs")
+            wait_for(lambda: state.delayed.count() >= 10 or first.poll() is not None, 60, "deferred runs")
             assert first.poll() is None, first.communicate()[1].decode()[-2000:]
         finally:
             with contextlib.suppress(ProcessLookupError):
@@ -281,16 +281,16 @@ def test_deferred_runs_wait_while_the_orchestrator_is_down(up: Cluster, tmp_path
 
         def drained() -> bool:
             n, now = stats(s.base_url)["f6-rl"]["requests"], time.monotonic()
-            if n != seen[-1][0] or state.running():
+            if n != seen[-1][0] or state.claims.running():
                 seen.append((n, now))
             return now - seen[-1][1] >= 1.5  # no new call and nothing executing for 1.5 s
 
         wait_for(drained, 30, "published runs drained")
         calls = stats(s.base_url)["f6-rl"]["requests"]
-        parked = state.delayed_count()
+        parked = state.delayed.count()
         time.sleep(3 * FAST.claim_ttl_s)  # ... then nothing moves: every deferred run waits
         assert stats(s.base_url)["f6-rl"]["requests"] == calls
-        assert state.delayed_count() == parked > 0 and state.next_due_in_s() < 0  # due, and still parked
+        assert state.delayed.count() == parked > 0 and state.delayed.next_due_in_s() < 0  # due, and still parked
         assert calls < len(prepared.tasks)
         second = _irbench_run(path, store.root, up.url)  # the same command again resumes
         out, err = second.communicate(timeout=90)
@@ -301,4 +301,4 @@ def test_deferred_runs_wait_while_the_orchestrator_is_down(up: Cluster, tmp_path
     assert_every_run_stored(store, prepared)  # each run once: the resumed orchestrator re-sent nothing twice
     assert st["f6-rl"]["requests"] == len(prepared.tasks)  # one call per run, none lost or repeated
     assert_calls_equal_attempts(store, "f6", st, models)
-    assert state.delayed_count() == 0 and state.outstanding() == 0
+    assert state.delayed.count() == 0 and state.outstanding() == 0

@@ -155,7 +155,7 @@ def test_a_campaign_with_default_options_sends_messages_sized_to_the_live_worker
     assert not summary.interrupted and summary.executed == runs == 120
     # 120 runs (all fit the window) over twice the 6 message slots of 2 workers x 3 threads
     k = runs // (2 * 6)
-    assert k == 10 and camp.message_sizes == Counter({k: runs // k}), camp.message_sizes
+    assert k == 10 and camp.publisher.message_sizes == Counter({k: runs // k}), camp.publisher.message_sizes
     # both sides: the endpoint got each run once, the store holds each run once
     assert calls == runs
     assert executions_per_run(store) == Counter({t.run_id: 1 for t in prepared.tasks})

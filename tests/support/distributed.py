@@ -152,7 +152,7 @@ def settle(store: RunStore, url: str, campaign: str, timeout_s: float = 15.0) ->
     client = _redis.Redis.from_url(url)
     try:
         state = CampaignState(client, campaign)
-        wait_for(lambda: not state.running() and pending_rows(store.dataset) == 0, timeout_s, "executions settled")
+        wait_for(lambda: not state.claims.running() and pending_rows(store.dataset) == 0, timeout_s, "executions settled")
     finally:
         client.close()
 

@@ -1,4 +1,4 @@
-"""The claim script's gate read (``CampaignState.claim_with_gate``) and ``RedisGate.prime``:
+"""The claim script's gate read (``RunClaims.claim_with_gate``) and ``RedisGate.prime``:
 a run's first gate check and its success's streak reset cost no round trip of their own,
 against a real redis-server."""
 
@@ -10,7 +10,8 @@ import pytest
 
 from tests.support.permit_holds import PermitHolds
 from storage.records import Outcome
-from workers.state.campaign_state import BUSY, CLAIMED, DONE, CampaignState
+from workers.state.campaign_state import CampaignState
+from workers.state.run_claims import BUSY, CLAIMED, DONE
 from workers.state.claim_permit import Claimed, ClaimPermits
 from workers.state.gate import RedisGate
 from workers.celery.runtime import WorkerSettings
@@ -30,25 +31,25 @@ def commands(client) -> int:
 
 def test_claim_with_gate_reads_cancel_gate_and_streak(client) -> None:
     st = CampaignState(client, "cg1", prefix="t")
-    status, view = st.claim_with_gate("r1", "m", "w1", 30)
+    status, view = st.claims.claim_with_gate("r1", "m", "w1", 30)
     assert status == CLAIMED and view is not None
     assert (view.cancel_reason, view.closed_reason, view.streak, view.reason) == (None, None, False, None)
     client.hset(st.key("gate"), "m", "retired")
     client.hset(st.key("streak"), "m", 2)
-    status, view = st.claim_with_gate("r2", "m", "w1", 30)
+    status, view = st.claims.claim_with_gate("r2", "m", "w1", 30)
     assert (status, view.closed_reason, view.streak, view.reason) == (CLAIMED, "retired", True, "retired")
-    st.cancel("stop now")
-    _, view = st.claim_with_gate("r3", "m", "w1", 30)
+    st.flags.cancel("stop now")
+    _, view = st.claims.claim_with_gate("r3", "m", "w1", 30)
     assert view.reason == "stop now" and view.closed_reason == "retired"
-    assert st.claim_with_gate("r1", "m", "w2", 30) == (BUSY, None)  # live elsewhere
-    st.mark_done("r1", "m", "ok", False, 1)
-    assert st.claim_with_gate("r1", "m", "w2", 30) == (DONE, None)
-    assert st.claim("r4", "m", "w1", 30) == CLAIMED  # the plain claim still answers a string
+    assert st.claims.claim_with_gate("r1", "m", "w2", 30) == (BUSY, None)  # live elsewhere
+    st.done.mark("r1", "m", "ok", False, 1)
+    assert st.claims.claim_with_gate("r1", "m", "w2", 30) == (DONE, None)
+    assert st.claims.claim("r4", "m", "w1", 30) == CLAIMED  # the plain claim still answers a string
 
 
 def test_primed_gate_answers_without_redis_and_skips_the_reset_with_no_streak(client) -> None:
     st = CampaignState(client, "cg2", prefix="t")
-    _, view = st.claim_with_gate("r1", "m", "w1", 30)
+    _, view = st.claims.claim_with_gate("r1", "m", "w1", 30)
     gate = RedisGate(st, disable_after_consecutive=2)
     gate.prime("m", view)
     before = commands(client)
@@ -60,12 +61,12 @@ def test_primed_gate_answers_without_redis_and_skips_the_reset_with_no_streak(cl
 def test_a_streak_seen_at_the_claim_or_made_by_the_run_is_reset(client) -> None:
     st = CampaignState(client, "cg3", prefix="t")
     client.hset(st.key("streak"), "m", 1)
-    _, view = st.claim_with_gate("r1", "m", "w1", 30)
+    _, view = st.claims.claim_with_gate("r1", "m", "w1", 30)
     gate = RedisGate(st, disable_after_consecutive=3)
     gate.prime("m", view)
     gate.observe("m", Outcome.OK)
     assert client.hget(st.key("streak"), "m") is None  # reset
-    _, view = st.claim_with_gate("r2", "m", "w1", 30)
+    _, view = st.claims.claim_with_gate("r2", "m", "w1", 30)
     gate = RedisGate(st, disable_after_consecutive=3)
     gate.prime("m", view)
     gate.observe("m", Outcome.AUTH_ERROR)  # this run's own attempt starts a streak
@@ -80,7 +81,7 @@ def test_a_streak_seen_at_the_claim_or_made_by_the_run_is_reset(client) -> None:
 def test_close_shuts_a_model_for_every_gate_of_the_campaign_and_keeps_the_first_reason(client) -> None:
     st = CampaignState(client, "cg3b", prefix="t")
     ours, theirs = RedisGate(st), RedisGate(st)  # two workers of one campaign
-    _, view = st.claim_with_gate("r1", "m", "w1", 30)
+    _, view = st.claims.claim_with_gate("r1", "m", "w1", 30)
     ours.prime("m", view)
     assert ours.closed_reason("m") is None  # remembered: open
     ours.close("m", "not_listed (availability check 2026-01-01)")
@@ -94,9 +95,9 @@ def test_runs_waiting_in_a_worker_keep_a_fresh_queued_time(client) -> None:
     """What the heartbeat does for the delivered runs waiting for a slot (unclaimed)."""
     st = CampaignState(client, "cg4", prefix="t")
     client.zadd(st.key("queued"), {"r1": 1.0, "r2": 1.0, "r3": 1.0})
-    st.claim_with_gate("r1", "m", "w1", 30)
-    st.refresh_queued(["r2", "r3", "gone"])
-    queued = st.queued()
+    st.claims.claim_with_gate("r1", "m", "w1", 30)
+    st.queued.refresh(["r2", "r3", "gone"])
+    queued = st.queued.dispatched_at()
     assert set(queued) == {"r2", "r3"}  # r1 claimed; a run not queued is not added
     assert min(queued.values()) > st.now_s() - 5
 
@@ -160,7 +161,7 @@ def test_a_claim_takes_the_first_permit_and_the_done_marker_releases_it(client, 
     assert third.status == CLAIMED and third.permit is None  # the cap holds: no permit with this claim
     assert cp.done_and_release(st, "r1", "m", "ok", False, 1, [(got.permit, 12)]) is True
     assert loop.run_until_complete(lim.outstanding("m")) == 1
-    assert st.is_done("r1") and st.counts()["m"] == {"ok": 1, "_executions": 1, "_attempts": 1}
+    assert st.done.is_done("r1") and st.done.counts()["m"] == {"ok": 1, "_executions": 1, "_attempts": 1}
     cp.release([(second.permit, None)])
     assert loop.run_until_complete(lim.outstanding("m")) == 0
 
@@ -171,12 +172,12 @@ def test_no_permit_is_taken_for_a_run_that_is_not_claimed_or_whose_gate_is_close
     assert cp.claim(st, _task("r1"), "w1", 30).permit is not None
     busy = cp.claim(st, _task("r1"), "w2", 30)  # live elsewhere
     assert (busy.status, busy.permit) == (BUSY, None)
-    st.mark_done("r9", "m", "ok", False, 1)
+    st.done.mark("r9", "m", "ok", False, 1)
     assert cp.claim(st, _task("r9"), "w1", 30) == Claimed(DONE, None)
     client.hset(st.key("gate"), "m2", "retired")
     closed = cp.claim(st, _task("r2", model="m2"), "w1", 30)
     assert closed.status == CLAIMED and closed.view.reason == "retired" and closed.permit is None
-    st.cancel("stop")
+    st.flags.cancel("stop")
     cancelled = cp.claim(st, _task("r3", model="m3"), "w1", 30)
     assert cancelled.view.reason == "stop" and cancelled.permit is None
     for m in ("m2", "m3"):
@@ -198,9 +199,9 @@ def test_done_and_release_after_a_script_flush_runs_each_call_once(client, claim
     st = CampaignState(client, "cp4", prefix="t")
     got = cp.claim(st, _task("r1"), "w1", 30)
     client.script_flush()  # as after a Redis restart
-    st.mark_done("r0", "m", "ok", False, 2)  # loads the done script again; the release one is still unknown
+    st.done.mark("r0", "m", "ok", False, 2)  # loads the done script again; the release one is still unknown
     assert cp.done_and_release(st, "r1", "m", "ok", False, 3, [(got.permit, None)]) is True
-    assert st.counts()["m"] == {"ok": 2, "_executions": 2, "_attempts": 5}  # no call ran twice
+    assert st.done.counts()["m"] == {"ok": 2, "_executions": 2, "_attempts": 5}  # no call ran twice
     assert loop.run_until_complete(lim.outstanding("m")) == 0
     client.script_flush()
     again = cp.claim(st, _task("r2"), "w1", 30)  # the combined script loads itself too

@@ -8,7 +8,8 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from workers.state.campaign_state import CLAIMED, DONE, CampaignState
+from workers.state.campaign_state import CampaignState
+from workers.state.run_claims import CLAIMED, DONE
 from workers.state.claim_permit import ClaimPermits
 from workers.limits.memory import RateTiming
 from workers.state.redis_limiter import RedisLimiter
@@ -88,12 +89,12 @@ def test_a_workers_claims_and_done_markers_go_as_one_command(client) -> None:
     assert [g.status for g in got] == [CLAIMED] * 6
     assert sum(g.permit is not None for g in got) == 3  # the model's cap of 4, one held by "warm"
     assert client.hlen(st.key("running")) == 7
-    done = [st.done_call(t.run_id, t.model, "ok", False, 1) for t in tasks]
+    done = [st.done.mark_call(t.run_id, t.model, "ok", False, 1) for t in tasks]
     releases = claims.release_calls([(g.permit, None) for g in got if g.permit is not None])
     assert claims.run_calls(done + releases)[:6] == [1] * 6
     assert claims.run_calls([claims.claim_call(st, tasks[0], "w2", 30)[0]]) == [DONE.encode()]
     assert client.hlen(st.key("running")) == 1  # "warm"
-    assert st.counts()["m"] == {"ok": 6, "_executions": 6, "_attempts": 6}
+    assert st.done.counts()["m"] == {"ok": 6, "_executions": 6, "_attempts": 6}
 
 
 def test_arguments_arrive_as_redis_py_would_send_them(client) -> None:

@@ -91,7 +91,7 @@ def test_a_finish_and_the_next_runs_claim_share_a_batch_and_the_next_call_waits_
                 state = CampaignState(rt.redis, "sh", prefix="irbench:camp")
                 assert state.key("done:x").startswith(state_key[:-1])  # the endpoint counts the right keys
                 tasks = [_task(i, ep.base_url) for i in range(runs)]
-                state.record_dispatch(t.run_id for t in tasks)
+                state.queued.record(t.run_id for t in tasks)
                 results = run_message(holder, "w", tasks, str(tmp_path / "data"))
                 flushes = rt.batcher("redis", lambda: pytest.fail("the runs had no batcher")).flushes
             finally:

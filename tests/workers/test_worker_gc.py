@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from deploy.redis_server import RedisServer
-from workers.celery.runtime import WorkerRuntime, WorkerSettings
+from workers.celery.runtime import WorkerClients, WorkerRuntime, WorkerSettings
 from workers.errors import ConfigError
 from workers.gc_policy import tune_collector, tuned_collector
 
@@ -58,7 +58,8 @@ def test_the_start_up_heap_is_frozen_and_young_cycles_are_still_collected(collec
 
 def test_a_worker_runtime_applies_its_settings(collector: None) -> None:
     with RedisServer() as srv:
-        rt = WorkerRuntime(WorkerSettings(redis_url=srv.url, gc_young_threshold=12345), threads=2)
+        settings = WorkerSettings(redis_url=srv.url, gc_young_threshold=12345)
+        rt = WorkerRuntime(settings, WorkerClients.connect(srv.url), threads=2)
         try:
             assert gc.get_threshold()[0] == 12345
             assert gc.get_freeze_count() > 1000

@@ -34,14 +34,14 @@ def test_runs_of_a_message_whose_data_dir_is_broken_fail_unclaimed_and_uncalled(
         try:
             tasks = [_task(f"r{i}", base_url) for i in range(3)]
             state = CampaignState(holder.get().redis, "wm", prefix="irbench:camp")
-            state.record_dispatch(t.run_id for t in tasks)
+            state.queued.record(t.run_id for t in tasks)
             assert run_message(holder, "w", tasks, str(blocker / "data")) == ["failed"] * 3
             client = holder.get().redis
             fails = {k.decode(): int(v) for k, v in client.hgetall(state.key("fails")).items()}
             texts = {v.decode() for v in client.hgetall(state.key("fail_text")).values()}
             assert fails == {"r0": 1, "r1": 1, "r2": 1}
             assert len(texts) == 1 and "not-a-dir" in texts.pop()
-            assert state.delayed_count() == 3 and client.hlen(state.key("running")) == 0
+            assert state.delayed.count() == 3 and client.hlen(state.key("running")) == 0
             assert not client.keys(state.key("claim:*"))
         finally:
             holder.close()

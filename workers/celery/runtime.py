@@ -10,7 +10,9 @@
   transport, ``workers.providers.aio``) and one ``RedisLimiter`` (async Redis client), all
   living on that loop;
 * one sync Redis client for campaign state, the gate and ``ClaimPermits`` (a run's claim with
-  its first permit, its done marker with its last release: ``workers.state.claim_permit``);
+  its first permit, its done marker with its last release: ``workers.state.claim_permit``), and
+  the loop's async one: both handed in by the caller (``WorkerClients``, which
+  ``RuntimeHolder`` connects on first use);
 * a heartbeat thread renewing the claims and limiter leases of the runs executing here (so a
   killed worker's runs and slots come back within a TTL instead of a call's worst-case
   duration), and the queued time of the runs waiting here for a slot (so the reconciler does
@@ -32,6 +34,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
+import redis
 import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
@@ -40,6 +43,7 @@ from storage.runs import RunStore
 from storage.parquet.spool import RunSpool, SpoolConfig, recover_orphans
 from workers.celery import DEFAULT_THREADS
 from workers.celery.local_cooldowns import LocalCooldowns
+from workers.state.campaign_state import CampaignState
 from workers.state.claim_permit import ClaimPermits
 from workers.state.connect import RedisTimeouts, async_redis, sync_redis
 from workers.limits.memory import RateTiming
@@ -57,7 +61,7 @@ from workers.providers.pooled import PooledProvider
 from workers.providers.registry import make_provider, make_tls_context
 from workers.runtask import RunTask
 
-__all__ = ["Deferred", "DeferringLimiter", "RuntimeHolder", "WorkerRuntime", "WorkerSettings"]
+__all__ = ["Deferred", "DeferringLimiter", "RuntimeHolder", "WorkerClients", "WorkerRuntime", "WorkerSettings"]
 
 log = structlog.get_logger("irbench.worker")
 T = TypeVar("T")
@@ -166,20 +170,40 @@ class WorkerSettings:
         return cls(**values)
 
 
+@dataclass(frozen=True)
+class WorkerClients:
+    """The Redis clients of a worker runtime, made by its caller: ``redis`` (sync: campaign
+    state, the gate, claim permits, the heartbeat) and ``aredis`` (asyncio, used on the
+    runtime's loop only: the limiter and the runs' Redis batches). The runtime closes both."""
+
+    redis: redis.Redis
+    aredis: aioredis.Redis
+
+    @classmethod
+    def connect(cls, redis_url: str) -> WorkerClients:
+        """Both clients on ``redis_url``; the async one makes no retries of its own (the
+        limiter's callers retry)."""
+        return cls(sync_redis(redis_url), async_redis(redis_url, RedisTimeouts(retries=0)))
+
+
 @dataclass
 class _Claim:
-    state: Any  # CampaignState (import cycle avoided)
+    state: CampaignState
     run_id: str
     owner: str
 
 
 class WorkerRuntime:
-    """Per-process shared resources. Create once per worker process; ``close()`` at shutdown."""
+    """Per-process shared resources. Create once per worker process; ``close()`` at shutdown.
 
-    def __init__(self, settings: WorkerSettings, threads: int = DEFAULT_THREADS) -> None:
+    ``clients``: the Redis clients (``WorkerClients.connect(settings.redis_url)`` in a worker);
+    ``threads``: the worker's thread count (its run slots when ``run_slots`` is 0)."""
+
+    def __init__(self, settings: WorkerSettings, clients: WorkerClients, threads: int = DEFAULT_THREADS) -> None:
         self.settings = settings
         self.slots = asyncio.Semaphore(settings.slots_for(threads))  # used on the loop only
-        self.redis = sync_redis(settings.redis_url)
+        self.redis = clients.redis
+        self.aredis = clients.aredis
         self._loop = new_event_loop()  # uvloop where installed: less CPU per call
         self._thread = threading.Thread(target=self._loop.run_forever, name="irbench-loop", daemon=True)
         self._thread.start()
@@ -193,17 +217,16 @@ class WorkerRuntime:
         self._spools: dict[str, RunSpool] = {}
         self._stop = threading.Event()
         self._tls = make_tls_context()  # one CA bundle load for every client of this process
-        self.aredis, self.limiter = self.run(self._setup())
+        self.limiter = self.run(self._make_limiter())  # made on the loop it lives on
         self.claims = ClaimPermits(self.redis, self.limiter, async_client=self.aredis)  # claim + first permit, done + last release
         self._batchers: dict[str, Coalescer[Any, Any]] = {}  # see ``batcher``
         self._heartbeat = threading.Thread(target=self._beat, name="irbench-heartbeat", daemon=True)
         self._heartbeat.start()
         tune_collector(settings.gc_young_threshold)  # the process's long-lived objects exist by now
 
-    async def _setup(self) -> tuple[aioredis.Redis, RedisLimiter]:
-        client = async_redis(self.settings.redis_url, RedisTimeouts(retries=0))  # the limiter's callers retry
-        limiter = RedisLimiter(
-            client,
+    async def _make_limiter(self) -> RedisLimiter:
+        return RedisLimiter(
+            self.aredis,
             key_prefix=f"{self.settings.key_prefix}:lim",
             timing=RateTiming(
                 lease_ttl_s=self.settings.lease_ttl_s,
@@ -214,7 +237,6 @@ class WorkerRuntime:
             ),
             max_block_s=max(self.settings.max_wait_s, 0.05),
         )
-        return client, limiter
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         """Run ``coro`` on the shared loop and wait for it from the calling (task) thread."""
@@ -275,7 +297,7 @@ class WorkerRuntime:
             return self._spools[key]
 
     # ----- heartbeat ----------------------------------------------------------------------------
-    def hold_claim(self, state: Any, run_id: str, owner: str) -> None:
+    def hold_claim(self, state: CampaignState, run_id: str, owner: str) -> None:
         with self._lock:
             self._claims[run_id] = _Claim(state, run_id, owner)
 
@@ -283,7 +305,7 @@ class WorkerRuntime:
         with self._lock:
             self._claims.pop(run_id, None)
 
-    def hold_waiting(self, state: Any, run_id: str) -> None:
+    def hold_waiting(self, state: CampaignState, run_id: str) -> None:
         """A delivered run waits for a slot, unclaimed: the heartbeat refreshes its queued time
         so the reconciler does not take it for lost."""
         with self._lock:
@@ -306,17 +328,17 @@ class WorkerRuntime:
             with self._lock:
                 claims, permits = list(self._claims.values()), list(self._permits.values())
                 waiting = list(self._waiting.values())
-            by_state: dict[int, tuple[Any, list[str]]] = {}
+            by_state: dict[int, tuple[CampaignState, list[str]]] = {}
             for w in waiting:
                 by_state.setdefault(id(w.state), (w.state, []))[1].append(w.run_id)
             for state, run_ids in by_state.values():
                 try:
-                    state.refresh_queued(run_ids)
+                    state.queued.refresh(run_ids)
                 except RedisError as exc:
                     log.warning("queued_refresh_failed", runs=len(run_ids), error=str(exc))
             for c in claims:
                 try:
-                    c.state.renew_claim(c.run_id, c.owner, self.settings.claim_ttl_s)
+                    c.state.claims.renew(c.run_id, c.owner, self.settings.claim_ttl_s)
                 except RedisError as exc:
                     log.warning("claim_renew_failed", run_id=c.run_id, error=str(exc))
             for p in permits:
@@ -373,7 +395,8 @@ class RuntimeHolder:
     def get(self) -> WorkerRuntime:
         with self._lock:
             if self._runtime is None:
-                self._runtime = WorkerRuntime(self._settings or WorkerSettings.from_env(self._broker_url), self.threads)
+                settings = self._settings or WorkerSettings.from_env(self._broker_url)
+                self._runtime = WorkerRuntime(settings, WorkerClients.connect(settings.redis_url), self.threads)
             return self._runtime
 
     def close(self) -> None:

@@ -50,7 +50,9 @@ import structlog
 from celery import Celery
 
 from storage.records import ERROR_TEXT_MAX_CHARS, RunRecord
-from workers.state.campaign_state import CLAIMED, Call, CampaignState
+from workers.state.campaign_keys import Call
+from workers.state.campaign_state import CampaignState
+from workers.state.run_claims import CLAIMED
 from workers.state.claim_permit import Claimed
 from workers.celery.coalesce import Coalescer
 from workers.celery.deferring import Deferred, DeferringLimiter
@@ -294,11 +296,11 @@ def _finish_calls(rt: WorkerRuntime, r: _Run) -> list[Call]:
     still holds; the first call's reply is the done flag or the failure count."""
     if r.record is not None:
         rec = r.record
-        first = r.state.done_call(rec.run_id, rec.model, rec.outcome.value, rec.failed, len(rec.attempts))
+        first = r.state.done.mark_call(rec.run_id, rec.model, rec.outcome.value, rec.failed, len(rec.attempts))
     elif r.countdown_s is not None:
-        first = r.state.defer_call(r.task.run_id, r.owner, r.countdown_s)
+        first = r.state.claims.defer_call(r.task.run_id, r.owner, r.countdown_s)
     else:
-        first = r.state.defer_call(r.task.run_id, r.owner, rt.settings.failure_backoff_s, r.failure or "failed")
+        first = r.state.claims.defer_call(r.task.run_id, r.owner, rt.settings.failure_backoff_s, r.failure or "failed")
     return [first, *rt.claims.release_calls(r.held)]
 
 

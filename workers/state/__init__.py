@@ -1,14 +1,20 @@
-"""The Redis state workers and the orchestrator share: campaign state, limiter, gate, claim permits."""
+"""The Redis state workers and the orchestrator share: campaign state (claims, queues, done log, gate flags), limiter, gate, claim permits."""
 
 __all__ = [
     "broker_view",
+    "campaign_keys",
+    "campaign_lua",
     "campaign_state",
     "claim_permit",
     "connect",
+    "done_runs",
     "gate",
+    "gate_flags",
     "limiter_waiters",
     "presence",
     "redis_limiter",
     "redis_retry",
+    "run_claims",
+    "run_queues",
     "script_batch",
 ]

@@ -39,7 +39,9 @@ from typing import Any
 import redis
 from redis.exceptions import NoScriptError
 
-from workers.state.campaign_state import CLAIM_LUA, CLAIMED, Call, CampaignState, GateView, claim_args, parse_claim
+from workers.state.campaign_keys import Call
+from workers.state.campaign_state import CampaignState
+from workers.state.run_claims import CLAIM_LUA, CLAIMED, GateView, claim_args, parse_claim
 from workers.state.redis_limiter import RedisLimiter, script_source
 from workers.state.script_batch import ScriptBatch
 from workers.errors import ModelDisabled
@@ -135,10 +137,10 @@ class ClaimPermits:
 
     def done_and_release(self, state: CampaignState, run_id: str, model: str, outcome: str, failed: bool,
                          attempts: int, permits: Sequence[tuple[Permit, int | None]] = ()) -> bool:
-        """``CampaignState.mark_done`` and the release of ``permits`` in one pipeline; True if
+        """``DoneRuns.mark`` and the release of ``permits`` in one pipeline; True if
         the run is newly done."""
         calls = self.release_calls(permits)
-        return int(self.run_calls([state.done_call(run_id, model, outcome, failed, attempts), *calls])[0]) == 1
+        return int(self.run_calls([state.done.mark_call(run_id, model, outcome, failed, attempts), *calls])[0]) == 1
 
     async def arun_calls(self, calls: Sequence[Call]) -> list[Any]:
         """:meth:`run_calls` from the worker's event loop, on the async client (no thread

@@ -36,7 +36,8 @@ import redis.asyncio as aioredis
 import structlog
 
 from storage.records import Outcome
-from workers.state.campaign_state import CampaignState, GateView
+from workers.state.campaign_state import CampaignState
+from workers.state.run_claims import GateView
 from workers.state.redis_retry import TRANSIENT, with_retry
 from workers.retry import DISABLING
 
@@ -90,7 +91,7 @@ class RedisGate:
         return self._remember(model, _reason(*pipe.execute()), now)
 
     def prime(self, model: str, view: GateView) -> str | None:
-        """Remember what the claim script read (``CampaignState.claim_with_gate``): the answer
+        """Remember what the claim script read (``RunClaims.claim_with_gate``): the answer
         :meth:`refresh` would give, with no round trip of its own; and whether a disabling streak
         exists. Without one a success has nothing to reset, so :meth:`observe` skips its HDEL."""
         self._streak[model] = view.streak
@@ -153,11 +154,11 @@ class RedisGate:
             log.warning("gate_observe_lost", model=model, outcome=outcome.value, error=str(exc))
 
     def cancel_all(self, reason: str) -> None:
-        self._state.cancel(reason)
+        self._state.flags.cancel(reason)
 
     def close(self, model: str, reason: str) -> None:
         """Close ``model`` for the campaign on every worker; a reason already set is kept."""
-        self._client.hsetnx(self._state.key("gate"), model, reason)
+        self._state.flags.close(model, reason)
         self._known.pop(model, None)
 
     def reopen(self, model: str) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 
 import redis
 
-from workers.state.campaign_state import Call
+from workers.state.campaign_keys import Call
 
 _RUNNER = """
 local out = {}

@@ -1,0 +1,37 @@
+"""What every collaborator of one distributed campaign shares: its Redis state, its plan, its
+options, the clock, and Redis calls retried until the campaign's deadline."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+from orchestrator.distributed.options import CeleryOptions
+from workers.runtask import RunTask
+from workers.state.campaign_state import CampaignState
+from workers.state.redis_retry import with_retry
+
+T = TypeVar("T")
+
+
+@dataclass
+class CampaignContext:
+    """``state``: the campaign's Redis state; ``by_id``: run_id -> planned task (read only);
+    ``clock``/``sleep``: monotonic seconds and the sleep on them; ``deadline``: the clock
+    reading past which Redis calls stop retrying (None: retry forever), set when a run starts."""
+
+    campaign: str
+    state: CampaignState
+    by_id: Mapping[str, RunTask]
+    options: CeleryOptions
+    clock: Callable[[], float]
+    sleep: Callable[[float], None]
+    deadline: float | None = None
+
+    def call(self, fn: Callable[[], T], what: str) -> T:
+        """``fn()``, retried with backoff on a transient Redis error until the deadline;
+        ``what`` names the step in the retry's log lines and its final error."""
+        budget = None if self.deadline is None else max(0.0, self.deadline - self.clock())
+        return with_retry(fn, what, budget_s=budget, max_backoff_s=self.options.redis_backoff_max_s,
+                          sleep=self.sleep, clock=self.clock)
