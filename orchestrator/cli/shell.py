@@ -53,3 +53,11 @@ def report_corpus(prepared: PreparedCampaign) -> None:
         for path, reason in corpus.rejected:
             console.print(f"\n  - {path}: {reason}", end="")
     console.print()
+
+
+def no_store_note(data: Path) -> str | None:
+    """The warning for a ``--data`` that holds no store (no ``runs/`` folder), else None."""
+    if (Path(data) / "runs").is_dir():
+        return None
+    return (f"{data} holds no irbench store (no runs/ folder): nothing has run with this --data yet, "
+            "or it points at another directory")

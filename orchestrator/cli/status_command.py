@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.cli.shell import console, setup_logging, warn
+from orchestrator.cli.shell import console, no_store_note, setup_logging, warn
 from orchestrator.cli.user_errors import fail
 from workers.errors import IrbenchError
 
@@ -32,14 +32,6 @@ class StatusRequest:
     as_json: bool = False
     broker_wait_s: float = 10.0
     skip_corrupt: bool = False
-
-
-def no_store_note(data: Path) -> str | None:
-    """The warning for a ``--data`` that holds no store (no ``runs/`` folder), else None."""
-    if (Path(data) / "runs").is_dir():
-        return None
-    return (f"{data} holds no irbench store (no runs/ folder): nothing has run with this --data yet, "
-            "or it points at another directory")
 
 
 def show_status(req: StatusRequest) -> None:

@@ -97,7 +97,7 @@ def print_status_json(campaign_toml, data_dir, *, max_planned_runs: int, skip_co
         report = status_report(prepared, RunStore(Path(data_dir)), skip_corrupt=skip_corrupt)
     except IrbenchError as exc:
         fail(exc)
-    from orchestrator.cli.status_command import no_store_note
+    from orchestrator.cli.shell import no_store_note
 
     if (note := no_store_note(Path(data_dir))) is not None:
         print(f"warning: {note}", file=sys.stderr)

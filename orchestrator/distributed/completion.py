@@ -14,10 +14,12 @@ from collections.abc import Mapping
 
 import structlog
 
+from orchestrator.campaign.retry import retryable_tasks
 from orchestrator.distributed.context import CampaignContext
 from orchestrator.distributed.publisher import Publisher
 from orchestrator.distributed.store_cursor import StoreCursor
 from storage.parquet.spool import recover_orphans
+from storage.outcomes import Outcome
 from storage.runs import RunStore
 from workers.runtask import RunTask
 
@@ -41,8 +43,12 @@ class CompletionTracker:
         self.cursor.refresh()
         latest = self.cursor.latest()
         by_id = ctx.by_id
-        self.again = {r: e for r, e, o in zip(*(latest.column(c).to_pylist() for c in ("run_id", "execution_id", "outcome")))
-                      if r in by_id and o in retry_outcomes}
+        rows = list(zip(*(latest.column(c).to_pylist() for c in ("run_id", "execution_id", "outcome"))))
+        outcome_of = {r: o for r, _, o in rows if r in by_id}
+        # the same selection as the local executor and ``status`` (cancelled runs of closed models stay)
+        chosen = {t.run_id for t in retryable_tasks(by_id.values(), outcome_of,
+                                                     frozenset(Outcome(o) for o in retry_outcomes))}
+        self.again = {r: e for r, e, _ in rows if r in chosen}
         self.stored_at_start = (self.cursor.run_ids & set(by_id)) - set(self.again)
         self._pending = {rid: t for rid, t in by_id.items() if rid not in self.stored_at_start}
         self._unverified: set[str] = set()  # done per Redis, not yet seen in the store

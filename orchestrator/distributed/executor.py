@@ -234,7 +234,7 @@ def celery_execute(
 ) -> Callable[..., tuple[int, ExecutionSummary]]:
     """An executor with the signature of ``run_campaign_local`` — ``(prepared, store, secrets,
     on_progress=None) -> (skipped, summary)`` — that runs on the Celery workers (what
-    ``orchestrator.jobs.probe.run_probe(execute=...)`` takes). ``secrets`` are ignored: workers read
+    ``orchestrator.jobs.probe.run_probe(execution=ProbeExecution(execute=...))`` takes). ``secrets`` are ignored: workers read
     the keys from their own environment. ``skipped`` = planned runs already stored before.
     ``timeout_s`` and ``app`` go to :func:`run_campaign_celery`."""
 
