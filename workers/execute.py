@@ -318,8 +318,11 @@ def _record(run: _Run, defer_extraction: bool = False) -> RunRecord | PendingRec
     if run.reply is None:
         retired_on = error.retired_on if isinstance(error, ModelRetired) else None
         head = error.body_head if error is not None else None  # a body refused as too large
+        # closed between a failed attempt and its retry: the run was stopped, not answered with
+        # that failure (one outcome per run; the attempts keep what each call met)
+        outcome = Outcome.CANCELLED if run.cancel_reason is not None else last.outcome
         return RunRecord(
-            **base, outcome=last.outcome, retired_on=retired_on, cancel_reason=run.cancel_reason, response_text=head,
+            **base, outcome=outcome, retired_on=retired_on, cancel_reason=run.cancel_reason, response_text=head,
             first_token_ms=error.first_token_ms if error is not None else None,
         )
     if defer_extraction:

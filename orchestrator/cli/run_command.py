@@ -76,13 +76,15 @@ def run_request(req: RunRequest) -> None:
     from orchestrator.campaign.prepared import prepare
     from orchestrator.campaign.retry import parse_outcomes, retryable
     from orchestrator.campaign.spec import load_campaign
+    from storage.outcomes import Outcome
     from storage.runs import RunStore
 
     redactor = setup_logging(req.log_file, req.verbose)
     try:
         if req.outcomes is not None and not req.retry_failed:
             raise ConfigError("--outcomes only goes with --retry-failed")
-        retry_outcomes = parse_outcomes(req.outcomes) if req.retry_failed else frozenset()
+        # a cancelled run never reached its end: the same command again resumes it
+        retry_outcomes = (parse_outcomes(req.outcomes) if req.retry_failed else frozenset()) | {Outcome.CANCELLED}
         chosen = campaign_file_for(req.campaign, req.data, req.adhoc)
         campaign = chosen.path
         if chosen.changes:
@@ -96,10 +98,10 @@ def run_request(req: RunRequest) -> None:
                            source=campaign.name)
         store = RunStore(req.data)
         report_corpus(prepared)
-        again = retryable(prepared, store, retry_outcomes) if retry_outcomes else None
+        again = retryable(prepared, store, retry_outcomes)
         if kind == "celery":
             skipped, summary = _run_celery(req, prepared, store, retry_outcomes)
-            skipped -= again.total if again else 0
+            skipped -= again.total
         else:
             skipped, summary = _run_local(req, prepared, store, retry_outcomes, redactor)
     except IrbenchError as exc:

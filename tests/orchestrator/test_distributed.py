@@ -352,8 +352,8 @@ def test_retired_model_gets_no_further_calls(live: Cluster, tmp_path: Path) -> N
 def test_cancel_records_every_remaining_run(live: Cluster, tmp_path: Path) -> None:
     models = {"t8-a": SimModel(latency_ms_median=100)}
     with sim(models) as s:
-        prepared = prepare(load_campaign(make_campaign(tmp_path, "t8", s.base_url, {"t8-a": {"max_concurrency": 2}},
-                                                       prompts=4, runs=10)))
+        path = make_campaign(tmp_path, "t8", s.base_url, {"t8-a": {"max_concurrency": 2}}, prompts=4, runs=10)
+        prepared = prepare(load_campaign(path))
         store = RunStore(tmp_path / "data")
         bg = Background(prepared, store, live.url, timeout_s=60,
                         options=CeleryOptions(max_outstanding=6, claim_ttl_s=3.0, reconcile_interval_s=1.0))
@@ -361,8 +361,17 @@ def test_cancel_records_every_remaining_run(live: Cluster, tmp_path: Path) -> No
         cancel_campaign("t8", live.url, reason="cancelled by test")
         summary = bg.join(70)
         st = stats(s.base_url)
-    assert not summary.interrupted
-    assert_every_run_stored(store, prepared)
-    outcomes = Counter(r.outcome.value for r in store.read_records(campaigns=["t8"]))
-    assert outcomes["cancelled"] >= 20 and outcomes["ok"] + outcomes["cancelled"] == 40
-    assert st["t8-a"]["requests"] == outcomes["ok"]
+        assert not summary.interrupted
+        assert_every_run_stored(store, prepared)
+        outcomes = Counter(r.outcome.value for r in store.read_records(campaigns=["t8"]))
+        assert outcomes["cancelled"] >= 20 and outcomes["ok"] + outcomes["cancelled"] == 40
+        assert st["t8-a"]["requests"] == outcomes["ok"]
+        # a cancelled run is not a finished one: the same command again resumes exactly those
+        again = subprocess.run([sys.executable, "-m", "orchestrator.cli.app", "run", str(path), "--data", str(store.root),
+                                "--executor", "celery", "--broker", live.url, "--no-progress", "--no-analyze"],
+                               capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert again.returncode == 0, again.stderr
+        text = " ".join(again.stdout.split())
+        assert f"{outcomes['cancelled']} retried (latest execution: cancelled {outcomes['cancelled']})" in text, text
+        assert Counter(r.outcome.value for r in store.read_records(campaigns=["t8"])) == {"ok": 40}
+        assert stats(s.base_url)["t8-a"]["requests"] == 40  # each cancelled run called once, the ok ones never again

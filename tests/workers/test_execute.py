@@ -194,3 +194,26 @@ def test_the_backoff_waits_are_the_jitter_seeded_by_the_run_id() -> None:
     assert [a.outcome for a in record.attempts] == [Outcome.SERVER_ERROR, Outcome.SERVER_ERROR, Outcome.OK]
     rng = random.Random(task.run_id)
     assert clock.slept == [rng.uniform(0.0, 0.5), rng.uniform(0.0, 1.0)]
+
+
+class _CancelDuringBackoff(_SleepRecorder):
+    """Closes the run's model (a cancel) while the run waits to retry."""
+
+    def __init__(self, gate: MemoryGate, model: str) -> None:
+        super().__init__()
+        self.gate, self.model = gate, model
+
+    async def sleep(self, seconds: float) -> None:
+        await super().sleep(seconds)
+        self.gate.close(self.model, "cancelled by test")
+
+
+def test_a_run_cancelled_between_attempts_is_cancelled_with_its_attempts_kept() -> None:
+    task = _tasks("m", "http://127.0.0.1:9", 1, retry=RetryPolicy(max_attempts=3, backoff_base_s=0.5, backoff_cap_s=4))[0]
+    gate, provider = MemoryGate(10), _FailTwice()
+    ctx = RunContext(provider_for=lambda _t: provider, limiter=MemoryLimiter(), gate=gate,
+                     clock=_CancelDuringBackoff(gate, "m"))
+    record = asyncio.run(execute_run(task, ctx))
+    assert provider.calls == 1  # the retry was never sent
+    assert record.outcome is Outcome.CANCELLED and record.cancel_reason == "cancelled by test"
+    assert [a.outcome for a in record.attempts] == [Outcome.SERVER_ERROR]  # what the one call met
