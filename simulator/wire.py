@@ -147,6 +147,8 @@ class WireCapture:
         if sport == self.port:  # a reply (replies=True): to the flow (dst address, dst port)
             self._reply(ts, (frame[ip + 16:ip + 20], dport), payload)
             return
+        if dport != self.port:  # queued before the filter was attached: any traffic on lo
+            return
         flow = (src, sport)
         if payload.startswith(b"POST "):
             if flow in self._pending:
