@@ -108,9 +108,8 @@ def _shared_one(k: int, groups: list[np.ndarray], stats: np.ndarray, kk: int, me
                                          mean_b, np.sqrt(var_b)[None, :] / np.sqrt(n), spec.level)
         elif method == "bca" and n > 1 and np.ptp(x) > 0:
             ends = tuple(np.quantile(stats[k, m], list(_bca_levels(stats[k, m], x, spec.level)))[:, None])
-        else:
-            whole = spec.bounds or (np.nan, np.nan)
-            ends = (np.array([whole[0]]), np.array([whole[1]]))
+        else:  # a constant sample (n = 1 included): finish_endpoints decides
+            ends = (np.array([np.nan]), np.array([np.nan]))
         low, high = finish_endpoints(ends[0], ends[1], row, spec.level, spec.bounds)
         out.append(Interval(float(low[0]), float(high[0]), float(x.mean()), spec.level, n,
                             spec.replicates, spec.seed, f"{method}_shared", bool(np.ptp(x) == 0)))

@@ -152,13 +152,12 @@ def _pack(x: np.ndarray, ends: tuple[np.ndarray, np.ndarray], spec: Resampling, 
 def studentized_ci(values: np.ndarray, spec: Resampling):
     """Studentized (bootstrap-t) interval of the mean; one :class:`Interval` for 1-D input,
     a tuple for 2-D (rows share one index matrix ``default_rng(seed).integers(0, n, (B, n))``).
-    n = 1 gives the whole ``bounds`` (nothing estimates the spread); NaN without bounds."""
+    n = 1 is a constant sample (:func:`finish_endpoints`)."""
     x, was_1d = _rows(values)
     n = x.shape[1]
     if n < 2:
-        whole = spec.bounds or (np.nan, np.nan)
-        return _pack(x, (np.full(x.shape[0], whole[0]), np.full(x.shape[0], whole[1])),
-                     spec, "studentized", was_1d)
+        nan = np.full(x.shape[0], np.nan)
+        return _pack(x, (nan, nan), spec, "studentized", was_1d)
     idx = np.random.default_rng(spec.seed).integers(0, n, (spec.replicates, n))
     mean_star, sd_star = replicate_moments(x, idx, spec.max_elements)
     root_n = np.sqrt(n)
