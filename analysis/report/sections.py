@@ -138,7 +138,7 @@ COVERAGE_FLOOR = 0.93
 def coverage_text(coverage: float | None) -> str:
     """A model's simulated interval coverage, "(low)" under :data:`COVERAGE_FLOOR`; "–" when
     not simulated."""
-    if is_missing(coverage):
+    if coverage is None or is_missing(coverage):
         return "–"
     return f"{coverage:.2f}" + (" (low)" if coverage < COVERAGE_FLOOR else "")
 
@@ -146,7 +146,7 @@ def coverage_text(coverage: float | None) -> str:
 def _warning(row: dict, small: list[str], opts: ReportOptions) -> str:
     parts = [f"n < {opts.small_n_prompts}"] if row["model"] in small else []
     cov = row.get("jaccard_ci_coverage")
-    if not is_missing(cov) and cov < COVERAGE_FLOOR:
+    if cov is not None and not is_missing(cov) and cov < COVERAGE_FLOOR:
         parts.append(f"interval covers {cov:.2f} in simulation")
     return "; ".join(parts)
 
