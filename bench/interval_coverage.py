@@ -15,7 +15,7 @@ coverage per model and for all models at once.
 
 Usage: python bench/interval_coverage.py [--sizes 5,8,12,22] [--datasets 1000]
        [--replicates 1000] [--inner 200] [--methods percentile,bca,studentized,double]
-       [--ranks 400] [--artifact DIR]
+       [--ranks 400] [--artifact DIR] [--per-model]
 """
 
 from __future__ import annotations
@@ -78,20 +78,25 @@ def _width(draw, n: int, method: str, spec: Resampling) -> float:
 
 
 def coverage_table(sources: dict, sizes: list[int], methods: list[str], spec: Resampling,
-                   datasets: int) -> None:
-    """Print one row per (source, method): min / mean coverage over models at each n."""
+                   datasets: int, per_model: bool = False) -> None:
+    """Print one row per (source, method): min / mean coverage over models at each n (and,
+    with ``per_model``, one line per model below it)."""
     print(f"{'source':9} {'method':12} " + " ".join(f"{'n=' + str(n):>22}" for n in sizes))
     for source, models in sources.items():
         for method in methods:
             t0 = time.perf_counter()
-            cells = []
+            cells, table = [], []
             for n in sizes:
                 cov = [simulated_coverage(draw, truth, n, method, spec, datasets)
                        for draw, truth in models.values()]
+                table.append(cov)
                 w = np.median([_width(d, n, method, spec) for d, _ in models.values()])
                 cells.append(f"{min(cov):.3f}/{np.mean(cov):.3f} w{w:.2f}")
             print(f"{source:9} {method:12} " + " ".join(f"{c:>22}" for c in cells)
                   + f"   ({time.perf_counter() - t0:.0f} s)", flush=True)
+            for i, name in enumerate(models if per_model else ()):
+                print(f"{'':9} {'':12} " + " ".join(f"{col[i]:>22.3f}" for col in table)
+                      + f"   {name}")
 
 
 RANK_DESIGNS = {
@@ -145,6 +150,7 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=400, help="panels for the rank check; 0 = skip")
     ap.add_argument("--artifact", type=Path, default=ARTIFACT)
     ap.add_argument("--seed", type=int, default=20260601)
+    ap.add_argument("--per-model", action="store_true", help="one coverage line per model")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     spec = Resampling(replicates=args.replicates, seed=args.seed, inner_replicates=args.inner)
@@ -154,7 +160,7 @@ def main() -> None:
     print(f"coverage at nominal {spec.level}: min/mean over models, median width; "
           f"{args.datasets} datasets, {args.replicates} replicates ({args.inner} inner); "
           f"models: sim {len(sources['sim'])}, artifact {len(sources['artifact'])}", flush=True)
-    coverage_table(sources, sizes, args.methods.split(","), spec, args.datasets)
+    coverage_table(sources, sizes, args.methods.split(","), spec, args.datasets, args.per_model)
     if args.ranks:
         rank_coverage(sizes, args.ranks, args.replicates, args.seed)
     print(load_average())
