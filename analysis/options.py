@@ -114,6 +114,27 @@ class AnalysisOptions(BaseModel):
         description="total timeouts under which the timeout-sensitivity table recounts lost runs",
         json_schema_extra=_unit("seconds"),
     )
+    interval: Literal["percentile", "bca", "studentized", "double"] = Field(
+        default="studentized",
+        description="method of the per-model mean intervals: studentized (bootstrap-t) keeps "
+        "nearest its level at 5-22 prompts (docs/intervals.md, bench/interval_coverage.py); "
+        "percentile reproduces the study's Table 1",
+        json_schema_extra=_unit("method name"),
+    )
+    coverage_check_datasets: int = Field(
+        default=400,
+        ge=0,
+        description="simulated datasets behind each model's coverage self-check (a parametric "
+        "resample of its own cells); 0 = no check",
+        json_schema_extra=_unit("datasets"),
+    )
+    coverage_check_max_prompts: int = Field(
+        default=200,
+        ge=1,
+        description="models with more prompts get no coverage self-check (its cost grows with "
+        "the prompts; the intervals' coverage error shrinks as 1/prompts)",
+        json_schema_extra=_unit("prompts per model"),
+    )
     level: float = Field(
         default=0.95,
         gt=0.0,

@@ -97,8 +97,8 @@ def forest_plot(models: pa.Table | None, style: PlotStyle = PlotStyle()) -> Figu
     axes[0].set_yticks(y, names if n <= 60 else [""] * n)
     axes[0].invert_yaxis()
     _fontsize(fig, style)
-    caption = ("Forest plot: each model's mean over its prompts with the 95% percentile bootstrap "
-               "interval; overlapping intervals mean the order between those models is not settled.")
+    caption = ("Forest plot: each model's mean over its prompts with its 95% bootstrap "
+               "interval (method in the leaderboard's note); overlapping intervals mean the order between those models is not settled.")
     return Figure("forest", _png(fig, style), caption, "forest plot of per-model intervals")
 
 

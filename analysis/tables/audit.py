@@ -4,9 +4,11 @@ Inputs: one panel's merged cell table (one row per model × prompt, :mod:`analys
 its raw run table (may be empty for an import-only panel) and :class:`AnalysisOptions`.
 Outputs (:class:`PanelAudit`), written by :mod:`analysis.pipeline`:
 
-* models with intervals and ranks (added by :mod:`analysis.tables.intervals`) — ``jaccard_ci_low/high``, ``id_ci_low/high`` (percentile
-  bootstrap over the model's prompts, ``level``, ``replicates``, ``seed``; bit-equal to scipy on
-  paper-scale panels, a documented shared-stream scheme on large ones — ``ci_method`` says which),
+* models with intervals and ranks (added by :mod:`analysis.tables.intervals`) — ``jaccard_ci_low/high``, ``id_ci_low/high`` (bootstrap
+  over the model's prompts by ``options.interval``, ``level``, ``replicates``, ``seed``; the
+  percentile method is bit-equal to scipy on paper-scale panels; large panels use a documented
+  shared-stream scheme — ``ci_method`` says which), ``jaccard_ci_coverage`` (the Jaccard
+  interval's simulated coverage on a parametric resample of the model's cells),
   ``rank`` (position in the point table), ``rank_held`` (joint cluster bootstrap retention; ties
   within a replicate broken by the point order), ``rank_ci_low/high`` (marginal percentile rank
   interval), ``rank_set_low/high`` (simultaneous pairwise-Holm rank set), ``partition``;

@@ -3,7 +3,8 @@
 
 Input: the included model table, the panel's merged cells (one row per model × prompt) and
 :class:`AnalysisOptions`. Output: the model table with ``jaccard_ci_*``, ``id_ci_*``,
-``ci_method``, ``rank_held``, ``rank_ci_*``, ``rank_set_*`` and ``partition``, and the
+``ci_method``, ``jaccard_ci_coverage`` (the interval's simulated coverage,
+:func:`coverage_self_check`), ``rank_held``, ``rank_ci_*``, ``rank_set_*`` and ``partition``, and the
 :class:`RankBootstrap`. With ``options.interval_threads`` = 2 the per-model CI bootstrap and
 the joint rank bootstrap run side by side (each has its own seeded stream: same results).
 """
@@ -20,8 +21,10 @@ import pyarrow.compute as pc
 
 from analysis.memory import release_freed_memory
 from analysis.options import AnalysisOptions
-from analysis.stats.bootstrap import percentile_ci_many, percentile_ci_many_metrics
+from analysis.stats.coverage import fit_cells, simulated_coverage
+from analysis.stats.mean_intervals import panel_intervals
 from analysis.stats.ranks import RankBootstrap, joint_cluster_bootstrap, partition
+from analysis.stats.small_sample import Resampling
 from analysis.tables.models import ModelTable
 
 __all__ = ["score_matrix", "with_intervals"]
@@ -66,18 +69,35 @@ def score_matrix(merged: pa.Table, models: Sequence[str], column: str = "mean_ja
 
 def _model_cis(jac: np.ndarray, ids: np.ndarray, reps: int, options: AnalysisOptions
                ) -> tuple[tuple, ...]:
-    """Per-model percentile intervals of mean Jaccard and id-stability (rows of the (M, P)
-    matrices, NaN = unmeasured), resampled together when both have the same cells."""
+    """Per-model intervals (``options.interval``) of mean Jaccard and id-stability (rows of
+    the (M, P) matrices, NaN = unmeasured), resampled together when both have the same cells."""
     jac_groups = [row[np.isfinite(row)] for row in jac]
     id_groups = [row[np.isfinite(row)] for row in ids]
+    spec = Resampling(replicates=reps, seed=options.seed, level=options.level)
     if [len(g) for g in jac_groups] == [len(g) for g in id_groups]:  # one resampling for both
-        return percentile_ci_many_metrics(
-            [jac_groups, id_groups], replicates=reps, seed=options.seed, level=options.level
-        )
-    return tuple(
-        percentile_ci_many(g, replicates=reps, seed=options.seed, level=options.level)
-        for g in (jac_groups, id_groups)
-    )
+        return panel_intervals([jac_groups, id_groups], options.interval, spec)
+    return tuple(panel_intervals([g], options.interval, spec)[0]
+                 for g in (jac_groups, id_groups))
+
+
+def coverage_self_check(jac: np.ndarray, options: AnalysisOptions) -> list[float | None]:
+    """Each model's simulated coverage of its Jaccard interval: ``coverage_check_datasets``
+    samples of its n cells from a zero-one-inflated Beta fitted to them
+    (:func:`analysis.stats.coverage.fit_cells`), the interval by ``options.interval`` with 500
+    replicates (100 inner), share covering the fitted mean. None for models above
+    ``coverage_check_max_prompts`` prompts or with the check off."""
+    out: list[float | None] = []
+    spec = Resampling(replicates=500, seed=options.seed, level=options.level,
+                      inner_replicates=100)
+    for row in jac:  # loop over models (few); each check is vectorised over its datasets
+        x = row[np.isfinite(row)]
+        if options.coverage_check_datasets == 0 or x.size > options.coverage_check_max_prompts:
+            out.append(None)
+            continue
+        fit = fit_cells(x)
+        out.append(simulated_coverage(fit.draw, fit.mean, x.size, options.interval, spec,
+                                      options.coverage_check_datasets))
+    return out
 
 
 def with_intervals(table: ModelTable, merged: pa.Table, options: AnalysisOptions
@@ -87,7 +107,8 @@ def with_intervals(table: ModelTable, merged: pa.Table, options: AnalysisOptions
     m = len(models)
     if m == 0:
         empty = {c: pa.array([], pa.float64()) for c in
-                 ("jaccard_ci_low", "jaccard_ci_high", "id_ci_low", "id_ci_high", "rank_held")}
+                 ("jaccard_ci_low", "jaccard_ci_high", "id_ci_low", "id_ci_high",
+                  "jaccard_ci_coverage", "rank_held")}
         empty["ci_method"] = pa.array([], pa.string())
         ints = {c: pa.array([], pa.int64()) for c in
                 ("rank_ci_low", "rank_ci_high", "rank_set_low", "rank_set_high")}
@@ -117,7 +138,8 @@ def with_intervals(table: ModelTable, merged: pa.Table, options: AnalysisOptions
     for name, cis in zip(("jaccard", "id"), all_cis):
         cols[f"{name}_ci_low"] = [c.low for c in cis]
         cols[f"{name}_ci_high"] = [c.high for c in cis]
-    # "percentile" = scipy-identical draws; "percentile_shared" = the large-panel scheme
+    cols["jaccard_ci_coverage"] = pa.array(coverage_self_check(jac, options), pa.float64())
+    # the method; a "_shared" suffix = the large-panel scheme (same bootstrap, other draws)
     cols["ci_method"] = pa.array([c.method for c in all_cis[0]], pa.string())
     cols["rank_held"] = pa.array(rb.held_share, pa.float64(), from_pandas=True)
     cols["rank_ci_low"] = rb.marginal.low.astype(np.int64)

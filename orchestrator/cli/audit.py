@@ -35,6 +35,13 @@ def _fmt(x, digits: int = 3) -> str:
     return "–" if x is None or x != x else f"{x:.{digits}f}"
 
 
+def coverage_note(coverage: float | None) -> str:
+    """A model's simulated interval coverage, flagged "(low)" under 0.93; "–" when not simulated."""
+    if coverage is None or coverage != coverage:
+        return "–"
+    return f"{coverage:.2f}" + (" (low)" if coverage < 0.93 else "")
+
+
 def print_panel(console: Console, name: str, panel) -> None:
     """The partition first, then the model table with intervals and rank sets."""
     m = panel.manifest
@@ -48,13 +55,13 @@ def print_panel(console: Console, name: str, panel) -> None:
         console.print(f"  {label}: {', '.join(members) if members else '—'}")
     t = Table(title=f"{m['options']['merge_rule']['value']}, {m['replicates']} replicates, "
                     f"seed {m['seed']}")
-    for col in ("rank", "model", "prompts", "mean Jaccard [95% CI]", "ID-stability [95% CI]",
-                "node-set-perfect", "rank held", "rank CI", "rank set"):
+    for col in ("rank", "model", "prompts", "mean Jaccard [95% CI]", "CI coverage",
+                "ID-stability [95% CI]", "node-set-perfect", "rank held", "rank CI", "rank set"):
         t.add_column(col)
     for r in rows:
         t.add_row(str(r["rank"]), r["model"], str(r["n_prompts"]),
                   f"{_fmt(r['mean_jaccard'])} [{_fmt(r['jaccard_ci_low'])}, "
-                  f"{_fmt(r['jaccard_ci_high'])}]",
+                  f"{_fmt(r['jaccard_ci_high'])}]", coverage_note(r.get("jaccard_ci_coverage")),
                   f"{_fmt(r['id_stability'])} [{_fmt(r['id_ci_low'])}, {_fmt(r['id_ci_high'])}]",
                   f"{r['perfect']}/{r['n_cells']}", _fmt(r["rank_held"], 2),
                   f"{r['rank_ci_low']}–{r['rank_ci_high']}",
@@ -126,6 +133,7 @@ def analyze_command(
     broker: Annotated[Optional[str], typer.Option("--broker", envvar="IRBENCH_BROKER_URL", help="Redis URL for --executor celery.")] = None,
     timeout: Annotated[Optional[float], typer.Option(help="Give up on a distributed analysis after this many seconds.")] = None,
     blas_threads: Annotated[int, typer.Option("--blas-threads", help="Threads for the bootstrap matrix products (1 is fastest on a busy machine).")] = 1,
+    interval: Annotated[str, typer.Option("--interval", help="Mean intervals: percentile (the study's) | bca | studentized (default; nominal at 5-22 prompts) | double.")] = "studentized",
     interval_threads: Annotated[int, typer.Option("--interval-threads", envvar="IRBENCH_INTERVAL_THREADS", help="2: the per-model CI bootstrap runs beside the joint rank bootstrap (same results); 1: one after the other (less peak memory).")] = 2,
 ) -> None:
     """Audit stored runs and imported cells: per panel, models with CIs, rank sets and partition,
@@ -139,7 +147,7 @@ def analyze_command(
             campaigns=campaign or None, models=model or None, date_from=date_from, date_to=date_to,
             merge_rule=merge_rule, precedence_path=precedence, families_path=families, pair_scope=pairs,
             corpus_dirs=corpus or None, skip_corrupt=skip_corrupt, timeouts_s=timeouts,
-            blas_threads=blas_threads, interval_threads=interval_threads,
+            blas_threads=blas_threads, interval_threads=interval_threads, interval=interval,
         )
     except (IrbenchError, ValueError) as exc:
         _fail(exc)

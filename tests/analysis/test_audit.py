@@ -57,7 +57,7 @@ def write(root: Path, records: list[RunRecord]) -> None:
 
 def test_bootstrap_interval_is_scipy_bit_for_bit(tmp_path):
     write(tmp_path / "d", panel_records(3, 7))
-    opts = AnalysisOptions(replicates=999, seed=11)
+    opts = AnalysisOptions(replicates=999, seed=11, interval="percentile")
     panel = run_analysis(tmp_path / "d", tmp_path / "o", opts).panels["main"]
     cells = pq.read_table(panel.paths["cells"]).to_pylist()
     for row in pq.read_table(panel.paths["models"]).to_pylist():
@@ -75,6 +75,23 @@ def test_bootstrap_interval_is_scipy_bit_for_bit(tmp_path):
     assert rb["usable"] + rb["unusable"] == 999
 
 
+def test_default_interval_is_each_models_studentized_interval_with_its_coverage(tmp_path):
+    from analysis.stats.small_sample import Resampling, studentized_ci
+
+    write(tmp_path / "d", panel_records(3, 7))
+    panel = run_analysis(tmp_path / "d", tmp_path / "o",
+                         AnalysisOptions(replicates=999, seed=11)).panels["main"]
+    cells = pq.read_table(panel.paths["cells"]).to_pylist()
+    for row in pq.read_table(panel.paths["models"]).to_pylist():
+        vals = np.array([c["mean_jaccard"] for c in sorted(
+            (c for c in cells if c["model"] == row["model"] and c["chosen_highest_budget_first"]),
+            key=lambda c: c["prompt_sha256"])])
+        ref = studentized_ci(vals, Resampling(replicates=999, seed=11))
+        assert (row["jaccard_ci_low"], row["jaccard_ci_high"]) == (ref.low, ref.high)
+        assert row["ci_method"] == "studentized"
+        assert 0.0 <= row["jaccard_ci_coverage"] <= 1.0
+
+
 def test_one_model_and_one_prompt_are_documented_degenerate_results(tmp_path):
     write(tmp_path / "d1", panel_records(1, 4))
     p = run_analysis(tmp_path / "d1", tmp_path / "o1", AnalysisOptions(replicates=100))
@@ -85,7 +102,9 @@ def test_one_model_and_one_prompt_are_documented_degenerate_results(tmp_path):
                      AnalysisOptions(replicates=100, min_prompts=1))
     models = p.panels["main"].models.included.to_pylist()
     assert len(models) == 3
-    assert all(m["jaccard_ci_low"] == m["mean_jaccard"] == m["jaccard_ci_high"] for m in models)
+    for m in models:  # one value: zero width inside (0, 1), the exact one-sided limit at 1
+        low = 0.025 if m["mean_jaccard"] == 1.0 else m["mean_jaccard"]
+        assert (m["jaccard_ci_low"], m["jaccard_ci_high"]) == pytest.approx((low, m["mean_jaccard"]))
     # with one prompt nothing can be established: every rank set is the whole board
     assert all((m["rank_set_low"], m["rank_set_high"]) == (1, 3) for m in models)
 

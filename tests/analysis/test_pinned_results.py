@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.pinned.fingerprint import HERE, artifact_outputs, demo_outputs, diff, fingerprint
+from tests.pinned.fingerprint import HERE, artifact_outputs, demo_outputs, diff, fingerprint, table1
 
 MAPPING = Path(__file__).resolve().parents[2] / "examples" / "artifact_campaigns.toml"
 
 
-def _expected(name: str) -> dict:
+def _expected(name: str):
     return json.loads((HERE / f"{name}.json").read_text(encoding="utf-8"))
 
 
@@ -45,3 +45,14 @@ def test_fingerprint_sees_a_changed_value():
     assert diff(expected, changed) == [
         f"/demo/models[0]/mean_jaccard: expected {expected['demo']['models'][0]['mean_jaccard']!r}, "
         f"got {row['mean_jaccard']!r}"]
+
+
+@pytest.mark.slow
+def test_percentile_interval_reproduces_table1(tmp_path, artifact_dir):
+    """``interval="percentile"`` gives the study's Table 1 intervals, every model of it."""
+    got = table1(fingerprint(artifact_outputs(tmp_path, artifact_dir, MAPPING,
+                                              interval="percentile")))
+    expected = _expected("table1_percentile")
+    assert len(expected) == 8 and all(r["ci_method"] == "percentile" for r in expected)
+    problems = diff(expected, got)
+    assert not problems, "\n".join(problems[:20])

@@ -101,6 +101,21 @@ def test_small_n_models_are_flagged(full_report) -> None:
     assert "small n: 2 model(s) rest on fewer than 8 prompts" in html
 
 
+def test_under_covering_intervals_are_flagged(full_report) -> None:
+    pdir, _, html = full_report
+    models = pq.read_table(pdir / "models.parquet").to_pylist()
+    low = {r["model"] for r in models if r["jaccard_ci_coverage"] < 0.93}
+    assert len(low) == 1
+    table = parse(html).tables["leaderboard-synth"]
+    cov, warn = table["head"].index("CI coverage"), table["head"].index("warning")
+    for row, cls, ref in zip(table["rows"], table["classes"], models, strict=True):
+        flagged = ref["model"] in low
+        assert row[cov][0] == f"{ref['jaccard_ci_coverage']:.2f}" + (" (low)" if flagged else "")
+        assert ("interval covers 0.91 in simulation" in row[warn][0]) == flagged
+        if flagged:
+            assert cls == "hl"
+
+
 def test_every_image_is_an_embedded_png_and_no_external_assets(full_report) -> None:
     _, _, html = full_report
     p = parse(html)

@@ -108,7 +108,7 @@ def test_every_analyze_flag_reaches_the_recorded_options(tmp_path: Path) -> None
     flags = {"--corpus": str(REPO / "examples" / "prompts"), "--skip-corrupt": None, "--seed": "11",
              "--replicates": "60", "--min-prompts": "1", "--min-runs": "3", "--pairs": "all",
              "--timeouts": "7,9", "--merge-rule": "earliest-then-top-up", "--from": "2000-01-01",
-             "--interval-threads": "1"}
+             "--interval-threads": "1", "--interval": "bca"}
     argv = [a for k, v in flags.items() for a in (k, v) if a is not None]
     out = _irbench("analyze", "--data", str(tmp_path), "--out", str(tmp_path / "out"), *argv)
     assert out.returncode == 0, out.stderr
@@ -119,3 +119,4 @@ def test_every_analyze_flag_reaches_the_recorded_options(tmp_path: Path) -> None
     assert (recorded["seed"], recorded["replicates"], recorded["min_prompts"], recorded["min_runs"]) == (11, 60, 1, 3)
     assert recorded["pair_scope"] == "all" and recorded["timeouts_s"] == [7.0, 9.0]
     assert recorded["merge_rule"] == "earliest-then-top-up" and recorded["date_from"] == "2000-01-01"
+    assert recorded["interval"] == "bca"

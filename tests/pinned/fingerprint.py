@@ -3,7 +3,8 @@
 A fingerprint maps each Parquet file of a panel directory to its rows with floats rounded to
 ``DIGITS`` decimals (summation order may move the last bits; anything larger is a change), plus
 the manifest's ``summary``. ``python -m tests.pinned.fingerprint`` regenerates the pinned JSON
-files (only do that for an intended change, explained in the commit).
+files (only do that for an intended change, explained in the commit); ``table1_percentile.json``
+holds the annotated panel's intervals under ``interval="percentile"``, the study's Table 1.
 """
 
 from __future__ import annotations
@@ -104,16 +105,28 @@ def demo_outputs(workdir: Path, examples: Path) -> Path:
     return out
 
 
-def artifact_outputs(workdir: Path, artifact: Path, mapping: Path) -> Path:
-    """Import the study's artifact and analyse every panel with seed 7 and 2,000 replicates."""
+TABLE1_COLUMNS = ("model", "n_prompts", "mean_jaccard", "jaccard_ci_low", "jaccard_ci_high",
+                  "id_stability", "id_ci_low", "id_ci_high", "ci_method")
+
+
+def table1(fp: dict[str, Any]) -> list[dict[str, Any]]:
+    """The annotated panel's model rows of a fingerprint, Table 1's columns only."""
+    return [{k: r[k] for k in TABLE1_COLUMNS} for r in fp["annotated"]["models"]]
+
+
+def artifact_outputs(workdir: Path, artifact: Path, mapping: Path,
+                     interval: str | None = None) -> Path:
+    """Import the study's artifact and analyse every panel with seed 7 and 2,000 replicates
+    (``interval``: the interval method; None = the default)."""
     from analysis.options import AnalysisOptions
     from analysis.pipeline import run_analysis
     from orchestrator.jobs.artifact_import import import_artifact
 
     data, out = workdir / "data", workdir / "out"
     import_artifact(artifact, data, mapping, fsync=False)
+    method = {} if interval is None else {"interval": interval}
     run_analysis(data, out, AnalysisOptions(
-        seed=7, replicates=2000, corpus_dirs=[artifact / "corpus" / "synthetic"]))
+        seed=7, replicates=2000, corpus_dirs=[artifact / "corpus" / "synthetic"], **method))
     return out
 
 
@@ -121,11 +134,14 @@ def main() -> None:
     import tempfile
 
     root = HERE.parents[1]
+    artifact = root.parent / "shared" / "paper-artifact"
+    mapping = root / "examples" / "artifact_campaigns.toml"
     with tempfile.TemporaryDirectory() as tmp:
         demo = fingerprint(demo_outputs(Path(tmp) / "demo", root / "examples"))
-        art = fingerprint(artifact_outputs(Path(tmp) / "art", root.parent / "shared" / "paper-artifact",
-                                           root / "examples" / "artifact_campaigns.toml"))
-    for name, fp in (("demo", demo), ("artifact", art)):
+        art = fingerprint(artifact_outputs(Path(tmp) / "art", artifact, mapping))
+        pct = table1(fingerprint(artifact_outputs(Path(tmp) / "pct", artifact, mapping,
+                                                  interval="percentile")))
+    for name, fp in (("demo", demo), ("artifact", art), ("table1_percentile", pct)):
         (HERE / f"{name}.json").write_text(json.dumps(fp, indent=0, sort_keys=True) + "\n",
                                            encoding="utf-8")
 

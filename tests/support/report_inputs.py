@@ -75,6 +75,8 @@ def write_synthetic_analysis(root: Path, *, n_models: int = 8, n_prompts: int = 
         "mean_jaccard": m, "id_stability": m * 0.9, "perfect": perfect,
         "mean_nodes": rng.uniform(4, 12, n_models),
         "jaccard_ci_low": m - half, "jaccard_ci_high": np.minimum(1, m + half),
+        # one model with enough prompts whose interval under-covers in its self-check
+        "jaccard_ci_coverage": np.where(np.arange(n_models) == int(np.argmax(k >= 8)), 0.91, 0.95),
         "id_ci_low": m * 0.9 - half, "id_ci_high": np.minimum(1, m * 0.9 + half),
         "rank_held": rng.uniform(0.2, 1.0, n_models),
         "rank_ci_low": np.maximum(1, ranks - 1), "rank_ci_high": np.minimum(n_models, ranks + 1),

@@ -14,6 +14,8 @@ from urllib.parse import quote
 
 import httpx
 import numpy as np
+import re
+
 import pytest
 
 from tests.support.viewer_store import (
@@ -155,7 +157,8 @@ def test_leaderboard_shows_the_analysis_partition_and_rank_sets(viewer) -> None:
     client, _ = viewer
     html = client.get("/panels/pan").text
     assert "clearly" in html or "undetermined" in html
-    assert 'id="leaderboard"' in html and "rank set" in html
+    assert 'id="leaderboard"' in html and "rank set" in html and "CI coverage" in html
+    assert re.search(r'<td class="num( flag-low)?">(0\.\d\d|1\.00)( \(low\))?</td>', html)
     for model in MODELS:
         assert f"/models/pan/{seg(model)}" in html
 

@@ -1,0 +1,170 @@
+"""Coverage of each mean-interval method, and of the rank sets, at the study's sample sizes.
+
+Sources of per-prompt cell scores (Jaccard, [0, 1]):
+* ``sim``: the study-like simulated models of :data:`analysis.stats.coverage.STUDY_MODELS`
+  (cells of 2–5 runs, mass at 1, skewed), truth = Monte-Carlo mean;
+* ``artifact``: each model of the artifact's annotated panel with at least 12 cells
+  (highest-budget-first cells of the campaign CSVs); its own cells are the population, samples
+  of n are drawn from them with replacement, truth = their mean.
+For n in --sizes and each method: the coverage over --datasets samples per model, printed per
+source as min / mean over models, plus the median width. With --ranks: panels of the simulated
+models (each model's cells independent, 20 % of cells missing; a "separated" design of the four
+models and a "tied" one of three exactly tied pairs), the family-wise coverage of the
+simultaneous rank set (all true ranks inside at once) and the marginal rank interval's
+coverage per model and for all models at once.
+
+Usage: python bench/interval_coverage.py [--sizes 5,8,12,22] [--datasets 1000]
+       [--replicates 1000] [--inner 200] [--methods percentile,bca,studentized,double]
+       [--ranks 400] [--artifact DIR] [--per-model]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from analysis.stats.coverage import STUDY_MODELS, simulate_cells, simulated_coverage, true_mean  # noqa: E402
+from analysis.stats.mean_intervals import METHODS, endpoints  # noqa: E402
+from analysis.stats.small_sample import Resampling  # noqa: E402
+from bench.reference import load_average  # noqa: E402
+
+ARTIFACT = ROOT.parent / "shared" / "paper-artifact"
+
+
+def artifact_cells(root: Path, min_cells: int = 12) -> dict[str, np.ndarray]:
+    """{model: mean_jaccard of its highest-budget-first annotated cells} from the CSVs."""
+    mapping = tomllib.loads((ROOT / "examples" / "artifact_campaigns.toml").read_text())
+    best: dict[tuple[str, str], tuple[tuple[int, int], float]] = {}
+    for c in mapping["campaign"]:
+        if c.get("panel") != "annotated":
+            continue
+        rank = (int(c["budget_rank"]), int(c["time_order"]))
+        with open(root / "results" / c["file"], newline="", encoding="utf-8") as f:
+            for row in csv.DictReader(f):
+                key = (row["model"], row["prompt"])
+                if key not in best or best[key][0] < rank:
+                    best[key] = (rank, float(row["mean_jaccard"]))
+    out: dict[str, list[float]] = {}
+    for (model, _), (_, value) in best.items():
+        out.setdefault(model, []).append(value)
+    return {m: np.array(v) for m, v in sorted(out.items()) if len(v) >= min_cells}
+
+
+def _resampler(pop: np.ndarray):
+    def draw(size, rng):
+        return pop[rng.integers(0, pop.size, size)]
+    return draw
+
+
+def _sim_draw(model):
+    def draw(size, rng):
+        return simulate_cells(model, size, rng)
+    return draw
+
+
+def _width(draw, n: int, method: str, spec: Resampling) -> float:
+    x = draw((200, n), np.random.default_rng([spec.seed, n, 1]))
+    lo, hi = endpoints(x, method, spec)
+    return float(np.median(hi - lo))
+
+
+def coverage_table(sources: dict, sizes: list[int], methods: list[str], spec: Resampling,
+                   datasets: int, per_model: bool = False) -> None:
+    """Print one row per (source, method): min / mean coverage over models at each n (and,
+    with ``per_model``, one line per model below it)."""
+    print(f"{'source':9} {'method':12} " + " ".join(f"{'n=' + str(n):>22}" for n in sizes))
+    for source, models in sources.items():
+        for method in methods:
+            t0 = time.perf_counter()
+            cells, table = [], []
+            for n in sizes:
+                cov = [simulated_coverage(draw, truth, n, method, spec, datasets)
+                       for draw, truth in models.values()]
+                table.append(cov)
+                w = np.median([_width(d, n, method, spec) for d, _ in models.values()])
+                cells.append(f"{min(cov):.3f}/{np.mean(cov):.3f} w{w:.2f}")
+            print(f"{source:9} {method:12} " + " ".join(f"{c:>22}" for c in cells)
+                  + f"   ({time.perf_counter() - t0:.0f} s)", flush=True)
+            for i, name in enumerate(models if per_model else ()):
+                print(f"{'':9} {'':12} " + " ".join(f"{col[i]:>22.3f}" for col in table)
+                      + f"   {name}")
+
+
+RANK_DESIGNS = {
+    "separated": STUDY_MODELS,
+    # exact ties: two models of each kind (true ranks with "min" ties)
+    "tied": (STUDY_MODELS[1], STUDY_MODELS[1], STUDY_MODELS[2], STUDY_MODELS[2],
+             STUDY_MODELS[3], STUDY_MODELS[3]),
+}
+
+
+def _rank_panel(models, n: int, rng: np.random.Generator) -> np.ndarray:
+    """(M, n) cells of the models, 20 % missing, every model keeping its first prompt."""
+    s = np.stack([simulate_cells(m, (n,), rng) for m in models])
+    keep_first = s[:, 0].copy()
+    s[rng.random(s.shape) < 0.2] = np.nan
+    s[:, 0] = keep_first
+    return s
+
+
+def rank_coverage(sizes: list[int], panels: int, replicates: int, seed: int) -> None:
+    """Per design and n: family-wise coverage of the simultaneous rank set (all true ranks
+    inside at once) and the per-model coverage of the marginal rank interval."""
+    from analysis.stats.ranks import joint_cluster_bootstrap, min_ranks
+
+    for design, models in RANK_DESIGNS.items():
+        truth_rank = min_ranks(np.array([true_mean(m, seed) for m in models]))
+        for n in sizes:
+            rng = np.random.default_rng([seed, n, len(models)])
+            fw, marginal, marginal_all, informative = 0, 0.0, 0, 0
+            for _ in range(panels):  # one panel per iteration; each bootstrap is vectorised
+                rb = joint_cluster_bootstrap(_rank_panel(models, n, rng), replicates=replicates,
+                                             seed=int(rng.integers(2**31)))
+                sim, mg = rb.simultaneous, rb.marginal
+                fw += bool(np.all((sim.low <= truth_rank) & (truth_rank <= sim.high)))
+                informative += bool(np.any(sim.high - sim.low < len(models) - 1))
+                inside = (mg.low <= truth_rank) & (truth_rank <= mg.high)
+                marginal += float(np.mean(inside))
+                marginal_all += bool(np.all(inside))
+            print(f"ranks {design} n={n}: simultaneous family-wise {fw / panels:.3f} "
+                  f"(informative in {informative / panels:.2f} of panels); marginal per-model "
+                  f"{marginal / panels:.3f}, all at once {marginal_all / panels:.3f}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="5,8,12,22")
+    ap.add_argument("--datasets", type=int, default=1000)
+    ap.add_argument("--replicates", type=int, default=1000)
+    ap.add_argument("--inner", type=int, default=200)
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--ranks", type=int, default=400, help="panels for the rank check; 0 = skip")
+    ap.add_argument("--artifact", type=Path, default=ARTIFACT)
+    ap.add_argument("--seed", type=int, default=20260601)
+    ap.add_argument("--per-model", action="store_true", help="one coverage line per model")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    spec = Resampling(replicates=args.replicates, seed=args.seed, inner_replicates=args.inner)
+    sources = {"sim": {m.name: (_sim_draw(m), true_mean(m, args.seed)) for m in STUDY_MODELS},
+               "artifact": {m: (_resampler(v), float(v.mean()))
+                            for m, v in artifact_cells(args.artifact).items()}}
+    print(f"coverage at nominal {spec.level}: min/mean over models, median width; "
+          f"{args.datasets} datasets, {args.replicates} replicates ({args.inner} inner); "
+          f"models: sim {len(sources['sim'])}, artifact {len(sources['artifact'])}", flush=True)
+    coverage_table(sources, sizes, args.methods.split(","), spec, args.datasets, args.per_model)
+    if args.ranks:
+        rank_coverage(sizes, args.ranks, args.replicates, args.seed)
+    print(load_average())
+
+
+if __name__ == "__main__":
+    main()
