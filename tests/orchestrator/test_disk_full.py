@@ -97,6 +97,20 @@ class _FullStore(RunStore):
         return super().write(records)
 
 
+def _settled(received: list, quiet_s: float = 0.3, timeout_s: float = 10.0) -> int:
+    """How many requests the server holds once none arrived for ``quiet_s``: a call the stopped
+    loop had already written may still be on its way in when the executor raises."""
+    import time
+
+    deadline, count, since = time.monotonic() + timeout_s, len(received), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        assert time.monotonic() < deadline, "the server kept receiving calls after the executor stopped"
+        time.sleep(0.02)
+        if len(received) != count:
+            count, since = len(received), time.monotonic()
+    return count
+
+
 def test_injected_enospc_stops_the_executor_and_resume_completes(tmp_path: Path) -> None:
     from orchestrator.campaign.instruction import load_instruction
 
@@ -116,7 +130,7 @@ def test_injected_enospc_stops_the_executor_and_resume_completes(tmp_path: Path)
         with pytest.raises(StorageError, match="no space left on the device") as info:
             asyncio.run(run_local(tasks, full, secrets={}, options=opts))
         assert "run the same command again" in str(info.value)
-        first = len(sim.received)
+        first = _settled(sim.received)
         assert first < 40  # it stopped calling the endpoint once nothing could be stored
         stored = full.completed_run_ids("c")
         todo = [t for t in tasks if t.run_id not in stored]
