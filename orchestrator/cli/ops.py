@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import datetime as dt
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -26,6 +27,9 @@ from rich.table import Table
 from orchestrator.cli.user_errors import fail as _fail
 from workers.errors import ConfigError, IrbenchError
 from workers.logs import configure_logging
+
+if TYPE_CHECKING:
+    from orchestrator.local.executor import ExecutionSummary
 
 
 def _console() -> Console:
@@ -40,6 +44,19 @@ def _endpoint_urls(values: list[str] | None) -> dict[str, str]:
             raise ConfigError(f"--endpoint-url {v!r}: write NAME=URL, e.g. sim=http://127.0.0.1:8766")
         out[name] = url
     return out
+
+
+def _probe_executor(executor: str, broker: str | None) -> Callable[..., tuple[int, ExecutionSummary]] | None:
+    """None (the local executor) or the Celery executor on ``broker``; ConfigError otherwise."""
+    if executor == "local":
+        return None
+    if executor != "celery":
+        raise ConfigError(f"--executor {executor!r}: use 'local' or 'celery'")
+    if not broker:
+        raise ConfigError("--executor celery needs --broker redis://HOST:PORT/DB")
+    from orchestrator.distributed.executor import celery_execute
+
+    return celery_execute(broker)  # workers read keys from their own environment
 
 
 def probe_command(
@@ -74,15 +91,7 @@ def probe_command(
             raise ConfigError("--outcomes only goes with --retry-failed")
         retry_outcomes = parse_outcomes(outcomes) if retry_failed else frozenset()
         settings = ProbeSettings(reference_timeout_s=reference_timeout, works_min_share=works_min_share)
-        execute = None
-        if executor == "celery":
-            if not broker:
-                raise ConfigError("--executor celery needs --broker redis://HOST:PORT/DB")
-            from orchestrator.distributed.executor import celery_execute
-
-            execute = celery_execute(broker)  # workers read keys from their own environment
-        elif executor != "local":
-            raise ConfigError(f"--executor {executor!r}: use 'local' or 'celery'")
+        execute = _probe_executor(executor, broker)
         with ModelBars(enabled=progress and executor == "local") as bars:
             execution = ProbeExecution(execute=execute, on_progress=bars.update, retry_outcomes=retry_outcomes)
             result = run_probe(probe, data, settings=settings, base_urls=_endpoint_urls(endpoint_url),
