@@ -237,7 +237,7 @@ def run_local_phase(args: argparse.Namespace, tmp: Path, models: list[str]) -> F
 
 
 def run_celery_phase(args: argparse.Namespace, tmp: Path, models: list[str]) -> Figures:
-    from orchestrator.distributed.executor import CeleryOptions, run_campaign_celery
+    from orchestrator.distributed.executor import CeleryOptions, CeleryRun, run_campaign_celery
 
     (tmp / "sim-celery.toml").write_text(sim_toml(models))
     env = {"IRBENCH_LOG_LEVEL": "WARNING"}  # per-run INFO lines cost CPU on a 2-core box
@@ -250,7 +250,7 @@ def run_celery_phase(args: argparse.Namespace, tmp: Path, models: list[str]) -> 
         print(f"\n== {label}: {n} runs; {load()}", flush=True)
         opts = CeleryOptions(analyze_on_complete=False, runs_per_message=args.runs_per_message)
         summary, seconds, returned = watched(
-            store, args, n, lambda: run_campaign_celery(prepared, store, c.url, options=opts, timeout_s=args.timeout_s)
+            store, args, n, lambda: run_campaign_celery(prepared, store, c.url, CeleryRun(options=opts, timeout_s=args.timeout_s))
         )
         if summary.interrupted:
             print(f"{label}: interrupted after {seconds:.0f} s ({summary.executed}/{n} stored)", flush=True)

@@ -128,7 +128,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every timed campaign of one invocation (one tree), as rows."""
     from _cluster import BenchCluster, interrupt_as_keyboard
 
-    from orchestrator.distributed.executor import CeleryOptions, run_campaign_celery
+    from orchestrator.distributed.executor import CeleryOptions, CeleryRun, run_campaign_celery
     from orchestrator.local.executor import LocalOptions, run_event_loop, run_local
     from storage.runs import RunStore
     from workers.logs import configure_logging
@@ -146,7 +146,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
         # no analysis (on the workers it would overlap the next timing); the default poll interval
         # (0.25 s), the product's own; 0.05 s costs the orchestrator more CPU than it saves in lag
         opts = CeleryOptions(analyze_on_complete=False, runs_per_message=k)
-        summary = run_campaign_celery(prepared, store, c.url, options=opts, timeout_s=600)
+        summary = run_campaign_celery(prepared, store, c.url, CeleryRun(options=opts, timeout_s=600))
         n = len(prepared.tasks)
         if summary.executed != n or summary.interrupted:
             raise SystemExit(f"{prepared.spec.name}: {summary.executed}/{n} stored, interrupted={summary.interrupted}")

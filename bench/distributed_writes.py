@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from _cluster import BenchCluster, interrupt_as_keyboard, write_campaign
 
 from orchestrator.campaign.prepared import prepare
-from orchestrator.distributed.executor import CeleryOptions, run_campaign_celery
+from orchestrator.distributed.executor import CeleryOptions, CeleryRun, run_campaign_celery
 from orchestrator.campaign.spec import load_campaign
 from storage.runs import RunStore
 
@@ -57,8 +57,8 @@ def main() -> None:
             print(f"{n} runs: {args.models} models x {args.prompts} prompts x {args.runs} runs; "
                   f"{args.workers} workers x {args.threads} threads; load average {os.getloadavg()}", flush=True)
             t0 = time.perf_counter()
-            summary = run_campaign_celery(prepared, store, c.url, timeout_s=3600,
-                                          options=CeleryOptions(analyze_on_complete=False))
+            summary = run_campaign_celery(prepared, store, c.url,
+                                          CeleryRun(timeout_s=3600, options=CeleryOptions(analyze_on_complete=False)))
             returned = dt.datetime.now(dt.timezone.utc)
             elapsed = time.perf_counter() - t0
             calls = sum(m["requests"] for m in c.sim_stats().values())

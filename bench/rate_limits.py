@@ -50,7 +50,7 @@ from _cluster import BenchCluster, interrupt_as_keyboard, sliding_window_max, wr
 from _load import LoadSampler, cpu_hogs
 
 from orchestrator.campaign.prepared import prepare
-from orchestrator.distributed.executor import CeleryOptions, run_campaign_celery
+from orchestrator.distributed.executor import CeleryOptions, CeleryRun, run_campaign_celery
 from orchestrator.campaign.spec import load_campaign
 from simulator.wire import WireCapture
 from storage.runs import RunStore
@@ -181,7 +181,7 @@ def main() -> None:
                 # analysis is not part of the campaign: run_campaign_celery would enqueue it after the
                 # last outcome (about 2 s here), which the makespan must not include
                 summary = run_campaign_celery(prepared, store, c.url,
-                                              options=CeleryOptions(poll_interval_s=0.1, analyze_on_complete=False))
+                                              CeleryRun(options=CeleryOptions(poll_interval_s=0.1, analyze_on_complete=False)))
                 makespan_s = time.monotonic() - t0
             if summary.interrupted:  # Ctrl-C / SIGTERM: the cluster is stopped on the way out
                 raise SystemExit(f"interrupted after {makespan_s:.1f} s; {summary.executed}/{len(tasks)} stored")

@@ -127,7 +127,7 @@ def _run_celery(req: RunRequest, prepared: PreparedCampaign, store: RunStore, re
                 ) -> tuple[int, ExecutionSummary]:
     """Dispatch to the workers and follow them; returns (runs stored before, summary)."""
     from orchestrator.cli.distributed import celery_options
-    from orchestrator.distributed.executor import run_campaign_celery
+    from orchestrator.distributed.executor import CeleryRun, run_campaign_celery
     from orchestrator.local.progress import ModelBars
 
     flags = req.celery
@@ -138,11 +138,10 @@ def _run_celery(req: RunRequest, prepared: PreparedCampaign, store: RunStore, re
     done_before = len(store.completed_run_ids(prepared.spec.name) & {t.run_id for t in prepared.tasks})
     try:
         with ModelBars(enabled=req.progress) as bars:
-            summary = run_campaign_celery(
-                prepared, store, url, on_progress=bars.update, options=options,
-                on_analysis=lambda job: console.print(f"analysis enqueued; outputs will land in {job.out_dir}"),
-                retry_outcomes=retry_outcomes,
-            )
+            run_as = CeleryRun(
+                options=options, retry_outcomes=retry_outcomes, on_progress=bars.update,
+                on_analysis=lambda job: console.print(f"analysis enqueued; outputs will land in {job.out_dir}"))
+            summary = run_campaign_celery(prepared, store, url, run_as)
     finally:
         watch.stop()
     return done_before, summary

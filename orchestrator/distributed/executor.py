@@ -133,20 +133,26 @@ def _record_retirements(campaign: str, store: RunStore, seen: set[str]) -> int:
     return len(rows)
 
 
-def run_campaign_celery(
-    prepared: PreparedCampaign,
-    store: RunStore,
-    broker_url: str,
-    *,
-    on_progress: CeleryProgressCallback | None = None,
-    timeout_s: float | None = None,
-    options: CeleryOptions = CeleryOptions(),
-    app: Celery | None = None,
-    analysis_options: AnalysisOptions | None = None,
-    on_analysis: Callable[[AnalysisJob], None] | None = None,
-    retry_outcomes: frozenset[Outcome] = frozenset(),
-) -> ExecutionSummary:
-    """Dispatch every planned run without a stored record and wait until each has one.
+@dataclass(frozen=True)
+class CeleryRun:
+    """How one ``run_campaign_celery`` call runs: the knobs (``options``), how long it waits
+    (``timeout_s``, None: until done), which stored runs go again (``retry_outcomes``), the
+    callbacks (``on_progress``, ``on_analysis``), the analysis options for the enqueued analysis,
+    and a Celery ``app`` (None: one made for the broker URL)."""
+
+    options: CeleryOptions = CeleryOptions()
+    timeout_s: float | None = None
+    retry_outcomes: frozenset[Outcome] = frozenset()
+    on_progress: CeleryProgressCallback | None = None
+    on_analysis: Callable[[AnalysisJob], None] | None = None
+    analysis_options: AnalysisOptions | None = None
+    app: Celery | None = None
+
+
+def run_campaign_celery(prepared: PreparedCampaign, store: RunStore, broker_url: str,
+                        run_as: CeleryRun = CeleryRun()) -> ExecutionSummary:
+    """Dispatch every planned run without a stored record and wait until each has one
+    (``run_as``: the options, timeout, retried classes and callbacks, below).
 
     ``retry_outcomes`` (``--retry-failed``): also dispatch the runs whose latest execution ended
     in one of these classes (their Redis done markers are dropped), and wait for a newer execution.
@@ -159,8 +165,8 @@ def run_campaign_celery(
     date>/`` with ``analysis_options`` (an ``AnalysisOptions``; default options, restricted to
     this campaign); ``on_analysis`` receives the ``orchestrator.jobs.analysis.AnalysisJob``.
     """
-    campaign = prepared.spec.name
-    app = app or make_celery_app(broker_url, visibility_timeout_s=options.visibility_timeout_s)
+    campaign, options, timeout_s = prepared.spec.name, run_as.options, run_as.timeout_s
+    app = run_as.app or make_celery_app(broker_url, visibility_timeout_s=options.visibility_timeout_s)
     client = sync_redis(broker_url)
     try:
         bundle = Bundle(redis=client, broker=app, store=store, clock=time.monotonic, sleep=time.sleep)
@@ -169,8 +175,8 @@ def run_campaign_celery(
         models = {t.model for t in prepared.tasks}
         unavailable = (with_retry(lambda: _close_unavailable(state, store, models), "closing unavailable models",
                                   budget_s=budget) if options.honour_availability else {})
-        run = DistributedCampaign(prepared, bundle, options, _cancelled_records, unavailable, on_progress,
-                                  frozenset(o.value for o in retry_outcomes))
+        run = DistributedCampaign(prepared, bundle, options, _cancelled_records, unavailable, run_as.on_progress,
+                                  frozenset(o.value for o in run_as.retry_outcomes))
         with tuned_collector(options.gc_young_threshold):  # the plan lives as long as the campaign
             summary = run.run(timeout_s)
         if any(p.outcomes.get(Outcome.RETIRED.value) for p in run.progress.values()):
@@ -181,13 +187,13 @@ def run_campaign_celery(
         try:
             from orchestrator.jobs.analysis import enqueue_campaign_analysis
 
-            job = enqueue_campaign_analysis(campaign, store.root, broker_url, options=analysis_options,
+            job = enqueue_campaign_analysis(campaign, store.root, broker_url, options=run_as.analysis_options,
                                             app=app, queue=options.queue)
         except Exception as exc:
             log.warning("analysis_not_enqueued", campaign=campaign, error=f"{type(exc).__name__}: {exc}")
         else:
-            if on_analysis is not None:
-                on_analysis(job)
+            if run_as.on_analysis is not None:
+                run_as.on_analysis(job)
     return summary
 
 
@@ -247,8 +253,9 @@ def celery_execute(
         skipped = len(store.completed_run_ids(prepared.spec.name) & planned)
         if retry_outcomes:
             skipped -= retryable(prepared, store, retry_outcomes).total
-        summary = run_campaign_celery(prepared, store, broker_url, on_progress=on_progress, options=options,
-                                      retry_outcomes=retry_outcomes, timeout_s=timeout_s, app=app)
+        summary = run_campaign_celery(prepared, store, broker_url,
+                                      CeleryRun(options=options, timeout_s=timeout_s, retry_outcomes=retry_outcomes,
+                                                on_progress=on_progress, app=app))
         return skipped, summary
 
     return execute

@@ -33,7 +33,7 @@ from orchestrator.jobs.analysis import (
     wait_analysis,
 )
 from orchestrator.campaign.prepared import prepare
-from orchestrator.distributed.executor import CeleryOptions, run_campaign_celery
+from orchestrator.distributed.executor import CeleryOptions, CeleryRun, run_campaign_celery
 from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimConfig, SimModel
 from simulator.server import start_background
@@ -149,9 +149,9 @@ def test_completed_campaign_enqueues_its_dated_analysis(tmp_path: Path, broker: 
         spec = load_campaign(make_campaign(tmp_path, "aj-camp", sim.base_url, {m: {} for m in models},
                                            prompts=4, runs=3))
         store = RunStore(tmp_path / "data")
-        summary = run_campaign_celery(prepare(spec), store, broker, timeout_s=60, analysis_options=OPTIONS,
-                                      options=CeleryOptions(claim_ttl_s=3.0, reconcile_interval_s=1.0),
-                                      on_analysis=jobs.append)
+        summary = run_campaign_celery(prepare(spec), store, broker,
+                                      CeleryRun(timeout_s=60, analysis_options=OPTIONS, on_analysis=jobs.append,
+                                                options=CeleryOptions(claim_ttl_s=3.0, reconcile_interval_s=1.0)))
     assert summary.executed == 36 and len(jobs) == 1
     done = wait_analysis(jobs[0], wait=JobWait(timeout_s=60, poll_interval_s=0.2))
     out = campaign_analysis_dir(tmp_path / "data", "aj-camp", dt.datetime.now(dt.UTC).date())

@@ -26,6 +26,7 @@ from orchestrator.distributed.executor import (
     CeleryOptions,
     campaign_status_celery,
     cancel_campaign,
+    CeleryRun,
     run_campaign_celery,
 )
 from orchestrator.campaign.spec import load_campaign
@@ -70,8 +71,8 @@ def test_crossed_campaign_three_workers(live: Cluster, tmp_path: Path) -> None:
         prepared = prepare(load_campaign(make_campaign(tmp_path, "t1", s.base_url, {m: {} for m in models}, runs=5)))
         store = RunStore(tmp_path / "data")
         seen: list[str] = []
-        summary = run_campaign_celery(prepared, store, live.url, options=FAST, timeout_s=60,
-                                      on_progress=lambda m, p: seen.append(m))
+        summary = run_campaign_celery(prepared, store, live.url,
+                                      CeleryRun(options=FAST, timeout_s=60, on_progress=lambda m, p: seen.append(m)))
         settle(store, live.url, "t1")
         st = stats(s.base_url)
     assert len(prepared.tasks) == 60 and not summary.interrupted
@@ -89,7 +90,7 @@ def test_crossed_campaign_three_workers(live: Cluster, tmp_path: Path) -> None:
     assert len(store.dataset.data_files()) <= 20
     assert set(seen) == set(models)
     # a second call is a resume with nothing to do: no dispatch, no call
-    again = run_campaign_celery(prepared, store, live.url, options=FAST, timeout_s=30)
+    again = run_campaign_celery(prepared, store, live.url, CeleryRun(options=FAST, timeout_s=30))
     assert again.executed == 0
     status = campaign_status_celery(prepared, store, live.url)
     assert status.stored.stored == 60 and status.outstanding == 0
@@ -104,8 +105,8 @@ def test_several_runs_per_message_never_exceed_the_workers_run_slots(live: Clust
         prepared = prepare(load_campaign(make_campaign(tmp_path, "t1s", s.base_url, {model: {"max_concurrency": 200}},
                                                        prompts=4, runs=12)))
         store = RunStore(tmp_path / "data")
-        summary = run_campaign_celery(prepared, store, live.url, options=replace(FAST, runs_per_message=8),
-                                      timeout_s=60)
+        summary = run_campaign_celery(prepared, store, live.url,
+                                      CeleryRun(options=replace(FAST, runs_per_message=8), timeout_s=60))
         settle(store, live.url, "t1s")
         st = stats(s.base_url)
     assert not summary.interrupted and summary.executed == 48
@@ -187,12 +188,12 @@ ORCH = textwrap.dedent(
     import sys
     from pathlib import Path
     from orchestrator.campaign.prepared import prepare
-    from orchestrator.distributed.executor import CeleryOptions, run_campaign_celery
+    from orchestrator.distributed.executor import CeleryOptions, CeleryRun, run_campaign_celery
     from orchestrator.campaign.spec import load_campaign
     from storage.runs import RunStore
     prepared = prepare(load_campaign(Path(sys.argv[1])))
-    run_campaign_celery(prepared, RunStore(Path(sys.argv[2])), sys.argv[3],
-                        options=CeleryOptions(max_outstanding=4, dispatch_batch=2, claim_ttl_s=3.0, reconcile_interval_s=1.0))
+    run_campaign_celery(prepared, RunStore(Path(sys.argv[2])), sys.argv[3], CeleryRun(
+        options=CeleryOptions(max_outstanding=4, dispatch_batch=2, claim_ttl_s=3.0, reconcile_interval_s=1.0)))
     """
 )
 
@@ -215,7 +216,7 @@ def test_orchestrator_killed_mid_dispatch_then_resumed(live: Cluster, tmp_path: 
             proc.wait(10)
         at_kill = stored_count(store, "t4")
         summary = run_campaign_celery(prepared, store, live.url,
-                                      options=CeleryOptions(claim_ttl_s=3.0, reconcile_interval_s=1.0), timeout_s=60)
+                                      CeleryRun(options=CeleryOptions(claim_ttl_s=3.0, reconcile_interval_s=1.0), timeout_s=60))
         st = stats(s.base_url)
     assert at_kill < len(prepared.tasks)
     assert not summary.interrupted and 0 < summary.executed <= len(prepared.tasks)
@@ -238,7 +239,7 @@ def test_rate_limit_storm_obeys_limit_and_cooldown(live: Cluster, tmp_path: Path
         prepared = prepare(load_campaign(make_campaign(tmp_path, "t5", s.base_url, fields, prompts=4,
                                                        runs=6, retry={"max_attempts": 8})))
         store = RunStore(tmp_path / "data")
-        summary = run_campaign_celery(prepared, store, live.url, options=FAST, timeout_s=90)
+        summary = run_campaign_celery(prepared, store, live.url, CeleryRun(options=FAST, timeout_s=90))
         settle(store, live.url, "t5")
         st = stats(s.base_url)["t5-rl"]
     assert not summary.interrupted
@@ -302,7 +303,7 @@ def test_hanging_model_times_out_at_deadline(live: Cluster, tmp_path: Path) -> N
         prepared = prepare(load_campaign(make_campaign(tmp_path, "t6", s.base_url, spec, prompts=4, runs=2)))
         store = RunStore(tmp_path / "data")
         t0 = time.monotonic()
-        summary = run_campaign_celery(prepared, store, live.url, options=FAST, timeout_s=60)
+        summary = run_campaign_celery(prepared, store, live.url, CeleryRun(options=FAST, timeout_s=60))
         elapsed = time.monotonic() - t0
     assert not summary.interrupted
     assert_every_run_stored(store, prepared)
@@ -329,7 +330,7 @@ def test_retired_model_gets_no_further_calls(live: Cluster, tmp_path: Path) -> N
         spec = {"t7-ret": {"max_concurrency": 1}, "t7-ok": {}}
         prepared = prepare(load_campaign(make_campaign(tmp_path, "t7", s.base_url, spec, prompts=4, runs=5)))
         store = RunStore(tmp_path / "data")
-        summary = run_campaign_celery(prepared, store, live.url, options=FAST, timeout_s=60)
+        summary = run_campaign_celery(prepared, store, live.url, CeleryRun(options=FAST, timeout_s=60))
         st = stats(s.base_url)
     assert not summary.interrupted
     assert_every_run_stored(store, prepared)

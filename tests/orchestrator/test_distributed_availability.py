@@ -25,6 +25,7 @@ from orchestrator.distributed.executor import (
     _close_unavailable,
     campaign_status_celery,
     celery_execute,
+    CeleryRun,
     run_campaign_celery,
 )
 from orchestrator.jobs.probe import ProbeExecution, run_probe
@@ -57,7 +58,7 @@ def _run(tmp: Path, name: str, url: str, models: list[str], broker: str, *, prom
     spec = load_campaign(make_campaign(tmp, name, url, {m: {} for m in models}, prompts=prompts, runs=runs))
     prepared = prepare(spec)
     store = RunStore(tmp / "data")
-    summary = run_campaign_celery(prepared, store, broker, options=FAST, timeout_s=60)
+    summary = run_campaign_celery(prepared, store, broker, CeleryRun(options=FAST, timeout_s=60))
     assert not summary.interrupted
     return prepared, store, summary
 
@@ -130,8 +131,8 @@ def test_410_during_campaign_becomes_availability_event(tmp_path: Path, cluster)
     planned = sum(t.model == "av-dying" for t in prepared2.tasks)  # 4 prompts in the shared dir × 2 runs
     assert planned == 8 and summary2.by_model["av-dying"] == {"cancelled": planned}
     # a second pass over the same campaign writes no duplicate events
-    again = run_campaign_celery(prepare(load_campaign(tmp_path / "av-410.toml")), store, srv.url, options=FAST,
-                                timeout_s=30)
+    again = run_campaign_celery(prepare(load_campaign(tmp_path / "av-410.toml")), store, srv.url,
+                                CeleryRun(options=FAST, timeout_s=30))
     assert again.executed == 0
     assert len(AvailabilityStore(data).read(sources=["campaign"])) == len(events)
 

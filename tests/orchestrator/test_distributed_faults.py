@@ -168,7 +168,7 @@ def test_deferred_runs_survive_their_worker(up: Cluster, tmp_path: Path, per_mes
 def test_retry_failed_adds_a_newer_execution(up: Cluster, tmp_path: Path) -> None:
     """``retry_outcomes`` (``--retry-failed``): runs whose latest execution failed go again and
     are done once a newer execution is stored; both executions stay in the store."""
-    from orchestrator.distributed.executor import run_campaign_celery
+    from orchestrator.distributed.executor import CeleryRun, run_campaign_celery
     from simulator.config import SimConfig
     from simulator.server import start_background
     from storage.records import Outcome
@@ -179,13 +179,13 @@ def test_retry_failed_adds_a_newer_execution(up: Cluster, tmp_path: Path) -> Non
                          retry={"max_attempts": 1})
     prepared = prepare(load_campaign(path))
     store = RunStore(tmp_path / "data")
-    first = run_campaign_celery(prepared, store, up.url, options=FAST, timeout_s=60)  # nothing listens
+    first = run_campaign_celery(prepared, store, up.url, CeleryRun(options=FAST, timeout_s=60))  # nothing listens
     assert first.by_model == {"f4-a": {"connect_error": 6}}
     with start_background(SimConfig(models={"f4-a": SimModel(latency_ms_median=5)}), port=port) as s:
-        plain = run_campaign_celery(prepared, store, up.url, options=FAST, timeout_s=60)
+        plain = run_campaign_celery(prepared, store, up.url, CeleryRun(options=FAST, timeout_s=60))
         assert plain.executed == 0 and stats(s.base_url).get("f4-a", {}).get("requests", 0) == 0
-        again = run_campaign_celery(prepared, store, up.url, options=FAST, timeout_s=60,
-                                    retry_outcomes=frozenset({Outcome.CONNECT_ERROR}))
+        again = run_campaign_celery(prepared, store, up.url,
+                                    CeleryRun(options=FAST, timeout_s=60, retry_outcomes=frozenset({Outcome.CONNECT_ERROR})))
         st = stats(s.base_url)
     assert again.by_model == {"f4-a": {"ok": 6}} and st["f4-a"]["requests"] == 6
     execs = store.read_executions(campaigns=["f4"], columns=["outcome"]).column("outcome").to_pylist()

@@ -28,7 +28,7 @@ from bench._cluster import write_campaign
 from deploy.celery_workers import CeleryWorkers
 from deploy.redis_server import RedisServer
 from orchestrator.campaign.prepared import PreparedCampaign
-from orchestrator.distributed.executor import CeleryOptions, run_campaign_celery
+from orchestrator.distributed.executor import CeleryOptions, CeleryRun, run_campaign_celery
 from orchestrator.local.executor import ExecutionSummary
 from simulator.config import SimConfig, SimModel
 from simulator.server import RunningSimulator, start_background
@@ -191,7 +191,8 @@ class Background:
 
     def _run(self, *args: object, **kwargs: object) -> None:
         try:
-            self.result = run_campaign_celery(*args, **kwargs)  # type: ignore[arg-type]
+            # the keyword arguments are CeleryRun's fields (timeout_s=, options=, ...)
+            self.result = run_campaign_celery(*args, CeleryRun(**kwargs))  # type: ignore[arg-type]
         except BaseException as e:
             self.error = e
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from deploy.redis_server import RedisServer
 from orchestrator.campaign.prepared import prepare
-from orchestrator.distributed.executor import CeleryOptions, run_campaign_celery
+from orchestrator.distributed.executor import CeleryOptions, CeleryRun, run_campaign_celery
 from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimModel
 from storage.runs import RunStore
@@ -38,8 +38,9 @@ def test_start_worker_entry_point_on_its_own_queue(tmp_path: Path) -> None:
         with sim(models) as s:
             prepared = prepare(load_campaign(make_campaign(tmp_path, "t9", s.base_url, {"t9-a": {}}, prompts=2, runs=3)))
             store = RunStore(data)
-            summary = run_campaign_celery(prepared, store, live.url, timeout_s=60,
-                                          options=CeleryOptions(queue="irbench-sw", claim_ttl_s=3.0, reconcile_interval_s=1.0))
+            summary = run_campaign_celery(prepared, store, live.url,
+                                          CeleryRun(timeout_s=60, options=CeleryOptions(
+                                              queue="irbench-sw", claim_ttl_s=3.0, reconcile_interval_s=1.0)))
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)

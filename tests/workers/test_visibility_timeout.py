@@ -13,7 +13,7 @@ import redis
 
 from deploy.celery_workers import CeleryWorkers
 from deploy.redis_server import RedisServer
-from orchestrator.distributed.executor import run_campaign_celery
+from orchestrator.distributed.executor import CeleryRun, run_campaign_celery
 from orchestrator.distributed.options import CeleryOptions
 from orchestrator.campaign.prepared import prepare
 from orchestrator.cli.distributed import worker_settings
@@ -84,8 +84,8 @@ def test_messages_a_dead_consumer_took_come_back_after_the_visibility_timeout(tm
         prepared = prepare(load_campaign(make_campaign(tmp_path, "vt", s.base_url, {"vt-a": {}}, prompts=3, runs=2)))
         store = RunStore(tmp_path / "data")
         # dispatch, then give up at once: no worker yet, the messages wait in the queue
-        summary = run_campaign_celery(prepared, store, srv.url, timeout_s=1.0,
-                                      options=CeleryOptions(analyze_on_complete=False))
+        summary = run_campaign_celery(prepared, store, srv.url,
+                                      CeleryRun(timeout_s=1.0, options=CeleryOptions(analyze_on_complete=False)))
         assert summary.interrupted and summary.executed == 0
         taker = subprocess.Popen([sys.executable, "-c", TAKER, srv.url, DEFAULT_QUEUE], cwd=REPO,
                                  stdout=subprocess.PIPE, text=True)
