@@ -112,9 +112,19 @@ def bootstrap_means(values: np.ndarray, *, replicates: int, seed: int,
     return means[0] if was_1d else means
 
 
-def _pack(lows, highs, points, degenerate, *, level, n, replicates, seed, method, was_1d):
+@dataclass(frozen=True)
+class _Stamp:
+    """What every interval of one call states about how it was made."""
+
+    level: float
+    replicates: int
+    seed: int
+    method: str
+
+
+def _pack(lows, highs, points, degenerate, stamp: _Stamp, *, n, was_1d):
     out = tuple(
-        Interval(float(lo), float(hi), float(pt), level, n, replicates, seed, method, bool(dg))
+        Interval(float(lo), float(hi), float(pt), stamp.level, n, stamp.replicates, stamp.seed, stamp.method, bool(dg))
         for lo, hi, pt, dg in zip(lows, highs, points, degenerate)
     )
     return out[0] if was_1d else out
@@ -134,20 +144,19 @@ def percentile_ci(values: np.ndarray, *, replicates: int = 10_000, seed: int,
     alpha = (1.0 - level) / 2.0
     q = np.quantile(theta_b, [alpha, 1.0 - alpha], axis=-1)  # (2, models)
     degenerate = np.ptp(x, axis=-1) == 0
-    return _pack(q[0], q[1], x.mean(axis=-1), degenerate, level=level, n=x.shape[-1],
-                 replicates=replicates, seed=seed, method="percentile", was_1d=was_1d)
+    return _pack(q[0], q[1], x.mean(axis=-1), degenerate, _Stamp(level, replicates, seed, "percentile"),
+                 n=x.shape[-1], was_1d=was_1d)
 
 
-def _quantile_pack(theta_b: np.ndarray, x_means, degenerate, *, level, ns, replicates, seed,
-                   method) -> tuple[Interval, ...]:
-    alpha = (1.0 - level) / 2.0
+def _quantile_pack(theta_b: np.ndarray, x_means, degenerate, stamp: _Stamp, *, ns) -> tuple[Interval, ...]:
+    alpha = (1.0 - stamp.level) / 2.0
     q = np.quantile(theta_b, [alpha, 1.0 - alpha], axis=-1)  # (2, models)
     lows, highs = q[0].copy(), q[1].copy()
     # a constant sample has a zero-width interval at its value (the fast scheme's matrix
     # products could otherwise leave ±1 ulp of summation noise)
     lows[degenerate] = highs[degenerate] = np.asarray(x_means)[degenerate]
-    return tuple(Interval(float(lo), float(hi), float(pt), level, int(n), replicates, seed,
-                          method, bool(dg))
+    return tuple(Interval(float(lo), float(hi), float(pt), stamp.level, int(n), stamp.replicates, stamp.seed,
+                          stamp.method, bool(dg))
                  for lo, hi, pt, n, dg in zip(lows, highs, x_means, ns, degenerate))
 
 
@@ -203,9 +212,8 @@ def percentile_ci_many_metrics(metrics, *, replicates: int = 10_000, seed: int,
     for k, groups in enumerate(mets):
         means = np.array([a.mean() for a in groups])
         degenerate = np.array([np.ptp(a) == 0 for a in groups])
-        out.append(_quantile_pack(theta_b[k], means, degenerate, level=level, ns=sizes,
-                                  replicates=replicates, seed=seed,
-                                  method="percentile_shared"))
+        out.append(_quantile_pack(theta_b[k], means, degenerate, _Stamp(level, replicates, seed, "percentile_shared"),
+                                  ns=sizes))
     return tuple(out)  # type: ignore[arg-type]  # _quantile_pack fills every slot
 
 
@@ -261,8 +269,7 @@ def bca_ci(values: np.ndarray, *, replicates: int = 10_000, seed: int, level: fl
     for m in np.flatnonzero(ok):  # loop over models (few), never over replicates
         lows[m], highs[m] = np.quantile(theta_b[m], [a1[m], a2[m]])
     degenerate = np.ptp(x, axis=-1) == 0
-    return _pack(lows, highs, theta_hat[:, 0], degenerate, level=level, n=n,
-                 replicates=replicates, seed=seed, method="bca", was_1d=was_1d)
+    return _pack(lows, highs, theta_hat[:, 0], degenerate, _Stamp(level, replicates, seed, "bca"), n=n, was_1d=was_1d)
 
 
 def expanded_percentile_ci(values: np.ndarray, *, replicates: int = 10_000, seed: int,
@@ -285,5 +292,5 @@ def expanded_percentile_ci(values: np.ndarray, *, replicates: int = 10_000, seed
         q = np.quantile(theta_b, [1.0 - p2, p2], axis=-1)
         lo, hi = q[0], q[1]
     degenerate = np.ptp(x, axis=-1) == 0
-    return _pack(lo, hi, x.mean(axis=-1), degenerate, level=level, n=n, replicates=replicates,
-                 seed=seed, method="expanded_percentile", was_1d=was_1d)
+    return _pack(lo, hi, x.mean(axis=-1), degenerate, _Stamp(level, replicates, seed, "expanded_percentile"),
+                 n=n, was_1d=was_1d)
