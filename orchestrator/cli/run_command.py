@@ -162,11 +162,27 @@ def _print_summary(req: RunRequest, ran: _Ran) -> None:
     retried = f", {again.total} retried (latest execution: {again.describe()})" if again and again.total else ""
     console.print(
         f"campaign [bold]{ran.prepared.spec.name}[/]: {len(ran.prepared.tasks)} runs planned, {ran.skipped} already "
-        f"stored{retried}, {summary.executed} executed now{' (interrupted)' if summary.interrupted else ''}; "
+        f"stored{retried}, {_executed(summary)}{' (interrupted)' if summary.interrupted else ''}; "
         f"data in {req.data}/runs/"
     )
     if summary.interrupted:
         raise typer.Exit(code=INTERRUPTED_EXIT_CODE)  # main() says what to do
+
+
+def _executed(summary: ExecutionSummary) -> str:
+    """``N executed now (ok A, failed F)``, then ``, C cancelled`` for the runs stored during this
+    command that never reached the endpoint: a cancel or a closed model is not work done."""
+    from collections import Counter
+
+    from storage.outcomes import Outcome
+
+    counts: Counter[str] = Counter()
+    for outcomes in summary.by_model.values():
+        counts.update(outcomes)
+    cancelled, ok = counts[Outcome.CANCELLED.value], counts[Outcome.OK.value]
+    called = summary.executed - cancelled
+    text = f"{called} executed now" + (f" (ok {ok}, failed {called - ok})" if called else "")
+    return text + (f", {cancelled} cancelled" if cancelled else "")
 
 
 def _exit_on_failed_runs(prepared: PreparedCampaign, store: RunStore) -> None:

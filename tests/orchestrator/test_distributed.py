@@ -373,6 +373,7 @@ def test_cancel_records_every_remaining_run(live: Cluster, tmp_path: Path) -> No
                                capture_output=True, text=True, timeout=120, cwd=REPO)
         assert again.returncode == 0, again.stderr
         text = " ".join(again.stdout.split())
-        assert f"{outcomes['cancelled']} retried (latest execution: cancelled {outcomes['cancelled']})" in text, text
+        n = outcomes["cancelled"]
+        assert f"{n} retried (latest execution: cancelled {n}), {n} executed now (ok {n}, failed 0);" in text, text
         assert Counter(r.outcome.value for r in store.read_records(campaigns=["t8"])) == {"ok": 40}
         assert stats(s.base_url)["t8-a"]["requests"] == 40  # each cancelled run called once, the ok ones never again
