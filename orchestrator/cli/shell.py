@@ -14,7 +14,7 @@ from workers.logs import Redactor, configure_logging
 if TYPE_CHECKING:
     from orchestrator.campaign.prepared import PreparedCampaign
 
-__all__ = ["broker_url", "console", "report_corpus", "setup_logging", "warn"]
+__all__ = ["broker_url", "console", "no_store_note", "report_corpus", "setup_logging", "warn"]
 
 console = Console(width=None if sys.stdout.isatty() else 120)
 
