@@ -55,6 +55,16 @@ def parse_outcomes(text: str | None) -> frozenset[Outcome]:
     return frozenset(chosen)
 
 
+def rerun_outcomes(retry_failed: bool, outcomes: str | None) -> frozenset[Outcome]:
+    """The classes whose stored runs a ``run`` or ``probe`` executes again: those of
+    ``--retry-failed --outcomes`` (when asked), and always ``cancelled``: a cancelled run never
+    reached its end, so the same command again resumes it (``retryable_tasks`` leaves out the
+    cancelled runs of closed models). ConfigError for ``--outcomes`` without ``--retry-failed``."""
+    if outcomes is not None and not retry_failed:
+        raise ConfigError("--outcomes only goes with --retry-failed")
+    return (parse_outcomes(outcomes) if retry_failed else frozenset()) | {Outcome.CANCELLED}
+
+
 def latest_outcomes(prepared: PreparedCampaign, store: RunStore, *, skip_corrupt: bool = False) -> dict[str, str]:
     """run_id → outcome of its latest execution, for the planned runs that have one
     (``skip_corrupt``: unreadable files are left out, as ``irbench status --skip-corrupt`` does)."""

@@ -80,16 +80,14 @@ def probe_command(
     (examples/probe.toml calls the probe simulator: irbench simulate --config examples/sim_probe.toml --port 8766)
     """
     from analysis.tables.probes import ProbeSettings
-    from orchestrator.campaign.retry import parse_outcomes
+    from orchestrator.campaign.retry import rerun_outcomes
     from orchestrator.jobs.probe import ProbeExecution, attribution_lines, probe_rich_table, run_probe
     from orchestrator.local.progress import ModelBars
 
     console = _console()
     configure_logging(level="WARNING")  # per-run log lines (INFO) stay off stdout, which holds the results
     try:
-        if outcomes is not None and not retry_failed:
-            raise ConfigError("--outcomes only goes with --retry-failed")
-        retry_outcomes = parse_outcomes(outcomes) if retry_failed else frozenset()
+        retry_outcomes = rerun_outcomes(retry_failed, outcomes)
         settings = ProbeSettings(reference_timeout_s=reference_timeout, works_min_share=works_min_share)
         execute = _probe_executor(executor, broker)
         with ModelBars(enabled=progress and executor == "local") as bars:

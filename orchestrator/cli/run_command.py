@@ -74,17 +74,13 @@ def run_request(req: RunRequest) -> None:
     from orchestrator.campaign.adhoc import campaign_file_for
     from orchestrator.campaign.limits import DEFAULT_MAX_PLANNED_RUNS
     from orchestrator.campaign.prepared import prepare
-    from orchestrator.campaign.retry import parse_outcomes, retryable
+    from orchestrator.campaign.retry import rerun_outcomes, retryable
     from orchestrator.campaign.spec import load_campaign
-    from storage.outcomes import Outcome
     from storage.runs import RunStore
 
     redactor = setup_logging(req.log_file, req.verbose)
     try:
-        if req.outcomes is not None and not req.retry_failed:
-            raise ConfigError("--outcomes only goes with --retry-failed")
-        # a cancelled run never reached its end: the same command again resumes it
-        retry_outcomes = (parse_outcomes(req.outcomes) if req.retry_failed else frozenset()) | {Outcome.CANCELLED}
+        retry_outcomes = rerun_outcomes(req.retry_failed, req.outcomes)
         chosen = campaign_file_for(req.campaign, req.data, req.adhoc)
         campaign = chosen.path
         if chosen.changes:
