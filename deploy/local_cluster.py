@@ -11,7 +11,7 @@
 runs in its own session/process group (a terminal Ctrl-C reaches only this launcher, which then
 stops them in order) and logs to ``<state>/logs/<name>.log``. The state file
 ``<state>/cluster.json`` records pids, process start times (to detect pid reuse), ports and URLs.
-Workers get ``IRBENCH_BROKER_URL`` and ``IRBENCH_DATA_DIR`` plus the launcher's environment and
+Workers get ``IRBENCH_BROKER_URL`` and ``IRBENCH_DATA`` plus the launcher's environment and
 optional ``--env-file`` (KEY=VALUE lines, the compose env_file format) for API keys; keys are never
 written to the state file or logs by this launcher.
 
@@ -179,7 +179,7 @@ def _celery_env(cfg: ClusterConfig, broker_url: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(cfg.extra_env)
     env["IRBENCH_BROKER_URL"] = broker_url
-    env["IRBENCH_DATA_DIR"] = str(cfg.data_dir)
+    env["IRBENCH_DATA"] = str(cfg.data_dir)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 

@@ -22,6 +22,7 @@ _OTHERS = (
     ("IRBENCH_NO_WORKER_WARN_S", "run (celery)", "10", "warn on stderr when no worker consumes the queue for this long (s)"),
     ("IRBENCH_AVAILABILITY_TARGETS", "worker (beat)", "unset", "JSON file of availability-check targets; set, the check joins the beat schedule"),
     ("IRBENCH_AVAILABILITY_INTERVAL_S", "worker (beat)", "86400", "seconds between scheduled availability checks"),
+    ("IRBENCH_DATA_DIR", "worker", "unset", "refused: the store root is IRBENCH_DATA (the worker says so and exits)"),
 )
 
 
@@ -44,10 +45,11 @@ def _fmt(value: object) -> str:
 
 def _settings_knobs() -> list[Knob]:
     from orchestrator.distributed.options import ENV_VARS, CeleryOptions
-    from workers.celery.runtime import ENV_PREFIX, WorkerSettings
+    from workers.celery.runtime import WorkerSettings
 
-    out = [Knob(ENV_PREFIX + f.name.upper(), "worker", _fmt(f.default), meaning=f"WorkerSettings.{f.name}")
-           for f in dataclasses.fields(WorkerSettings) if f.name != "redis_url"]
+    # data_dir is IRBENCH_DATA, the --data of every verb (the worker's included): a CLI row.
+    out = [Knob(WorkerSettings.env_name(f.name), "worker", _fmt(f.default), meaning=f"WorkerSettings.{f.name}")
+           for f in dataclasses.fields(WorkerSettings) if f.name not in ("redis_url", "data_dir")]
     defaults = {f.name: f.default for f in dataclasses.fields(CeleryOptions)}
     out += [Knob(var, "run (celery)", _fmt(defaults[name]), meaning=f"CeleryOptions.{name}")
             for name, var in ENV_VARS.items()]

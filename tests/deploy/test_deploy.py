@@ -25,7 +25,7 @@ LAUNCHER = DEPLOY / "local_cluster.py"
 
 
 # A minimal Celery app configured the way the launcher's contract says: broker from
-# IRBENCH_BROKER_URL; its task writes into IRBENCH_DATA_DIR so the test sees both env vars arrive.
+# IRBENCH_BROKER_URL; its task writes into IRBENCH_DATA so the test sees both env vars arrive.
 THROWAWAY_APP = '''
 import os
 from pathlib import Path
@@ -36,7 +36,7 @@ app.conf.update(task_ignore_result=True, broker_connection_retry_on_startup=True
 
 @app.task(name="deploytestapp.touch")
 def touch(name):
-    Path(os.environ["IRBENCH_DATA_DIR"], name).write_text(os.environ.get("DEPLOYTEST_SECRET", "absent"))
+    Path(os.environ["IRBENCH_DATA"], name).write_text(os.environ.get("DEPLOYTEST_SECRET", "absent"))
 '''
 
 
@@ -132,7 +132,7 @@ def _up_and_check(app: str, state: Path, data: Path, env: dict[str, str], *, tas
     replies = _inspect_ping(app, broker_url, env)
     assert len(replies) == 2 and all(v == {"ok": "pong"} for v in replies.values()), replies
 
-    if task_roundtrip:  # a real task through the broker proves IRBENCH_DATA_DIR and --env-file-less env reach workers
+    if task_roundtrip:  # a real task through the broker proves IRBENCH_DATA and --env-file-less env reach workers
         from celery import Celery
 
         client = Celery(broker=broker_url)
@@ -303,7 +303,7 @@ def test_compose_structure():
 
     for name in ("worker", "beat", "orchestrator"):  # the same dataset root everywhere
         assert "irbench-data:/data" in s[name]["volumes"], name
-        assert s[name]["environment"]["IRBENCH_DATA_DIR"] == "/data"
+        assert s[name]["environment"]["IRBENCH_DATA"] == "/data"
         assert s[name]["environment"]["IRBENCH_BROKER_URL"] == "redis://redis:6379/0"
         assert s[name]["build"]["dockerfile"] == "deploy/Dockerfile"
     w = s["worker"]

@@ -180,7 +180,7 @@ def test_beat_one_check_per_interval_with_two_beats(tmp_path: Path) -> None:
     with RedisServer() as srv, start_background(cfg) as sim:
         targets = tmp_path / "targets.json"
         targets.write_text(json.dumps(targets_to_json([_target(sim.base_url, "alive", "switch")])))
-        env = {**os.environ, "IRBENCH_BROKER_URL": srv.url, "IRBENCH_DATA_DIR": str(data),
+        env = {**os.environ, "IRBENCH_BROKER_URL": srv.url, "IRBENCH_DATA": str(data),
                "IRBENCH_AVAILABILITY_TARGETS": str(targets), "IRBENCH_AVAILABILITY_INTERVAL_S": str(interval_s)}
         logs = []
         try:

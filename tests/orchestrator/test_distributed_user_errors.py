@@ -98,7 +98,7 @@ def test_no_worker_warns_within_15_s_with_the_command(tmp_path: Path) -> None:
 def test_worker_on_another_store_is_named_and_nothing_dispatched(tmp_path: Path) -> None:
     other = tmp_path / "elsewhere"
     with RedisServer() as srv, scripted_server() as sim, CeleryWorkers(
-        srv.url, count=1, concurrency=2, env={"IRBENCH_DATA_DIR": str(other), "IRBENCH_PRESENCE_INTERVAL_S": "0.5"}
+        srv.url, count=1, concurrency=2, env={"IRBENCH_DATA": str(other), "IRBENCH_PRESENCE_INTERVAL_S": "0.5"}
     ):
         wait_for(lambda: read_presence(redis.Redis.from_url(srv.url)), 30, "the worker's first presence")
         data = tmp_path / "data"
@@ -122,7 +122,7 @@ def test_worker_on_another_store_is_named_and_nothing_dispatched(tmp_path: Path)
 def test_worker_on_the_same_store_runs_the_campaign(tmp_path: Path) -> None:
     data = tmp_path / "data"
     with RedisServer() as srv, scripted_server() as sim, CeleryWorkers(
-        srv.url, count=1, concurrency=2, env={"IRBENCH_DATA_DIR": str(data), "IRBENCH_PRESENCE_INTERVAL_S": "0.5"}
+        srv.url, count=1, concurrency=2, env={"IRBENCH_DATA": str(data), "IRBENCH_PRESENCE_INTERVAL_S": "0.5"}
     ):
         proc = subprocess.run(
             [*CLI, "run", str(_campaign(tmp_path, sim.base_url)), "--data", str(data), "--executor", "celery",

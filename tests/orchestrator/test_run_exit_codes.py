@@ -78,7 +78,7 @@ def test_an_unknown_model_beside_a_good_one_exits_3(tmp_path: Path, sim: Running
 
 def test_the_celery_executor_exits_the_same_way(tmp_path: Path, sim: RunningSimulator) -> None:
     data = tmp_path / "data"
-    with RedisServer() as srv, CeleryWorkers(srv.url, count=1, concurrency=2, env={"IRBENCH_DATA_DIR": str(data)}):
+    with RedisServer() as srv, CeleryWorkers(srv.url, count=1, concurrency=2, env={"IRBENCH_DATA": str(data)}):
         proc = _run(_campaign(tmp_path, sim.base_url, ["steady", "gone"]), data,
                     "--executor", "celery", "--broker", srv.url, "--no-analyze")
     _assert_some_failed(proc, data, sim)

@@ -3,7 +3,7 @@
 Start a worker (the deploy files assume exactly this; ``orchestrator.distributed.worker_app`` is this app
 plus the analysis-job tasks, which may import ``analysis`` and so do not live in ``workers``)::
 
-    IRBENCH_BROKER_URL=redis://host:6379/0 IRBENCH_DATA_DIR=/data \\
+    IRBENCH_BROKER_URL=redis://host:6379/0 IRBENCH_DATA=/data \\
         celery -A orchestrator.distributed.worker_app worker -P threads -c 16 -Q irbench
 
 Library code calls :func:`make_celery_app`; nothing is built or connects at import.
@@ -125,7 +125,7 @@ def make_celery_app(
     the rule above).
     ``environ`` (default ``os.environ``): when it sets ``IRBENCH_AVAILABILITY_TARGETS`` (a JSON
     file of check targets), the availability check joins ``beat_schedule`` every
-    ``IRBENCH_AVAILABILITY_INTERVAL_S`` (default 86400 s) writing under ``IRBENCH_DATA_DIR``
+    ``IRBENCH_AVAILABILITY_INTERVAL_S`` (default 86400 s) writing under ``IRBENCH_DATA``
     (``workers.celery.availability_tasks.beat_settings_from_env``; a bad file is a ConfigError).
     """
     env = os.environ if environ is None else environ
@@ -193,7 +193,7 @@ def start_worker(
     """Run a worker in this process until it is stopped (``irbench worker``); blocks.
 
     Equivalent to ``celery -A orchestrator.distributed.worker_app worker -P threads -c N -Q queues`` with
-    ``IRBENCH_BROKER_URL=broker_url`` (and ``IRBENCH_DATA_DIR=data_dir`` when given).
+    ``IRBENCH_BROKER_URL=broker_url`` (and ``IRBENCH_DATA=data_dir`` when given).
     """
     settings = settings or WorkerSettings.from_env(broker_url)
     if data_dir is not None:

@@ -143,7 +143,7 @@ def configure_availability_beat(
 
 
 def beat_settings_from_env(environ: Mapping[str, str]) -> tuple[list[CheckTarget], str, float] | None:
-    """``IRBENCH_AVAILABILITY_TARGETS`` (a JSON file of targets), ``IRBENCH_DATA_DIR`` and
+    """``IRBENCH_AVAILABILITY_TARGETS`` (a JSON file of targets), ``IRBENCH_DATA`` and
     ``IRBENCH_AVAILABILITY_INTERVAL_S`` (default 86400); ``None`` when no targets file is set."""
     path = environ.get("IRBENCH_AVAILABILITY_TARGETS")
     if not path:
@@ -152,9 +152,9 @@ def beat_settings_from_env(environ: Mapping[str, str]) -> tuple[list[CheckTarget
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"IRBENCH_AVAILABILITY_TARGETS={path}: cannot read a JSON list of targets ({exc})") from exc
-    data_dir = environ.get("IRBENCH_DATA_DIR")
+    data_dir = environ.get("IRBENCH_DATA")
     if not data_dir:
-        raise ConfigError("IRBENCH_DATA_DIR is not set; the availability check needs the dataset root")
+        raise ConfigError("IRBENCH_DATA is not set; the availability check needs the dataset root")
     try:
         interval = float(environ.get("IRBENCH_AVAILABILITY_INTERVAL_S", "86400"))
     except ValueError as exc:

@@ -67,14 +67,21 @@ log = structlog.get_logger("irbench.worker")
 T = TypeVar("T")
 
 ENV_PREFIX = "IRBENCH_"
+#: Fields whose variable is not ``IRBENCH_<FIELD>``: the store root has one name for every
+#: command, the CLI's ``--data`` default included.
+_ENV_NAMES = {"data_dir": "IRBENCH_DATA"}
+#: Names an older release read, refused with the name to use instead.
+_RENAMED_ENV = {"IRBENCH_DATA_DIR": "IRBENCH_DATA"}
 
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """Worker knobs; each can be set by env ``IRBENCH_<FIELD>`` (e.g. ``IRBENCH_CLAIM_TTL_S``).
+    """Worker knobs; each can be set by env ``IRBENCH_<FIELD>`` (e.g. ``IRBENCH_CLAIM_TTL_S``;
+    :meth:`env_name` gives each field's variable).
 
     ``redis_url``: Redis for limiter/state (default: the broker). ``data_dir``: the run store
-    root; when set it wins over the path a task carries (the worker's own mount of the store).
+    root (``IRBENCH_DATA``, as for every command); when set it wins over the path a task carries
+    (the worker's own mount of the store).
     ``lease_ttl_s``/``claim_ttl_s``: lifetime of a limiter lease / run claim without a heartbeat
     (renewed every third of the shorter one). ``max_wait_s``: longest wait for a permit while
     holding a worker slot. ``min_defer_s``/``max_defer_s``: bounds of a deferral countdown (keep
@@ -155,18 +162,26 @@ class WorkerSettings:
     def heartbeat_s(self) -> float:
         return min(self.lease_ttl_s, self.claim_ttl_s) / 3.0
 
+    @staticmethod
+    def env_name(field_name: str) -> str:
+        """The environment variable that sets ``field_name``."""
+        return _ENV_NAMES.get(field_name, ENV_PREFIX + field_name.upper())
+
     @classmethod
     def from_env(cls, broker_url: str, environ: Mapping[str, str] | None = None) -> WorkerSettings:
         env = os.environ if environ is None else environ
+        for old, new in _RENAMED_ENV.items():
+            if env.get(old) and not env.get(new):
+                raise ConfigError(f"{old} is not read any more: set {new}={env[old]} instead (one name for the store root)")
         values: dict[str, Any] = {"redis_url": env.get(ENV_PREFIX + "REDIS_URL") or broker_url}
         for f in fields(cls):
-            raw = env.get(ENV_PREFIX + f.name.upper())
+            raw = env.get(cls.env_name(f.name))
             if f.name == "redis_url" or raw in (None, ""):
                 continue
             try:
                 values[f.name] = int(raw) if f.type in ("int", int) else float(raw) if "float" in str(f.type) else raw
             except ValueError:
-                raise ConfigError(f"{ENV_PREFIX}{f.name.upper()}={raw!r} is not a number") from None
+                raise ConfigError(f"{cls.env_name(f.name)}={raw!r} is not a number") from None
         return cls(**values)
 
 
@@ -272,7 +287,7 @@ class WorkerRuntime:
     def store(self, data_dir: str | None) -> RunStore:
         root = self.settings.data_dir or data_dir
         if not root:
-            raise ConfigError("no data directory: set IRBENCH_DATA_DIR on the worker or pass data_dir in the task")
+            raise ConfigError("no data directory: set IRBENCH_DATA on the worker (or --data) or pass data_dir in the task")
         with self._lock:
             if root not in self._stores:
                 self._stores[root] = RunStore(Path(root))
