@@ -2,8 +2,8 @@
 
 A 410 retires the model for the campaign on every worker; ``disable_after_consecutive``
 auth/not-found/client errors in a row (counted across workers) disable it; ``cancel_all`` closes
-every model (``irbench cancel``). Keys live under the campaign (``workers.state.campaign_state``):
-``P:gate`` HASH model -> reason, ``P:streak`` HASH model -> count, ``P:cancel`` STRING reason.
+every model (``irbench cancel``). Its keys are the campaign's ``flags``
+(``workers.state.gate_flags.GateFlags``: ``P:gate``, ``P:streak``, ``P:cancel``).
 
 The protocol methods are synchronous because ``execute_run`` calls them synchronously; each is
 one round trip on a sync client with short socket timeouts. ``closed_reason`` lets a Redis error
@@ -65,7 +65,7 @@ class RedisGate:
         fresh_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._state = state
+        self._flags = state.flags  # the owner of the keys this gate reads and writes
         self._client: redis.Redis = state.client
         self._aclient = async_client
         self._limit = disable_after_consecutive
@@ -86,8 +86,8 @@ class RedisGate:
         if known is not None and now - known[0] < self._fresh_s:
             return known[1]
         pipe = self._client.pipeline(transaction=False)
-        pipe.get(self._state.key("cancel"))
-        pipe.hget(self._state.key("gate"), model)
+        pipe.get(self._flags.cancel_key)
+        pipe.hget(self._flags.gate_key, model)
         return self._remember(model, _reason(*pipe.execute()), now)
 
     def prime(self, model: str, view: GateView) -> str | None:
@@ -108,8 +108,8 @@ class RedisGate:
         if self._aclient is None:
             return await asyncio.to_thread(self.refresh, model)
         pipe = self._aclient.pipeline(transaction=False)
-        pipe.get(self._state.key("cancel"))
-        pipe.hget(self._state.key("gate"), model)
+        pipe.get(self._flags.cancel_key)
+        pipe.hget(self._flags.gate_key, model)
         return self._remember(model, _reason(*await pipe.execute()), now)
 
     async def admission_async(self, model: str, limiter_state_key: str) -> tuple[str | None, float]:
@@ -120,8 +120,8 @@ class RedisGate:
         if self._aclient is None:
             return await asyncio.to_thread(self.refresh, model), 0.0
         pipe = self._aclient.pipeline(transaction=False)
-        pipe.get(self._state.key("cancel"))
-        pipe.hget(self._state.key("gate"), model)
+        pipe.get(self._flags.cancel_key)
+        pipe.hget(self._flags.gate_key, model)
         pipe.hget(limiter_state_key, "cool")
         pipe.time()
         cancel, closed, cool, (sec, usec) = await pipe.execute()
@@ -130,7 +130,7 @@ class RedisGate:
         return reason, max(cooling_s, 0.0)
 
     def _observe_once(self, model: str, outcome: Outcome, detail: str | None) -> None:
-        gate, streak = self._state.key("gate"), self._state.key("streak")
+        gate, streak = self._flags.gate_key, self._flags.streak_key
         if outcome is Outcome.RETIRED:
             self._client.hsetnx(gate, model, "retired" + (f": {detail}" if detail else ""))
         elif outcome in DISABLING:
@@ -154,16 +154,16 @@ class RedisGate:
             log.warning("gate_observe_lost", model=model, outcome=outcome.value, error=str(exc))
 
     def cancel_all(self, reason: str) -> None:
-        self._state.flags.cancel(reason)
+        self._flags.cancel(reason)
 
     def close(self, model: str, reason: str) -> None:
         """Close ``model`` for the campaign on every worker; a reason already set is kept."""
-        self._state.flags.close(model, reason)
+        self._flags.close(model, reason)
         self._known.pop(model, None)
 
     def reopen(self, model: str) -> None:
         """Undo a retirement/disable for this campaign (operator decision)."""
         pipe = self._client.pipeline(transaction=True)
-        pipe.hdel(self._state.key("gate"), model)
-        pipe.hdel(self._state.key("streak"), model)
+        pipe.hdel(self._flags.gate_key, model)
+        pipe.hdel(self._flags.streak_key, model)
         pipe.execute()
