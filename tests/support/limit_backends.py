@@ -64,7 +64,7 @@ class Probe:
 @asynccontextmanager
 async def open_limiter(backend: Backend, probe: Probe | None = None, **kw: Any) -> AsyncIterator[Any]:
     if backend.url is None:
-        yield MemoryLimiter(clock=probe.clock if probe else time.monotonic, **kw)
+        yield MemoryLimiter(RateTiming(**kw), clock=probe.clock if probe else time.monotonic)
         return
     client = aioredis.Redis.from_url(backend.url)
     lim = RedisLimiter(client, key_prefix=f"t:{uuid.uuid4().hex}", timing=RateTiming(**kw))

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from workers.errors import ModelDisabled
-from workers.limits import Lease, MemoryLimiter
+from workers.limits import Lease, MemoryLimiter, RateTiming
 from workers.runtask import ModelLimits
 from tests.support import limit_backends
 from tests.support.limit_backends import Backend, Probe, open_limiter, run
@@ -253,13 +253,13 @@ def test_memory_limiter_runs_on_an_injected_clock() -> None:
         await asyncio.sleep(0)
 
     async def body() -> None:
-        lim = MemoryLimiter(clock=lambda: now[0], sleep=fake_sleep, jitter_allowance_s=0.0)  # period 60 s
+        lim = MemoryLimiter(RateTiming(jitter_allowance_s=0.0), clock=lambda: now[0], sleep=fake_sleep)  # period 60 s
         limits = ModelLimits(requests_per_minute=6, max_concurrency=None)  # one per 10 s
         waited = [(await lim.acquire("m", limits, f"h{i}", 0)).waited_ms for i in range(3)]
         assert waited == [0.0, 10_000.0, 10_000.0]
         assert naps == [10.0, 10.0], "one exact sleep per wait, no polling"
         # the jitter allowance stretches the window: (60 + 3) s / 6 per request
-        lim2 = MemoryLimiter(clock=lambda: now[0], sleep=fake_sleep, jitter_allowance_s=3.0)
+        lim2 = MemoryLimiter(RateTiming(jitter_allowance_s=3.0), clock=lambda: now[0], sleep=fake_sleep)
         waited = [(await lim2.acquire("m", limits, f"h{i}", 0)).waited_ms for i in range(3)]
         assert waited == pytest.approx([0.0, 10_500.0, 10_500.0])
 

@@ -2,12 +2,12 @@
 a grant log and slot reservations), cooldown, disable.
 
 ``MemoryLimiter`` (one process, injectable clock) and ``workers.state.redis_limiter.RedisLimiter``
-(global, Redis clock) implement the same contract, checked by one shared test suite. Their errors
+(global, Redis clock) implement the same contract, take the same ``RateTiming`` and are checked by one shared test suite. Their errors
 live in ``workers.errors``.
 """
 
 from workers.limits.base import Lease, LimitDecision, Limiter, Permit
-from workers.limits.memory import MemoryLimiter
+from workers.limits.memory import MemoryLimiter, RateTiming
 
 __all__ = [
     "Lease",
@@ -15,4 +15,5 @@ __all__ = [
     "Limiter",
     "MemoryLimiter",
     "Permit",
+    "RateTiming",
 ]

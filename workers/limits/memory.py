@@ -156,31 +156,25 @@ class _ModelState:
 class MemoryLimiter:
     """Single-process limiter with an injectable monotonic ``clock`` and ``sleep``.
 
-    ``lease_ttl_s``: lease lifetime without renewal. ``period_s``: the rate window the limits are
-    counted over (60 s = "per minute"; tests and benchmarks use shorter windows).
-    ``jitter_allowance_s``: added to the window the limiter enforces (module docstring).
-    ``reserve_ahead_s``: farthest slot a rate denial reserves. ``reservation_grace_s``: how long
-    after its slot an unclaimed reservation is kept.
+    ``timing``: its lease lifetime, rate window (60 s = "per minute"; tests and benchmarks use
+    shorter windows), jitter allowance (module docstring) and reservation bounds, as the Redis
+    limiter takes them (:class:`RateTiming`).
     """
 
     def __init__(
         self,
+        timing: RateTiming | None = None,
         *,
-        lease_ttl_s: float = 900.0,
-        period_s: float = 60.0,
-        jitter_allowance_s: float = 0.25,
-        reserve_ahead_s: float = 30.0,
-        reservation_grace_s: float = 30.0,
         clock: Clock = time.monotonic,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
-        check_config(lease_ttl_s, period_s, jitter_allowance_s, reserve_ahead_s, reservation_grace_s)
-        self._ttl_s = lease_ttl_s
-        self._period_s = period_s
-        self._allowance_s = jitter_allowance_s
-        self._window_s = period_s + jitter_allowance_s
-        self._ahead_s = reserve_ahead_s
-        self._grace_s = reservation_grace_s
+        timing = timing or RateTiming()
+        self._ttl_s = timing.lease_ttl_s
+        self._period_s = timing.period_s
+        self._allowance_s = timing.jitter_allowance_s
+        self._window_s = timing.period_s + timing.jitter_allowance_s
+        self._ahead_s = timing.reserve_ahead_s
+        self._grace_s = timing.reservation_grace_s
         self._clock = clock
         self._sleep = sleep
         self._models: dict[str, _ModelState] = {}
