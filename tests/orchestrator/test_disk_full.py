@@ -20,6 +20,7 @@ from orchestrator.local.executor import LocalOptions, run_local
 from storage.errors import StorageError
 from storage.runs import RunStore
 from tests.support.campaign_files import one_endpoint, write_campaign
+from tests.support.distributed import wait_settled
 from tests.support.scripted_server import scripted_server
 from workers.runtask import EndpointRef, ModelLimits, RunTask
 
@@ -97,20 +98,6 @@ class _FullStore(RunStore):
         return super().write(records)
 
 
-def _settled(received: list, quiet_s: float = 0.3, timeout_s: float = 10.0) -> int:
-    """How many requests the server holds once none arrived for ``quiet_s``: a call the stopped
-    loop had already written may still be on its way in when the executor raises."""
-    import time
-
-    deadline, count, since = time.monotonic() + timeout_s, len(received), time.monotonic()
-    while time.monotonic() - since < quiet_s:
-        assert time.monotonic() < deadline, "the server kept receiving calls after the executor stopped"
-        time.sleep(0.02)
-        if len(received) != count:
-            count, since = len(received), time.monotonic()
-    return count
-
-
 def test_injected_enospc_stops_the_executor_and_resume_completes(tmp_path: Path) -> None:
     from orchestrator.campaign.instruction import load_instruction
 
@@ -130,7 +117,8 @@ def test_injected_enospc_stops_the_executor_and_resume_completes(tmp_path: Path)
         with pytest.raises(StorageError, match="no space left on the device") as info:
             asyncio.run(run_local(tasks, full, secrets={}, options=opts))
         assert "run the same command again" in str(info.value)
-        first = _settled(sim.received)
+        # a call the stopped loop had already written may still be on its way in when the executor raises
+        first = wait_settled(lambda: len(sim.received), 0.3, 10, "requests after the executor stopped")
         assert first < 40  # it stopped calling the endpoint once nothing could be stored
         stored = full.completed_run_ids("c")
         todo = [t for t in tasks if t.run_id not in stored]

@@ -41,6 +41,7 @@ from tests.support.distributed import (
     sim,
     stats,
     wait_for,
+    wait_settled,
 )
 from tests.support.paths import REPO
 from workers.state.campaign_state import CampaignState
@@ -86,10 +87,12 @@ def test_worker_stopped_past_its_claim_keeps_both_executions(up: Cluster, tmp_pa
             up.workers.kill(0, signal.SIGCONT)  # it wakes up, finishes and stores its executions
         summary = bg.join(120)
         # the woken worker's executions arrive after the campaign may have finished: its calls
-        # take 0.4 s, its spool publishes 0.5 s after the last append
-        time.sleep(3)
+        # take 0.4 s, its spool publishes 0.5 s after the last append; calls and stored attempts
+        # are read together until neither moves for longer than that
         wait_for(lambda: attempts_by_model(store, name)[model] >= stats(s.base_url)[model]["requests"], 30,
                  "the stopped worker's executions stored")
+        wait_settled(lambda: (stats(s.base_url)[model]["requests"], attempts_by_model(store, name)[model]),
+                     1.5, 30, "calls and stored attempts")
         st = stats(s.base_url)
     assert not summary.interrupted
     execs = executions_per_run(store)

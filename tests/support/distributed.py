@@ -212,6 +212,21 @@ def wait_for(cond, timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
+def wait_settled(read, quiet_s: float, timeout_s: float, what: str):
+    """``read()`` once it returned the same value for ``quiet_s`` (e.g. a server's request count
+    and the store's attempts after a woken worker finishes): a quiet period that ends as soon as
+    the system is still, instead of a fixed sleep sized for the slowest machine."""
+    deadline = time.monotonic() + timeout_s
+    value, since = read(), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        assert time.monotonic() < deadline, f"{what} kept changing for {timeout_s} s (last: {value!r})"
+        time.sleep(0.05)
+        now = read()
+        if now != value:
+            value, since = now, time.monotonic()
+    return value
+
+
 def log_events(text: str) -> list[dict]:
     """The structlog JSON objects in worker log text (a line's JSON starts at its first ``{``;
     Celery prefixes the lines it redirects)."""
