@@ -5,9 +5,9 @@ A wave is a re-measurement of every planned run of a campaign (``irbench run --n
 start of the same wave number keeps the first row. Wave 1 needs no row: a campaign with runs but
 none has the implicit wave 1 (every campaign measured before waves existed).
 
-Reader API: :func:`list_waves` and :func:`latest_wave`; :class:`WaveSelection` is what the readers
-of runs take (``analyze``/``report``/``view`` ``--wave``), resolved per campaign by
-:meth:`WaveSelection.resolve`. The runs of one wave: ``RunStore.read_table(waves=[k])``.
+Reader API: :func:`list_waves` (every wave, implicit wave 1 included), :func:`declared_waves` and
+:func:`latest_wave`; ``storage.wave_selection.WaveSelection`` is what the readers of runs take
+(``analyze``/``report``/``view`` ``--wave``). The runs of one wave: ``RunStore.read_table(waves=[k])``.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import BaseModel, ConfigDict, Field
 
 from storage.errors import StorageError
 from storage.parquet.dataset import DatasetSpec, ParquetDataset
@@ -48,9 +48,6 @@ WAVE_SCHEMA: pa.Schema = pa.schema(
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
-
-class WaveError(StorageError, ValueError):
-    """A wave asked for that the store does not hold (a user error: the message says what exists)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +92,11 @@ def record_wave(root: Path, campaign: str, wave: int, label: str | None, started
     return next(w for w in list_waves(root, campaign) if w.wave == wave)
 
 
+def declared_rows(root: Path, campaigns: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """The ``waves/`` rows (campaign, wave, label, started_at) of ``campaigns`` (None = all)."""
+    return _declared(root, campaigns).to_pylist()
+
+
 def _declared(root: Path, campaigns: Sequence[str] | None) -> pa.Table:
     dataset = ParquetDataset(Path(root), wave_spec(), fsync=False)
     filters = {"campaign": list(campaigns)} if campaigns is not None else None
@@ -129,6 +131,13 @@ def waves_of(root: Path, campaigns: Sequence[str] | None = None) -> dict[str, li
     return out
 
 
+def declared_waves(root: Path, campaign: str) -> list[WaveInfo]:
+    """The waves of ``campaign`` with a ``waves/`` row (started by ``--new-wave``), oldest first."""
+    rows = _declared(root, [campaign]).to_pylist()
+    return sorted((WaveInfo(r["campaign"], r["wave"], r["label"], r["started_at"]) for r in rows),
+                  key=lambda w: w.wave)
+
+
 def list_waves(root: Path, campaign: str) -> list[WaveInfo]:
     """The waves of ``campaign``, oldest first; ``[]`` when it has neither runs nor a wave row."""
     return waves_of(root, [campaign]).get(campaign, [])
@@ -138,70 +147,3 @@ def latest_wave(root: Path, campaign: str) -> int:
     """The latest wave number of ``campaign`` (1 when it declared none, or has no run yet)."""
     declared = _declared(root, [campaign])
     return int(pc.max(declared["wave"]).as_py()) if declared.num_rows else 1
-
-
-class WaveSelection(BaseModel):
-    """Which waves a reader of runs takes: ``wave`` (one number), ``every`` wave, or, when neither
-    is set, each campaign's latest wave. Parsed from ``--wave`` by :meth:`parse`."""
-
-    model_config = ConfigDict(frozen=True)
-
-    wave: int | None = Field(default=None, ge=1)
-    every: bool = False
-
-    @classmethod
-    def parse(cls, text: str | None) -> WaveSelection:
-        """``None``/``latest`` -> the latest wave, ``all`` -> every wave, ``N`` -> wave N. Raises
-        WaveError for anything else."""
-        value = (text or "latest").strip().lower()
-        if value == "latest":
-            return cls()
-        if value == "all":
-            return cls(every=True)
-        if value.isdigit() and int(value) >= 1:
-            return cls(wave=int(value))
-        raise WaveError(f"--wave {text!r}: give a wave number (1, 2, …), 'latest' or 'all'")
-
-    def describe(self) -> str:
-        return "every wave" if self.every else f"wave {self.wave}" if self.wave else "the latest wave"
-
-    def resolve(self, root: Path, campaigns: Sequence[str] | None = None) -> dict[str, list[int]] | None:
-        """campaign -> the wave numbers selected, over ``campaigns`` (None: every campaign in the
-        store); None for ``every`` (no filter). A number no selected campaign holds is a WaveError
-        naming the waves there are."""
-        if self.every:
-            return None
-        waves = waves_of(root, campaigns)
-        if self.wave is None:
-            return {c: [ws[-1].wave] for c, ws in waves.items() if ws}
-        held = {c: [w.wave for w in ws] for c, ws in waves.items()}
-        chosen = {c: [self.wave] for c, ws in held.items() if self.wave in ws}
-        if held and not chosen:
-            there = "; ".join(f"{c}: {', '.join(map(str, ws))}" for c, ws in sorted(held.items()))
-            raise WaveError(f"--wave {self.wave}: the store holds no wave {self.wave} (waves: {there}); "
-                            "pass one of those, 'latest' or 'all'")
-        return chosen
-
-
-def wave_filter(selected: dict[str, list[int]] | None) -> list[int] | None:
-    """The wave numbers to push into a read (a superset when campaigns differ; None = every wave)."""
-    if selected is None:
-        return None
-    return sorted({w for ws in selected.values() for w in ws})
-
-
-def keep_selected(table: pa.Table, selected: dict[str, list[int]] | None) -> pa.Table:
-    """The rows of ``table`` (``campaign`` and ``wave`` columns) in their campaign's selected waves;
-    campaigns not in ``selected`` (e.g. imported cells' own) are dropped only when ``selected`` is set."""
-    if selected is None or table.num_rows == 0:
-        return table
-    if len({tuple(ws) for ws in selected.values()}) <= 1 and set(selected) >= set(
-            pc.unique(table["campaign"]).to_pylist()):
-        waves = next(iter(selected.values()), [])
-        return table.filter(pc.is_in(table["wave"], pa.array(waves, table.schema.field("wave").type)))
-    mask = None
-    for campaign, waves in selected.items():
-        term = pc.and_(pc.equal(table["campaign"], campaign),
-                       pc.is_in(table["wave"], pa.array(waves, table.schema.field("wave").type)))
-        mask = term if mask is None else pc.or_(mask, term)
-    return table.filter(mask) if mask is not None else table.slice(0, 0)

@@ -12,7 +12,8 @@ import pytest
 
 from storage.runs import RunStore
 from storage.schema import RUN_SCHEMA, VERSION_METADATA_KEY
-from storage.waves import WaveError, WaveInfo, WaveSelection, keep_selected, latest_wave, list_waves, record_wave
+from storage.wave_selection import WaveError, WaveSelection
+from storage.waves import WaveInfo, latest_wave, list_waves, record_wave
 from tests.support.run_records import DAY1, UTC, make_record
 
 V3_COLUMNS = ["wave", "wave_started_at", "served_model", "system_fingerprint", "served_digest"]
@@ -64,12 +65,17 @@ def test_wave_selection_resolves_per_campaign_and_refuses_a_missing_wave(tmp_pat
     store.write([make_record(0), make_record(1, campaign="b"),
                  make_record(2, run_id="b2", campaign="b", wave=2)])
     record_wave(tmp_path, "b", 2, None, dt.datetime(2026, 4, 1, tzinfo=UTC))
-    assert WaveSelection.parse(None).resolve(tmp_path) == {"camp": [1], "b": [2]}
-    assert WaveSelection.parse("all").resolve(tmp_path) is None
-    assert WaveSelection.parse("2").resolve(tmp_path) == {"b": [2]}
-    with pytest.raises(WaveError, match=r"no wave 5 \(waves: b: 1, 2; camp: 1\)"):
+    table = store.read_table()
+
+    def kept(text: str | None) -> list[str]:
+        selected = WaveSelection.parse(text).resolve(tmp_path)
+        return sorted((selected.keep(table) if selected else table)["run_id"].to_pylist())
+
+    assert kept(None) == ["b2", "run-000000"]  # each campaign's latest wave
+    assert kept("latest") == kept(None) and kept("all") == ["b2", "run-000000", "run-000001"]
+    assert kept("1") == ["run-000000", "run-000001"] and kept("2") == ["b2"]
+    assert WaveSelection.parse("2").resolve(tmp_path).numbers() == [2]  # type: ignore[union-attr]
+    with pytest.raises(WaveError, match=r"no wave 5 \(waves: b: 1, 2\)"):
         WaveSelection.parse("5").resolve(tmp_path)
     with pytest.raises(WaveError, match="give a wave number"):
         WaveSelection.parse("first")
-    latest = keep_selected(store.read_table(), WaveSelection().resolve(tmp_path))
-    assert sorted(latest["run_id"].to_pylist()) == ["b2", "run-000000"]
