@@ -78,8 +78,9 @@ def _live_status(req: StatusRequest, prepared: PreparedCampaign, store: RunStore
 def _print_table(prepared: PreparedCampaign, st: CampaignStatus) -> None:
     from rich.table import Table
 
-    title = f"campaign {prepared.spec.name} wave {prepared.wave.number} (the latest)"
-    table = Table(title=f"{title}: {st.stored}/{st.planned} runs stored")
+    # a line of its own: a longer table title wraps at the table's width
+    console.print(f"wave {prepared.wave.number} (the campaign's latest)")
+    table = Table(title=f"campaign {prepared.spec.name}: {st.stored}/{st.planned} runs stored")
     for col in ("model", "planned", "stored", "outcomes"):
         table.add_column(col)
     for model, planned in st.planned_by_model.items():
