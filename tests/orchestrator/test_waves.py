@@ -177,15 +177,18 @@ def test_waves_on_the_celery_executor(tmp_path: Path, cluster: Cluster) -> None:
         first = run_campaign_celery(one, store, cluster.url, CeleryRun(options=FAST))
         assert first.executed == PLANNED and _requests(sim.base_url) == PLANNED
     wave1_ids = set(store.read_table(waves=[1], columns=["run_id"])["run_id"].to_pylist())
-    with start_background(_sim("fp_b"), port=port) as sim:
-        two = prepare_wave(spec, data, max_planned_runs=None, source=None,
-                           wave=start_new_wave(prepare_wave(spec, data, max_planned_runs=None, source=None), store, "w2"))
-        second = run_campaign_celery(two, store, cluster.url, CeleryRun(options=FAST))
-        assert second.executed == PLANNED and _requests(sim.base_url) == PLANNED
-        resumed = prepare_wave(spec, data, max_planned_runs=None, source=None)  # a plain re-run: the latest wave
+    celery = ("--executor", "celery", "--broker", cluster.url, "--no-analyze")
+    with start_background(_sim("fp_b"), port=port) as sim:  # the new wave through the CLI, as a user types it
+        new = _irbench("run", str(campaign), "--data", str(data), *celery, "--new-wave", "--wave-label", "w2")
+        assert new.returncode == 0, new.stderr
+        assert f"wave 2: {PLANNED} runs planned, 0 already stored, {PLANNED} executed now" in " ".join(new.stdout.split())
+        assert _requests(sim.base_url) == PLANNED
+        plain = _irbench("run", str(campaign), "--data", str(data), *celery)  # resumes wave 2: nothing to do
+        assert plain.returncode == 0 and _requests(sim.base_url) == PLANNED
+        resumed = prepare_wave(spec, data, max_planned_runs=None, source=None)
         assert resumed.wave.number == 2
-        third = run_campaign_celery(resumed, store, cluster.url, CeleryRun(options=FAST))
-        assert third.executed == 0 and _requests(sim.base_url) == PLANNED
+        again = run_campaign_celery(resumed, store, cluster.url, CeleryRun(options=FAST))
+        assert again.executed == 0 and _requests(sim.base_url) == PLANNED
     assert set(store.read_table(waves=[1], columns=["run_id"])["run_id"].to_pylist()) == wave1_ids
     assert store.read_table(waves=[2], columns=["run_id"]).num_rows == PLANNED
     assert _identity(data, 1)[("sim-a", "sim-a", "fp_a")] == N_PROMPTS
