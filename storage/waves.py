@@ -89,7 +89,7 @@ def record_wave(root: Path, campaign: str, wave: int, label: str | None, started
            "label": label, "started_at": started_at}
     table = pa.Table.from_pylist([row], schema=WAVE_SCHEMA)
     ParquetDataset(Path(root), wave_spec()).write(table, stem=_stem(campaign, wave))
-    return next(w for w in list_waves(root, campaign) if w.wave == wave)
+    return next(w for w in declared_waves(root, campaign) if w.wave == wave)
 
 
 def declared_rows(root: Path, campaigns: Sequence[str] | None = None) -> list[dict[str, Any]]:

@@ -70,8 +70,9 @@ def start_new_wave(
 
     name = latest.spec.name
     planned = {t.run_id for t in latest.tasks}
-    stored = store.completed_run_ids(name) & planned
-    if not store.completed_run_ids(name):
+    every = store.completed_run_ids(name)
+    stored = every & planned
+    if not every:
         raise ConfigError(f"--new-wave: campaign {name} has no stored runs yet; run it first "
                           f"(`irbench run` without --new-wave measures its first wave)")
     if len(stored) < len(planned):
