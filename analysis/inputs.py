@@ -1,5 +1,6 @@
 """What ``irbench analyze`` reads: the run store and imported cell measurements of a data
-directory, filtered by date window, campaign and model (:class:`AnalysisOptions`).
+directory, filtered by date window, campaign, model and measurement wave (:class:`AnalysisOptions`;
+runs only: imported cells have no wave).
 
 Unreadable Parquet files fail with their names (:class:`CorruptDataError`), or with
 ``options.skip_corrupt`` are skipped and listed; an empty selection is :class:`NoRunsError`.
@@ -37,6 +38,7 @@ RUN_COLUMNS = (
     "total_timeout_s", "instruction_sha256", "measured_at", "measurement_date",
     "date_is_window", "outcome", "latency_ms", "finish_reason", "retired_on", "answer_chars",
     "reasoning_chars", "parse_outcome", "ir_json", "node_ids", "node_count", "irbench_version",
+    "wave",
 )
 CELL_COLUMNS = (
     "schema_version", "panel", "campaign", "model", "prompt_name", "prompt_sha256",
@@ -111,8 +113,13 @@ def read_inputs(data_dir: Path, options: AnalysisOptions) -> tuple[pa.Table, pa.
             f"data directory {data_dir} does not exist; run a campaign first "
             "(`irbench run <campaign.toml>`) or pass the directory that holds its runs"
         )
-    runs, bad_r = read_checked(RunStore(data_dir, fsync=False).dataset, options, filters_of(options),
+    selected = options.waves.resolve(data_dir, options.campaigns)  # WaveError: a wave the store lacks
+    run_filters: dict[str, list] = dict(filters_of(options))
+    if selected is not None:
+        run_filters["wave"] = selected.numbers()
+    runs, bad_r = read_checked(RunStore(data_dir, fsync=False).dataset, options, run_filters,
                               RUN_COLUMNS, sort_by_key=False)
+    runs = selected.keep(runs) if selected is not None else runs
     cells, bad_c = read_checked(CellStore(data_dir, fsync=False).dataset, options,
                                 filters_of(options), CELL_COLUMNS,
                                 dictionary_columns=CELL_DICTIONARY_COLUMNS)
@@ -162,4 +169,5 @@ def read_run_files(data_dir: Path, files: list[Path], options: AnalysisOptions
     expr = dataset.filter_expression(options.date_from, options.date_to, filters_of(options))
     if expr is not None:
         table = table.filter(expr)
-    return table, [str(b) for b in bad]
+    selected = options.waves.resolve(Path(data_dir), options.campaigns)
+    return (selected.keep(table) if selected is not None else table), [str(b) for b in bad]

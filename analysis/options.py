@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from storage.wave_selection import WaveSelection
+
 
 def _unit(unit: str) -> dict[str, Any]:
     return {"unit": unit}
@@ -54,6 +56,11 @@ class AnalysisOptions(BaseModel):
         default=None,
         description="models read; None = all",
         json_schema_extra=_unit("model names"),
+    )
+    waves: WaveSelection = Field(
+        default_factory=WaveSelection,
+        description="measurement waves read: each campaign's latest (default), one wave number, or every wave",
+        json_schema_extra=_unit("wave selection"),
     )
     panel: str | None = Field(
         default=None,

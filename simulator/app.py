@@ -361,6 +361,14 @@ class SimApp:
                              request.client.port if request.client else 0])
         return resp
 
+    def _served(self, name: str) -> dict[str, str]:
+        """The served-identity fields of an OpenAI answer of model ``name``."""
+        p = self.config.models[name]
+        out = {"model": p.served_model or name}
+        if p.system_fingerprint is not None:
+            out["system_fingerprint"] = p.system_fingerprint
+        return out
+
     # ---- OpenAI --------------------------------------------------------------------------
     async def openai_chat(self, request: Request) -> Response:
         async def build(body: dict) -> Response:
@@ -378,7 +386,7 @@ class SimApp:
                 message["reasoning_content"] = a.reasoning
             return JSONResponse({
                 "id": f"chatcmpl-{a.answer_id}", "object": "chat.completion",
-                "created": int(self._wall_clock()), "model": body["model"],
+                "created": int(self._wall_clock()), **self._served(body["model"]),
                 "choices": [{"index": 0, "message": message, "finish_reason": a.finish_reason}],
                 "usage": usage,
             })
@@ -388,7 +396,7 @@ class SimApp:
         """Server-sent events as OpenAI sends them: a role chunk, one chunk per piece, a chunk
         with ``finish_reason``, the usage chunk (``stream_options.include_usage``), ``[DONE]``."""
         head = {"id": f"chatcmpl-{a.answer_id}", "object": "chat.completion.chunk",
-                "created": int(self._wall_clock()), "model": body["model"]}
+                "created": int(self._wall_clock()), **self._served(body["model"])}
 
         def event(choices: list, **extra: Any) -> bytes:
             return b"data: " + json.dumps({**head, "choices": choices, **extra}).encode() + b"\n\n"
@@ -426,7 +434,8 @@ class SimApp:
                 message["thinking"] = a.reasoning
             created = dt.datetime.fromtimestamp(self._wall_clock(), dt.UTC).isoformat().replace("+00:00", "Z")
             eval_ns = max(a.elapsed_ns - 1, 0)
-            final = {"model": body["model"], "created_at": created, "message": message, "done": True,
+            served = self.config.models[body["model"]].served_model or body["model"]
+            final = {"model": served, "created_at": created, "message": message, "done": True,
                      "done_reason": a.finish_reason, "total_duration": a.elapsed_ns, "load_duration": 0,
                      "prompt_eval_count": a.prompt_tokens, "prompt_eval_duration": 1,
                      "eval_count": a.completion_tokens, "eval_duration": eval_ns}

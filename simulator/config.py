@@ -83,6 +83,11 @@ class SimModel(BaseModel):
     stream_chunk_interval_ms: float = Field(default=0.0, ge=0, description="pause between streamed chunks")
     stall_prob: float = Field(default=0.0, ge=0, le=1, description="stream stalls after its first chunk")
     stall_s: float = Field(default=30.0, ge=0, description="length of a stall before the stream resumes")
+    # served identity: what an answer says served it (change it between waves to simulate a revision)
+    served_model: str | None = Field(default=None, description="the answer's `model` field; None = the name asked for")
+    system_fingerprint: str | None = Field(
+        default="fp_irbench_sim", description="OpenAI answers' `system_fingerprint`; None = the field is left out"
+    )
 
 
 class SimConfig(BaseModel):

@@ -21,8 +21,14 @@ from storage.outcomes import Outcome, ParseOutcome, run_succeeded
 #: 2: ``execution_id`` and ``finished_at`` (every execution of a run is its own row), and the
 #: streaming columns ``stream``, ``first_token_ms``, ``stream_duration_ms``; files of version 1
 #: stay readable (these columns read as null).
-SCHEMA_VERSION = 2
+#: 3: the measurement wave (``wave``, ``wave_started_at``) and the served identity
+#: (``served_model``, ``system_fingerprint``, ``served_digest``); rows of older versions read as
+#: wave 1 with no served identity.
+SCHEMA_VERSION = 3
 ERROR_TEXT_MAX_CHARS = 2000
+#: Longest served-identity string kept (a model name, fingerprint or digest): the endpoint chooses
+#: it, so it is bounded like any answer text; real values are well under 100 characters.
+SERVED_IDENTITY_MAX_CHARS = 200
 
 
 class Attempt(BaseModel):
@@ -128,6 +134,23 @@ class RunRecord(BaseModel):
     )
     finished_at: dt.datetime | None = Field(
         default=None, description="UTC end of the execution (None: imports, schema version 1)"
+    )
+    # schema version 3: which measurement wave, and what the provider says answered
+    wave: int = Field(default=1, ge=1, description="measurement wave of the campaign, from 1; 1 in older rows")
+    wave_started_at: dt.datetime | None = Field(
+        default=None, description="UTC start of the wave (None: wave 1 of a campaign that never declared waves)"
+    )
+    served_model: str | None = Field(
+        default=None, max_length=SERVED_IDENTITY_MAX_CHARS,
+        description="the answer's own `model` field (OpenAI, Ollama): the name the provider says served it",
+    )
+    system_fingerprint: str | None = Field(
+        default=None, max_length=SERVED_IDENTITY_MAX_CHARS,
+        description="OpenAI's `system_fingerprint`: the backend configuration that served the answer",
+    )
+    served_digest: str | None = Field(
+        default=None, max_length=SERVED_IDENTITY_MAX_CHARS,
+        description="the model digest an Ollama answer carries, where it carries one",
     )
 
     @property

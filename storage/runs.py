@@ -7,6 +7,12 @@ dataset read file by file without dedupe holds every execution and every attempt
 answered. :data:`EXECUTION_RULE` picks the one execution per run_id that analysis, status and
 resume use. Copies of one execution (a crash mid-compaction) collapse on read and compaction.
 
+**Waves.** A wave is a re-measurement of every planned run of a campaign; wave ``k >= 2`` plans
+its runs under their own run ids (the wave is part of the id, ``orchestrator.campaign.plan``), so
+"the latest execution per run and wave" is exactly :data:`EXECUTION_RULE` on ``run_id``. Every
+row carries its ``wave`` (rows of schema versions 1-2 read as wave 1); :meth:`RunStore.read_table`
+takes a ``wave`` filter, and ``storage.waves`` lists a campaign's waves.
+
 A single-record write is published as ``<run_id>.<execution_id>.parquet`` with
 first-writer-wins (re-publishing the same execution is a no-op); batches are
 ``batch-<uuid>.parquet``.
@@ -19,6 +25,7 @@ import hashlib
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,7 +35,7 @@ from storage.parquet.dataset import DatasetSpec, ParquetDataset
 from storage.parquet.dedupe import pick_latest
 from storage.records import RunRecord
 from storage.parquet.spool import recover_orphans
-from storage.schema import RUN_SCHEMA, records_to_table, table_to_records
+from storage.schema import NULL_DEFAULTS, RUN_SCHEMA, records_to_table, table_to_records
 
 RUNS_DATASET = "runs"
 #: The rule readers use to pick one execution per run_id (``DatasetSpec``'s execution rule).
@@ -50,6 +57,7 @@ def run_spec(name: str = RUNS_DATASET) -> DatasetSpec:
         version_col="schema_version",
         execution_col="execution_id",
         finish_col="finished_at",
+        null_defaults=NULL_DEFAULTS,
     )
 
 
@@ -103,13 +111,15 @@ class RunStore:
 
     @staticmethod
     def _filters(
-        campaigns: Sequence[str] | None, models: Sequence[str] | None
-    ) -> dict[str, list[str]]:
-        filters: dict[str, list[str]] = {}
+        campaigns: Sequence[str] | None, models: Sequence[str] | None, waves: Sequence[int] | None = None
+    ) -> dict[str, list[Any]]:
+        filters: dict[str, list[Any]] = {}
         if campaigns is not None:
             filters["campaign"] = list(campaigns)
         if models is not None:
             filters["model"] = list(models)
+        if waves is not None:
+            filters["wave"] = list(waves)
         return filters
 
     def completed_run_ids(self, campaign: str | None = None) -> set[str]:
@@ -124,13 +134,16 @@ class RunStore:
         campaigns: Sequence[str] | None = None,
         models: Sequence[str] | None = None,
         columns: Sequence[str] | None = None,
+        waves: Sequence[int] | None = None,
     ) -> pa.Table:
         """Runs in the inclusive date range, one row per run_id (:data:`EXECUTION_RULE`),
-        sorted by run_id."""
+        sorted by run_id. ``waves``: only rows of these wave numbers (None = every wave); the
+        ``wave`` column of rows stored before waves existed reads as 1. The served identity is in
+        the ``served_model``, ``system_fingerprint`` and ``served_digest`` columns."""
         return self.dataset.read(
             date_from=date_from,
             date_to=date_to,
-            filters=self._filters(campaigns, models),
+            filters=self._filters(campaigns, models, waves),
             columns=columns,
         )
 
@@ -140,9 +153,10 @@ class RunStore:
         date_to: dt.date | None = None,
         campaigns: Sequence[str] | None = None,
         models: Sequence[str] | None = None,
+        waves: Sequence[int] | None = None,
     ) -> list[RunRecord]:
         """Like :meth:`read_table`, as validated RunRecords."""
-        return table_to_records(self.read_table(date_from, date_to, campaigns, models))
+        return table_to_records(self.read_table(date_from, date_to, campaigns, models, waves=waves))
 
     def read_executions(
         self,

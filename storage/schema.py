@@ -105,7 +105,17 @@ RUN_FIELDS: list[pa.Field] = [
     # schema version 2 (nullable: version 1 files lack them)
     _f("execution_id", pa.string()),
     _f("finished_at", TIMESTAMP),
+    # schema version 3 (nullable: older files lack them; ``wave`` reads as 1 there, see NULL_DEFAULTS)
+    _f("wave", pa.int32()),
+    _f("wave_started_at", TIMESTAMP),
+    _f("served_model", pa.string()),
+    _f("system_fingerprint", pa.string()),
+    _f("served_digest", pa.string()),
 ]
+
+#: Columns whose null (a row of an older schema version) reads as a value: readers fill it, and a
+#: filter on the column matches such rows as if they held it.
+NULL_DEFAULTS: tuple[tuple[str, object], ...] = (("wave", 1),)
 
 RUN_SCHEMA: pa.Schema = pa.schema(
     RUN_FIELDS,
@@ -129,8 +139,10 @@ def schema_version_of(schema: pa.Schema) -> int | None:
 
 def _check_aware(record: RunRecord) -> None:
     stamps: list[tuple[str, dt.datetime]] = [(f, getattr(record, f)) for f in _DATETIME_FIELDS]
-    if record.finished_at is not None:
-        stamps.append(("finished_at", record.finished_at))
+    for name in ("finished_at", "wave_started_at"):
+        stamp = getattr(record, name)
+        if stamp is not None:
+            stamps.append((name, stamp))
     stamps += [(f"attempts[{a.attempt}].started_at", a.started_at) for a in record.attempts]
     for name, value in stamps:
         if value.tzinfo is None or value.utcoffset() is None:
@@ -150,7 +162,7 @@ def _check(records: Sequence[RunRecord], columns: dict[str, list[Any]], attempts
             f"writer produces version {SCHEMA_VERSION}; rebuild the record with the current "
             "storage.records.RunRecord"
         )
-    finished = [stamp for stamp in columns["finished_at"] if stamp is not None]
+    finished = [stamp for stamp in [*columns["finished_at"], *columns["wave_started_at"]] if stamp is not None]
     zones = {*map(_TZINFO, columns["measured_at"]), *map(_TZINFO, finished), *(a.started_at.tzinfo for a in attempts)}
     if not all(isinstance(zone, dt.timezone) for zone in zones):  # a fixed offset is never naive
         for record in records:
@@ -217,6 +229,9 @@ def table_to_records(table: pa.Table) -> list[RunRecord]:
                 f"run {row.get('run_id')!r} was written with schema version {version}; this "
                 f"irbench reads versions <= {SCHEMA_VERSION}: upgrade irbench"
             )
+        for name, value in NULL_DEFAULTS:
+            if row.get(name) is None:
+                row[name] = value
         try:
             out.append(RunRecord.model_validate(row))
         except ValidationError as exc:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from storage.wave_selection import WaveSelection
 
 
 @dataclass(frozen=True)
@@ -19,7 +21,8 @@ class ViewerConfig:
     shown on a page (the run page links the full text as plain text); threads: DuckDB worker
     threads (the machine's cores are shared with workers); memory_limit_mb: DuckDB's memory cap
     (it pages its index file beyond it); work_dir: where the index file's temporary directory
-    goes (None: the system temp directory).
+    goes (None: the system temp directory); waves: the measurement waves whose runs are indexed
+    (default each campaign's latest).
     """
 
     data_dir: Path
@@ -35,6 +38,7 @@ class ViewerConfig:
     threads: int = 2
     memory_limit_mb: int = 1024
     work_dir: Path | None = None
+    waves: WaveSelection = field(default_factory=WaveSelection)
 
     def __post_init__(self) -> None:
         for name in ("page_size", "max_page_size", "cells_page_size", "max_cell_runs", "max_pair_runs", "max_diff_lines",

@@ -34,6 +34,7 @@ import pyarrow as pa
 from storage.outcomes import call_failed_sql, succeeded_sql
 from storage.records import Outcome
 from storage.runs import RunStore
+from storage.wave_selection import WaveSelection
 from storage.schema import RUN_SCHEMA
 from viewer.outputs import AnalysisOutputs
 from viewer.query import RunQuery
@@ -116,12 +117,16 @@ class RunIndex:
     @classmethod
     def load(cls, data_dir: Path, outputs: AnalysisOutputs | None = None, *,
              threads: int = 2, memory_limit_mb: int = 1024,
-             work_dir: Path | None = None) -> RunIndex:
+             work_dir: Path | None = None, waves: WaveSelection | None = None) -> RunIndex:
         """Read every run of ``data_dir`` once, one measurement date at a time, through the
-        store's reader (so its one-row-per-run_id rule applies within each date)."""
+        store's reader (so its one-row-per-run_id rule applies within each date); only the runs
+        of ``waves`` (default: each campaign's latest wave; a WaveError names a wave not held)."""
         store = RunStore(Path(data_dir), fsync=False)
-        chunks = (store.read_table(date_from=day, date_to=day)
-                  for day in store.dataset.partitions())
+        selected = (waves or WaveSelection()).resolve(Path(data_dir))
+        numbers = selected.numbers() if selected is not None else None
+        chunks = (selected.keep(t) if selected is not None else t
+                  for t in (store.read_table(date_from=day, date_to=day, waves=numbers)
+                            for day in store.dataset.partitions()))
         return cls(chunks, outputs, threads=threads, memory_limit_mb=memory_limit_mb,
                    work_dir=work_dir)
 

@@ -304,6 +304,8 @@ def _base(task: RunTask, measured_at, attempts: list[Attempt], finished_at) -> d
         attempts=attempts,
         finished_at=finished_at,
         irbench_version=_package_version(),
+        wave=task.wave,
+        wave_started_at=task.wave_started_at,
     )
 
 
@@ -357,4 +359,7 @@ def _answered_record(base: dict[str, Any], reply: Reply, bounds: ResponseLimits)
         node_ids=list(extraction.node_ids),
         node_count=extraction.node_count,
         duplicate_id_count=extraction.duplicate_id_count,
+        served_model=reply.served.model,
+        system_fingerprint=reply.served.system_fingerprint,
+        served_digest=reply.served.digest,
     )

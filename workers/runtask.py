@@ -123,3 +123,5 @@ class RunTask(BaseModel):
     measured_on: dt.date | None = Field(
         default=None, description="fixed at first dispatch so a redelivery lands in the same partition"
     )
+    wave: int = Field(default=1, ge=1, description="the campaign's measurement wave this run belongs to")
+    wave_started_at: dt.datetime | None = Field(default=None, description="UTC start of that wave (None: wave 1 undeclared)")

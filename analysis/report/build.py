@@ -36,6 +36,7 @@ from analysis.report.sections import (
 )
 from storage.parquet.atomic import write_text_atomic
 from storage.clock import utc_now
+from storage.wave_selection import WaveSelection
 
 OUTPUT_TABLES = ("cells", "models", "excluded", "pairs", "sensitivity", "drift", "stabilisation",
                  "correctness", "correlations", "normalised")
@@ -114,16 +115,17 @@ def load_availability(data_dir: Path | None) -> Availability:
                                       "retired_on"]))
 
 
-def load_run_provenance(data_dir: Path | None, panel: str) -> pa.Table | None:
-    """Per cell of ``panel``: outcome class counts, instruction hash(es), request parameters."""
+def load_run_provenance(data_dir: Path | None, panel: str, waves: WaveSelection | None = None) -> pa.Table | None:
+    """Per cell of ``panel``: outcome class counts, instruction hash(es), request parameters
+    (runs of ``waves``; default each campaign's latest)."""
     if data_dir is None or not (Path(data_dir) / "runs").is_dir():
         return None
-    from storage.runs import RunStore
+    from storage.wave_selection import read_runs
 
     cols = list(CELL_KEY) + ["outcome", "instruction_sha256", "temperature", "max_tokens",
                              "total_timeout_s"]
     try:
-        runs = RunStore(Path(data_dir)).read_table(columns=cols)
+        runs = read_runs(Path(data_dir), waves or WaveSelection(), columns=cols)
     except (OSError, pa.ArrowException, ValueError):
         return None
     runs = runs.filter(pc.equal(runs.column("panel"), panel))
@@ -217,10 +219,10 @@ def build_report(analysis_dir: Path, out_dir: Path, *, data_dir: Path | None = N
     progress(Stage("load", index=1, total=total, count=len(dirs), unit="panels"))
     for d in dirs:
         p = load_panel(d)
-        prov = load_run_provenance(data_dir, p.name)
+        prov = load_run_provenance(data_dir, p.name, opts.waves)
         panels.append(PanelData(p.name, p.directory, p.manifest, p.tables, p.problems, prov))
     progress(Stage("document", index=2, total=total, count=len(panels), unit="panels"))
-    doc = build_document(panels, load_availability(data_dir), opts, now(), load_runs(data_dir))
+    doc = build_document(panels, load_availability(data_dir), opts, now(), load_runs(data_dir, opts.waves))
     progress(Stage("render", index=3, total=total, count=2, unit="files (HTML, Markdown)"))
     out_dir.mkdir(parents=True, exist_ok=True)
     html_path, md_path, fig_dir = out_dir / "report.html", out_dir / "report.md", out_dir / "figures"

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from analysis.report.doc import Block, Cell, Note, Paragraph, Table
 from analysis.report.tables import fmt_num
+from storage.wave_selection import WaveSelection
 
 HEALTH_COLUMNS = ("panel", "model", "measurement_date", "outcome", "attempts", "latency_ms",
                   "completion_tokens", "reasoning_tokens", "finish_reason")
@@ -25,14 +26,15 @@ HEADINGS = ("runs", "outcomes", "retries / run", "latency p50 ms", "latency p90 
             "completion tokens", "reasoning tokens", "truncations", "429s", "Retry-After s")
 
 
-def load_runs(data_dir: Path | None) -> pa.Table | None:
-    """The columns the health tables need, every panel (None without a readable store)."""
+def load_runs(data_dir: Path | None, waves: WaveSelection | None = None) -> pa.Table | None:
+    """The columns the health tables need, every panel, runs of ``waves`` (default each
+    campaign's latest; None without a readable store)."""
     if data_dir is None or not (Path(data_dir) / "runs").is_dir():
         return None
-    from storage.runs import RunStore
+    from storage.wave_selection import read_runs
 
     try:
-        return RunStore(Path(data_dir), fsync=False).read_table(columns=list(HEALTH_COLUMNS))
+        return read_runs(Path(data_dir), waves or WaveSelection(), columns=list(HEALTH_COLUMNS))
     except (OSError, pa.ArrowException, ValueError):
         return None
 

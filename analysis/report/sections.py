@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from analysis.report import plots
+from storage.wave_selection import WaveSelection
 from analysis.report.doc import Block, Cell, Heading, Note, Paragraph, Table
 from analysis.report.tables import (
     absent_columns, fmt_interval, fmt_num, fmt_range, generic_table, is_missing, missing_note,
@@ -34,7 +35,8 @@ class ReportOptions:
     prompts under-cover). ``max_table_rows``: cap on rows of long tables in the HTML/Markdown
     (provenance, pairs); the full tables stay in the Parquet outputs. ``page_rows``: rows per
     page of long HTML tables. ``gone_statuses``: availability statuses meaning "cannot be
-    re-measured".
+    re-measured". ``waves``: the measurement waves whose runs the run-level tables read (the
+    analysis outputs were filtered when they were computed).
     """
 
     small_n_prompts: int = 8
@@ -42,6 +44,7 @@ class ReportOptions:
     page_rows: int = 50
     gone_statuses: tuple[str, ...] = ("retired", "not_listed", "not_found")
     plot_style: plots.PlotStyle = field(default_factory=plots.PlotStyle)
+    waves: WaveSelection = field(default_factory=WaveSelection)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""What a campaign is: its spec and checks, corpus, plan, ad-hoc campaigns, retry selection and how it ended."""
+"""What a campaign is: its spec and checks, corpus, plan, ad-hoc campaigns, retry selection, which wave runs, and how it ended."""
 
 __all__ = [
     "adhoc",
@@ -12,4 +12,5 @@ __all__ = [
     "spec",
     "spec_checks",
     "status",
+    "waves",
 ]

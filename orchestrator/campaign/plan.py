@@ -4,6 +4,8 @@
 same: strings are quoted and escaped, ``null`` differs from any integer), truncated to 32 hex
 characters (128 bits). It never depends on anything that may legitimately change between a run
 and its resume (timeouts, limits, endpoint URL, instruction text), only on *what* is measured.
+A wave ``k >= 2`` (a re-measurement of every run) appends ``k`` to the array, so each wave's runs
+have their own ids while wave 1's stay what they always were (older stores stay valid).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import datetime as dt
 import hashlib
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from orchestrator.campaign.corpus import Corpus
 from orchestrator.campaign.instruction import Instruction
@@ -22,10 +25,24 @@ RUN_ID_SCHEME = "irbench-run-v1"
 RUN_ID_HEX_CHARS = 32
 
 
-def run_id(campaign: str, prompt_sha256: str, model: str, budget_max_tokens: int | None, run_index: int) -> str:
-    """Deterministic id of one run: 32 lowercase hex chars."""
+@dataclass(frozen=True)
+class WaveStart:
+    """The wave a plan is for: its ``number`` (from 1) and UTC ``started_at`` (None: a wave 1 that
+    was never declared, i.e. every campaign run without ``--new-wave``)."""
+
+    number: int = 1
+    started_at: dt.datetime | None = None
+
+
+def run_id(
+    campaign: str, prompt_sha256: str, model: str, budget_max_tokens: int | None, run_index: int, wave: int = 1
+) -> str:
+    """Deterministic id of one run: 32 lowercase hex chars (wave 1: the id it always had)."""
+    parts: list[object] = [RUN_ID_SCHEME, campaign, prompt_sha256, model, budget_max_tokens, run_index]
+    if wave > 1:
+        parts.append(wave)
     canonical = json.dumps(
-        [RUN_ID_SCHEME, campaign, prompt_sha256, model, budget_max_tokens, run_index],
+        parts,
         separators=(",", ":"),
         ensure_ascii=False,
     )
@@ -33,7 +50,8 @@ def run_id(campaign: str, prompt_sha256: str, model: str, budget_max_tokens: int
 
 
 def plan_runs(
-    spec: CampaignSpec, corpus: Corpus, instruction: Instruction, measured_on: dt.date | None = None
+    spec: CampaignSpec, corpus: Corpus, instruction: Instruction, measured_on: dt.date | None = None,
+    wave: WaveStart = WaveStart(),
 ) -> list[RunTask]:
     """Every run of the campaign, models interleaved round-robin.
 
@@ -41,7 +59,8 @@ def plan_runs(
     index; the output takes the first task of each model (in spec order), then the second of
     each, and so on, so one model's rate limit never serialises the whole campaign.
     ``budget_max_tokens`` is None when the campaign has no ``budgets`` axis; a budget, when
-    present, replaces the model's ``max_tokens``.
+    present, replaces the model's ``max_tokens``. ``wave``: every task is of that wave (its run ids
+    and its ``wave``/``wave_started_at`` fields).
     """
     retry = spec.retry.to_policy()
     budgets: list[int | None] = list(spec.budgets) if spec.budgets else [None]
@@ -56,7 +75,7 @@ def plan_runs(
                 for k in range(spec.runs):
                     tasks.append(
                         RunTask(
-                            run_id=run_id(spec.name, p.sha256, m.name, budget, k),
+                            run_id=run_id(spec.name, p.sha256, m.name, budget, k, wave.number),
                             campaign=spec.name,
                             panel=spec.panel,
                             model=m.name,
@@ -81,6 +100,8 @@ def plan_runs(
                             instruction_version=instruction.version,
                             instruction_sha256=instruction.sha256,
                             measured_on=measured_on,
+                            wave=wave.number,
+                            wave_started_at=wave.started_at,
                         )
                     )
         per_model.append(tasks)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from orchestrator.campaign.corpus import Corpus, load_corpus
 from orchestrator.campaign.instruction import Instruction, load_instruction
 from orchestrator.campaign.limits import DEFAULT_MAX_PLANNED_RUNS, check_plan_size
-from orchestrator.campaign.plan import plan_runs
+from orchestrator.campaign.plan import WaveStart, plan_runs
 from orchestrator.campaign.spec import CampaignSpec
 from workers.errors import ConfigError
 from workers.runtask import RunTask
@@ -20,23 +20,25 @@ class PreparedCampaign:
     spec: CampaignSpec
     corpus: Corpus
     instruction: Instruction
-    tasks: list[RunTask]  # the whole plan
+    tasks: list[RunTask]  # the whole plan (of one wave)
+    wave: WaveStart = WaveStart()
 
 
 def prepare(
-    spec: CampaignSpec, *, max_planned_runs: int | None = DEFAULT_MAX_PLANNED_RUNS, source: str | None = None
+    spec: CampaignSpec, *, max_planned_runs: int | None = DEFAULT_MAX_PLANNED_RUNS, source: str | None = None,
+    wave: WaveStart = WaveStart(),
 ) -> PreparedCampaign:
     """Load the corpus and instruction and plan every run of ``spec``.
 
     ``max_planned_runs``: a plan larger than this is a ``ConfigError`` raised before any task is
     built (``runs = 10**20`` must not hang planning); ``None`` = no bound. ``source``: the
-    campaign file's name, for messages.
+    campaign file's name, for messages. ``wave``: the wave planned (its run ids; default wave 1).
     """
     corpus = load_corpus(spec.corpus, spec.base_dir)
     check_plan_size(spec, len(corpus.prompts), max_planned_runs, source)
     instruction = load_instruction(spec.instruction)
-    tasks = plan_runs(spec, corpus, instruction)
-    return PreparedCampaign(spec, corpus, instruction, tasks)
+    tasks = plan_runs(spec, corpus, instruction, wave=wave)
+    return PreparedCampaign(spec, corpus, instruction, tasks, wave)
 
 
 def resolve_secrets(spec: CampaignSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -25,6 +25,7 @@ from orchestrator.cli.distributed import (
     worker_settings,
 )
 from orchestrator.campaign.adhoc import AdhocFlags
+from orchestrator.campaign.waves import WaveRequest
 from orchestrator.cli.run_command import CeleryFlags, RunRequest, run_request
 from orchestrator.cli.shell import broker_url, console, setup_logging
 from orchestrator.cli.interrupts import INTERRUPTED_EXIT_CODE, interrupted
@@ -103,19 +104,26 @@ def run(
     broker_wait_s: BrokerWaitOpt = 10.0,
     runs_per_message: RunsPerMessageOpt = None,
     visibility_timeout_s: VisibilityOpt = None,
+    new_wave: Annotated[bool, typer.Option("--new-wave", help="Measure every planned run again as the campaign's "
+                                           "next wave (the earlier waves stay stored).")] = False,
+    wave_label: Annotated[Optional[str], typer.Option(help="With --new-wave: a note naming the wave "
+                                                      "(e.g. 'after the provider update').")] = None,
 ) -> None:
     """Run (or resume) a campaign: only runs without a stored record are executed.
 
     With --retry-failed, runs whose latest execution ended in a transient failure run again.
+    With --new-wave, every run is measured again as the next wave; without it, the latest wave resumes.
 
     Example: irbench run examples/demo.toml --data data/
     Example: irbench run examples/demo.toml --data data/ --retry-failed --outcomes rate_limited,timeouts
+    Example: irbench run examples/demo.toml --data data/ --new-wave --wave-label "one month later"
     Example: irbench run --model sim-steady --base-url http://127.0.0.1:8765 --prompts examples/prompts --runs 3 --data data/
     (an ad-hoc run writes its campaign file to DATA/campaigns/; the same command again resumes it)
     """
     run_request(RunRequest(
         campaign=campaign, data=data, executor=executor, broker=broker, progress=progress, log_file=log_file,
         verbose=verbose, retry_failed=retry_failed, outcomes=outcomes, max_planned_runs=max_planned_runs,
+        wave=WaveRequest(new=new_wave, label=wave_label),
         adhoc=AdhocFlags(model=model, base_url=base_url, wire_format=wire_format, api_key_env=api_key_env,
                          prompts=prompts, runs=runs, max_tokens=max_tokens, temperature=temperature, name=name),
         celery=CeleryFlags(analyze=analyze, claim_ttl_s=claim_ttl_s, reconcile_interval_s=reconcile_interval_s,

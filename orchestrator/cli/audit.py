@@ -135,12 +135,16 @@ def analyze_command(
     blas_threads: Annotated[int, typer.Option("--blas-threads", help="Threads for the bootstrap matrix products (1 is fastest on a busy machine).")] = 1,
     interval: Annotated[str, typer.Option("--interval", help="Mean intervals: percentile (the study's) | bca | studentized (default; nominal at 5-22 prompts) | double.")] = "studentized",
     interval_threads: Annotated[int, typer.Option("--interval-threads", envvar="IRBENCH_INTERVAL_THREADS", help="2: the per-model CI bootstrap runs beside the joint rank bootstrap (same results); 1: one after the other (less peak memory).")] = 2,
+    wave: Annotated[str, typer.Option("--wave", help="Measurement wave read: 'latest' (each campaign's), a number, or 'all'.")] = "latest",
 ) -> None:
     """Audit stored runs and imported cells: per panel, models with CIs, rank sets and partition,
     pairs, sensitivity, drift, stabilisation, correctness, correlations, normalised Jaccard.
 
     Example: irbench analyze --data data/ --out out/ --corpus examples/prompts --seed 7
+    Example: irbench analyze --data data/ --out out-wave1/ --wave 1
     """
+    from storage.wave_selection import WaveSelection
+
     try:
         options = analysis_options(
             min_runs=min_runs, min_prompts=min_prompts, seed=seed, replicates=replicates, panel=panel,
@@ -148,6 +152,7 @@ def analyze_command(
             merge_rule=merge_rule, precedence_path=precedence, families_path=families, pair_scope=pairs,
             corpus_dirs=corpus or None, skip_corrupt=skip_corrupt, timeouts_s=timeouts,
             blas_threads=blas_threads, interval_threads=interval_threads, interval=interval,
+            waves=WaveSelection.parse(wave),
         )
     except (IrbenchError, ValueError) as exc:
         _fail(exc)

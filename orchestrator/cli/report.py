@@ -26,6 +26,8 @@ def report_command(
     min_prompts: Annotated[int, typer.Option(help="Prompts a model needs (only when analysing).")] = 3,
     max_table_rows: Annotated[int, typer.Option(help="Rows shown of long tables (provenance, pairs); "
                                                 "full tables stay in the Parquet outputs.")] = 1000,
+    wave: Annotated[str, typer.Option("--wave", help="Measurement wave reported: 'latest' (each campaign's), "
+                                      "a number, or 'all'.")] = "latest",
 ) -> None:
     """Write a dated, self-contained report (report.html with embedded plots, and report.md).
 
@@ -37,21 +39,24 @@ def report_command(
     from analysis.report.build import build_report
     from analysis.report.sections import ReportOptions
     from orchestrator.jobs.analysis_progress import StageProgress
+    from storage.wave_selection import WaveSelection
     from workers.errors import IrbenchError
 
     console = Console()
     started = time.monotonic()
     try:
+        waves = WaveSelection.parse(wave)
+        waves.resolve(data)  # a wave the store lacks is a one-line error before any work
         if analysis is None:
             analysis = out / "analysis"
             options = AnalysisOptions(seed=seed, replicates=replicates, min_runs=min_runs,
-                                      min_prompts=min_prompts)
+                                      min_prompts=min_prompts, waves=waves)
             with StageProgress(console, title="analyze") as stages:
                 run_analysis(data, analysis, options, progress=stages.report)
             console.print(f"analysis outputs: {analysis}")
         with StageProgress(console, title="report") as stages:
             paths = build_report(analysis, out, data_dir=data, progress=stages.report,
-                                 options=ReportOptions(max_table_rows=max_table_rows))
+                                 options=ReportOptions(max_table_rows=max_table_rows, waves=waves))
     except (IrbenchError, ValueError, OSError) as exc:  # ReportInputError is an IrbenchError
         fail(exc)
     console.print(f"report: {paths.html} ({paths.html_bytes / 1e6:.2f} MB), {paths.md} "

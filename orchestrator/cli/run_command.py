@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from orchestrator.campaign.adhoc import AdhocFlags
+from orchestrator.campaign.waves import WaveRequest
 from orchestrator.cli.interrupts import INTERRUPTED_EXIT_CODE
 from orchestrator.cli.shell import broker_url, console, report_corpus, setup_logging, warn
 from orchestrator.cli.user_errors import fail
@@ -59,6 +60,7 @@ class RunRequest:
     retry_failed: bool = False
     outcomes: str | None = None
     max_planned_runs: int | None = None
+    wave: WaveRequest = WaveRequest()
 
 
 @dataclass(frozen=True)
@@ -73,13 +75,14 @@ def run_request(req: RunRequest) -> None:
     """Execute ``req``; exits 2 on a user error (one line), 130 when interrupted."""
     from orchestrator.campaign.adhoc import campaign_file_for
     from orchestrator.campaign.limits import DEFAULT_MAX_PLANNED_RUNS
-    from orchestrator.campaign.prepared import prepare
     from orchestrator.campaign.retry import rerun_outcomes, retryable
     from orchestrator.campaign.spec import load_campaign
+    from orchestrator.campaign.waves import prepare_wave, start_new_wave
     from storage.runs import RunStore
 
     redactor = setup_logging(req.log_file, req.verbose)
     try:
+        req.wave.check_flags(req.retry_failed)
         retry_outcomes = rerun_outcomes(req.retry_failed, req.outcomes)
         chosen = campaign_file_for(req.campaign, req.data, req.adhoc)
         campaign = chosen.path
@@ -90,9 +93,12 @@ def run_request(req: RunRequest) -> None:
         kind = req.executor or spec.executor.kind
         if kind not in ("local", "celery"):
             raise ConfigError(f"--executor {kind!r}: use 'local' or 'celery'")
-        prepared = prepare(spec, max_planned_runs=req.max_planned_runs or DEFAULT_MAX_PLANNED_RUNS,
-                           source=campaign.name)
+        bound = req.max_planned_runs or DEFAULT_MAX_PLANNED_RUNS
+        prepared = prepare_wave(spec, req.data, max_planned_runs=bound, source=campaign.name)  # the latest wave
         store = RunStore(req.data)
+        if req.wave.new:
+            wave = start_new_wave(prepared, store, req.wave.label)
+            prepared = prepare_wave(spec, req.data, max_planned_runs=bound, source=campaign.name, wave=wave)
         report_corpus(prepared)
         again = retryable(prepared, store, retry_outcomes)
         if kind == "celery":
@@ -156,8 +162,10 @@ def _start_worker_watch(url: str, data: Path, queue: str, wait_s: float) -> Work
 def _print_summary(req: RunRequest, ran: _Ran) -> None:
     again, summary = ran.again, ran.summary
     retried = f", {again.total} retried (latest execution: {again.describe()})" if again and again.total else ""
+    wave = ran.prepared.wave.number
     console.print(
-        f"campaign [bold]{ran.prepared.spec.name}[/]: {len(ran.prepared.tasks)} runs planned, {ran.skipped} already "
+        f"campaign [bold]{ran.prepared.spec.name}[/]{f' wave {wave}' if wave > 1 else ''}: "
+        f"{len(ran.prepared.tasks)} runs planned, {ran.skipped} already "
         f"stored{retried}, {_executed(summary)}{' (interrupted)' if summary.interrupted else ''}; "
         f"data in {req.data}/runs/"
     )

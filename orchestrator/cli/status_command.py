@@ -42,15 +42,16 @@ def show_status(req: StatusRequest) -> None:
 
         print_status_json(req.campaign, req.data, max_planned_runs=req.max_planned_runs, skip_corrupt=req.skip_corrupt)
         return
-    from orchestrator.campaign.prepared import prepare
     from orchestrator.campaign.spec import load_campaign
     from orchestrator.campaign.status import campaign_status
+    from orchestrator.campaign.waves import prepare_wave
     from storage.runs import RunStore
 
     setup_logging(None, False)
     store = RunStore(req.data)
     try:
-        prepared = prepare(load_campaign(req.campaign), max_planned_runs=req.max_planned_runs, source=req.campaign.name)
+        prepared = prepare_wave(load_campaign(req.campaign), req.data, max_planned_runs=req.max_planned_runs,
+                                source=req.campaign.name)  # the latest wave
         st = campaign_status(prepared, store, skip_corrupt=req.skip_corrupt)
         live = _live_status(req, prepared, store) if req.broker else None
     except IrbenchError as exc:
@@ -77,6 +78,8 @@ def _live_status(req: StatusRequest, prepared: PreparedCampaign, store: RunStore
 def _print_table(prepared: PreparedCampaign, st: CampaignStatus) -> None:
     from rich.table import Table
 
+    # a line of its own: a longer table title wraps at the table's width
+    console.print(f"wave {prepared.wave.number} (the campaign's latest)")
     table = Table(title=f"campaign {prepared.spec.name}: {st.stored}/{st.planned} runs stored")
     for col in ("model", "planned", "stored", "outcomes"):
         table.add_column(col)

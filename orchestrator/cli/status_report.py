@@ -4,7 +4,8 @@ Per model and in total: ``planned`` runs, ``stored`` runs (with at least one exe
 ``executions`` (every stored execution: more than ``stored`` when runs were executed twice
 under at-least-once delivery or retried), ``attempts`` (every HTTP attempt of every stored
 execution) and ``outcomes`` (the latest execution of each stored run,
-``storage.runs.EXECUTION_RULE``). Only runs of the current plan count.
+``storage.runs.EXECUTION_RULE``). Only runs of the current plan count: the campaign's latest
+``wave``, which the object names.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class StatusCounts(BaseModel):
 
 class CampaignStatusReport(BaseModel):
     campaign: str
+    wave: int = 1  # the wave counted (the campaign's latest)
     total: StatusCounts
     models: dict[str, StatusCounts]
     skipped_files: list[str] = Field(default_factory=list)  # unreadable files left out (--skip-corrupt)
@@ -70,7 +72,7 @@ def status_report(prepared: PreparedCampaign, store: RunStore, *, skip_corrupt: 
             total.outcomes[k] = total.outcomes.get(k, 0) + v
     total.outcomes = dict(sorted(total.outcomes.items()))
     return CampaignStatusReport(
-        campaign=name, total=total, models=models, skipped_files=[str(p) for p in skipped]
+        campaign=name, wave=prepared.wave.number, total=total, models=models, skipped_files=[str(p) for p in skipped]
     )
 
 
@@ -86,14 +88,14 @@ def print_status_json(campaign_toml, data_dir, *, max_planned_runs: int, skip_co
     import sys
     from pathlib import Path
 
-    from orchestrator.campaign.prepared import prepare
     from orchestrator.campaign.spec import load_campaign
+    from orchestrator.campaign.waves import prepare_wave
     from orchestrator.cli.user_errors import fail
     from workers.errors import IrbenchError
 
     try:
-        prepared = prepare(load_campaign(Path(campaign_toml)), max_planned_runs=max_planned_runs,
-                           source=Path(campaign_toml).name)
+        prepared = prepare_wave(load_campaign(Path(campaign_toml)), Path(data_dir), max_planned_runs=max_planned_runs,
+                                source=Path(campaign_toml).name)
         report = status_report(prepared, RunStore(Path(data_dir)), skip_corrupt=skip_corrupt)
     except IrbenchError as exc:
         fail(exc)

@@ -32,17 +32,24 @@ def view_command(
     threads: Annotated[int, typer.Option(help="Query threads.")] = 2,
     memory_limit_mb: Annotated[int, typer.Option(help="Memory cap of the query engine (MB); its "
                                                  "index file is paged beyond it.")] = 1024,
+    wave: Annotated[str, typer.Option("--wave", help="Measurement wave shown: 'latest' (each campaign's), "
+                                      "a number, or 'all'.")] = "latest",
 ) -> None:
     """Serve a read-only web viewer of the runs: leaderboard → cells → runs side by side.
 
     Example: irbench view --data data/ --analysis out/
     """
+    from storage.wave_selection import WaveSelection
     from viewer import ViewerConfig, find_analysis_dir, find_report
 
     _check_paths(data, analysis, report)
+    try:
+        waves = WaveSelection.parse(wave)
+    except ValueError as exc:
+        fail(exc)
     report_html = report / "report.html" if report is not None else find_report(data)
     config = ViewerConfig(data_dir=data, analysis_dir=analysis or find_analysis_dir(data), report_html=report_html,
-                          page_size=page_size, threads=threads, memory_limit_mb=memory_limit_mb)
+                          page_size=page_size, threads=threads, memory_limit_mb=memory_limit_mb, waves=waves)
     _serve(config, host, port)
 
 
@@ -68,7 +75,7 @@ def _serve(config: ViewerConfig, host: str, port: int) -> None:
         started = time.monotonic()
         outputs = AnalysisOutputs.load(config.analysis_dir)
         index = RunIndex.load(config.data_dir, outputs, threads=config.threads,
-                              memory_limit_mb=config.memory_limit_mb, work_dir=config.work_dir)
+                              memory_limit_mb=config.memory_limit_mb, work_dir=config.work_dir, waves=config.waves)
     except (IrbenchError, ValueError, OSError, duckdb.Error) as exc:
         fail(exc)
     console.print(f"loaded {index.n_runs} runs in {time.monotonic() - started:.1f} s; analysis: "

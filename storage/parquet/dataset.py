@@ -34,7 +34,9 @@ from storage.parquet.dedupe import dedupe_copies, dedupe_table, pick_latest
 from storage.parquet.atomic import link_first_wins
 from storage.errors import StorageError
 from storage.parquet.read_checks import FILENAME_COLUMN, check_required, check_versions
-from storage.parquet.scan import ScanLayout, filter_expression, parquet_format, scan_files, with_file_names
+from storage.parquet.scan import (
+    ScanLayout, fill_null_defaults, filter_expression, parquet_format, scan_files, with_file_names,
+)
 from storage.parquet.spec import STEM_RE as _STEM_RE
 from storage.parquet.spec import DatasetSpec
 from storage.schema import schema_version_of
@@ -348,6 +350,7 @@ class ParquetDataset:
         table, names = scan_files(self._layout, files, needed, expr, dictionary_columns=dictionary_columns)
         check_versions(self.spec, self.version, table, names)
         check_required(self.spec, self.version, self.path, table, names)
+        table = fill_null_defaults(table, self.spec)
         if dedupe == "executions":
             table = dedupe_copies(table, self.spec, FILENAME_COLUMN)
         elif dedupe:

@@ -27,7 +27,7 @@ from storage.parquet.read_checks import FILENAME_COLUMN, diagnose_unreadable
 from storage.parquet.spec import DatasetSpec
 
 
-__all__ = ["ScanLayout", "filter_expression", "parquet_format", "scan_files", "with_file_names"]
+__all__ = ["ScanLayout", "fill_null_defaults", "filter_expression", "parquet_format", "scan_files", "with_file_names"]
 
 
 def filter_expression(
@@ -51,18 +51,32 @@ def filter_expression(
         if col not in spec.schema.names:
             raise StorageError(f"dataset {spec.name!r} has no column {col!r} to filter on")
         ftype = spec.schema.field(col).type
+        field = ds.field(col)
+        default = dict(spec.null_defaults).get(col)
+        if default is not None:  # an older row's null means the default, and matches as it
+            field = pc.coalesce(field, pa.scalar(default, type=ftype))
         if value is None:
-            terms.append(ds.field(col).is_null())
+            terms.append(field.is_null())
         elif isinstance(value, (list, tuple, set, frozenset)):
-            terms.append(ds.field(col).isin(pa.array(sorted(value), type=ftype)))
+            terms.append(field.isin(pa.array(sorted(value), type=ftype)))
         else:
-            terms.append(ds.field(col) == pa.scalar(value, type=ftype))
+            terms.append(field == pa.scalar(value, type=ftype))
     if not terms:
         return None
     expr = terms[0]
     for term in terms[1:]:
         expr = expr & term
     return expr
+
+
+def fill_null_defaults(table: pa.Table, spec: DatasetSpec) -> pa.Table:
+    """``table`` with the nulls of ``spec.null_defaults`` columns (those it has) filled."""
+    for col, value in spec.null_defaults:
+        if col in table.column_names and table.column(col).null_count:
+            i = table.column_names.index(col)
+            column = table.column(i)
+            table = table.set_column(i, table.field(i), pc.fill_null(column, pa.scalar(value, column.type)))
+    return table
 
 
 def parquet_format(dictionary_columns: Sequence[str] = ()) -> ds.ParquetFileFormat:

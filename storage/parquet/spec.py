@@ -30,6 +30,9 @@ class DatasetSpec:
     of each key: the largest ``finish_col`` (``order_col`` where that is null), ties broken by
     the smallest execution id, then file name, then row position (:func:`pick_latest`).
     Compaction then only collapses copies of the same (key, execution) (:func:`dedupe_copies`).
+
+    ``null_defaults``: ``(column, value)`` pairs for nullable columns a schema version added
+    whose null (a row of an older version) means ``value``: reads fill it, filters match it.
     """
 
     name: str
@@ -40,6 +43,7 @@ class DatasetSpec:
     version_col: str | None = None
     execution_col: str | None = None
     finish_col: str | None = None
+    null_defaults: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self) -> None:
         names = set(self.schema.names)

@@ -32,7 +32,7 @@ from storage.records import Attempt, Outcome, RunRecord
 from storage.runs import RunStore
 from tests.support.run_records import make_record
 from workers.execute import PendingRecord
-from workers.providers.base import Reply
+from workers.providers.base import Reply, ServedIdentity
 from workers.runtask import EndpointRef, ModelLimits, ResponseLimits, RetryPolicy, RunTask
 
 MODEL = "sim-mild"
@@ -245,17 +245,19 @@ def test_a_pending_record_comes_out_of_the_pipe_as_the_same_record() -> None:
     answered = {"outcome", "finish_reason", "response_text", "reasoning_text", "answer_chars", "reasoning_chars",
                 "prompt_tokens", "completion_tokens", "reasoning_tokens", "first_token_ms", "stream_duration_ms",
                 "parse_outcome", "parse_repairs", "ir_json", "node_ids", "node_count", "duplicate_id_count",
-                "execution_id"}
+                "execution_id", "served_model", "system_fingerprint", "served_digest"}
     record = make_record(1, attempts=attempts, finished_at=at, latency_ms=4.0, total_latency_ms=9.0)
     base = {name: getattr(record, name) for name in RunRecord.model_fields if name not in answered}
     reply = Reply(Outcome.TRUNCATED, '```json\n{"nodes": [{"id": "a", "kind": "Rule"}', "hm", 4.0,
-                  finish_reason="length", completion_tokens=7)
+                  finish_reason="length", completion_tokens=7,
+                  served=ServedIdentity(model="m-2026", system_fingerprint="fp_x", digest="sha256:ab"))
     pending = PendingRecord(base, reply, ResponseLimits())
     piped = pickle.loads(pickle.dumps([pending], protocol=pickle.HIGHEST_PROTOCOL))[0]
     assert piped.outcome is Outcome.TRUNCATED
     here, there = pending.finish(), piped.finish()
     assert there.model_dump(exclude={"execution_id"}) == here.model_dump(exclude={"execution_id"})
     assert there.attempts == attempts and there.parse_outcome.value == "truncated"
+    assert (there.served_model, there.system_fingerprint, there.served_digest) == ("m-2026", "fp_x", "sha256:ab")
 
 
 def test_the_writer_process_leaves_the_parents_garbage_collector_as_it_was(tmp_path: Path) -> None:

@@ -99,6 +99,26 @@ def test_run_id_golden_and_independent_encoding() -> None:
     assert run_id("demo", prompt, "sim-mild", 1500, 0) == hashlib.sha256(with_budget.encode()).hexdigest()[:32]
 
 
+def test_run_id_of_a_later_wave_has_the_wave_in_its_canonical_array() -> None:
+    prompt = "ab" * 32
+    assert run_id("demo", prompt, "sim-mild", None, 2, wave=1) == "d1366ac9df75ee5a789680e263493a5f"  # wave 1 as always
+    canonical = '["irbench-run-v1","demo","' + prompt + '","sim-mild",null,2,2]'
+    assert run_id("demo", prompt, "sim-mild", None, 2, wave=2) == hashlib.sha256(canonical.encode()).hexdigest()[:32]
+    assert len({run_id("demo", prompt, "sim-mild", None, 2, wave=w) for w in (1, 2, 3)}) == 3
+
+
+def test_a_wave_plan_keeps_every_run_and_names_its_wave(tmp_path: Path) -> None:
+    from orchestrator.campaign.plan import WaveStart
+
+    spec, corpus, ins = make(tmp_path)
+    started = dt.datetime(2026, 5, 1, 9, tzinfo=dt.timezone.utc)
+    one, two = plan_runs(spec, corpus, ins), plan_runs(spec, corpus, ins, wave=WaveStart(2, started))
+    assert [(t.model, t.prompt_sha256, t.run_index) for t in one] == [(t.model, t.prompt_sha256, t.run_index) for t in two]
+    assert not {t.run_id for t in one} & {t.run_id for t in two}
+    assert {(t.wave, t.wave_started_at) for t in one} == {(1, None)} and {(t.wave, t.wave_started_at) for t in two} == {(2, started)}
+    assert RunTask.model_validate_json(two[0].model_dump_json()) == two[0]
+
+
 def test_run_id_unambiguous() -> None:
     p = "0" * 64
     ids = {

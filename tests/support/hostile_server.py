@@ -27,6 +27,8 @@ content-null             200, ``message.content: null``
 lone-surrogate           200, content, reasoning and an error-free IR whose id hold unpaired
                          ``\ud800`` escapes (valid JSON, not valid Unicode once decoded)
 wrong-length             200, ``Content-Length: 5000`` then 40 bytes and a close
+hostile-identity         200, a valid IR whose ``model`` is 100k characters, ``system_fingerprint``
+                         echoes the key between control characters, ``digest`` is a number
 endless-chunked          200, chunked, 64 KiB chunks forever (until the client hangs up)
 =======================  ==========================================================
 
@@ -127,6 +129,10 @@ def _response(model: str, key: str, ollama: bool) -> bytes | None:  # noqa: C901
         # json.dumps writes the escapes as they are: ASCII bytes a strict decoder turns into \ud800
         text = 'x\ud800 {"nodes": [{"id": "RULE:\\ud800", "kind": "Rule"}]}'
         return _simple(200, _wire(model, text, ollama=ollama, reasoning="think \udfff"))
+    if model == "hostile-identity":
+        body = json.loads(_wire(model, IR_TEXT, ollama=ollama))
+        body.update(model="m" * 100_000, system_fingerprint=f"fp\x00\x1b[31m{key}\u2028end", digest=12345)
+        return _simple(200, json.dumps(body).encode())
     if model == "wrong-length":
         return _head(200, {"Content-Type": "application/json", "Content-Length": "5000", "Connection": "close"}) + (
             b'{"choices": [{"message": {"content": "abc'

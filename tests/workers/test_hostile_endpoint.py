@@ -203,3 +203,14 @@ def test_provider_refuses_a_port_out_of_range() -> None:
 
     with pytest.raises(ConfigError, match="port 99999 is not in 1-65535"):
         OpenAIProvider(httpx.AsyncClient(), "http://127.0.0.1:99999", None)
+
+
+@pytest.mark.parametrize("wire", WIRES)
+def test_the_served_identity_is_bounded_masked_and_typed(server, tmp_path: Path, wire: str) -> None:  # type: ignore[no-untyped-def]
+    from storage.records import SERVED_IDENTITY_MAX_CHARS
+
+    (record,) = _run(server, tmp_path, "hostile-identity", wire)
+    assert record.outcome is Outcome.OK and record.served_model == "m" * SERVED_IDENTITY_MAX_CHARS
+    assert record.served_digest is None  # a number is not a digest
+    # read wherever given: control characters dropped, the echoed key masked
+    assert record.system_fingerprint == f"fp[31m{SECRET_MARKER}end"

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import httpx
 
 from storage.clock import WallClock, utc_now  # noqa: F401  utc_now: the providers' default clock
-from storage.records import ERROR_TEXT_MAX_CHARS, Outcome
+from storage.records import ERROR_TEXT_MAX_CHARS, SERVED_IDENTITY_MAX_CHARS, Outcome
 from workers.errors import (
     AuthFailed,
     ClientFailed,
@@ -152,6 +152,17 @@ def clip(text: str, secrets: Iterable[str | None] = ()) -> str:
     if len(text) > ERROR_TEXT_MAX_CHARS:
         text = text[: ERROR_TEXT_MAX_CHARS - 1] + "…"
     return text
+
+
+def identity_text(value: Any, secrets: Iterable[str | None] = ()) -> str | None:
+    """A served-identity field as stored: a string only (anything else is None), secrets masked,
+    valid Unicode, control characters dropped, at most ``SERVED_IDENTITY_MAX_CHARS``; "" -> None."""
+    if not isinstance(value, str):
+        return None
+    # masked whole first: a cut could leave part of a key unmasked
+    masked = mask_secrets(value, secrets)[: 4 * SERVED_IDENTITY_MAX_CHARS]
+    text = "".join(ch for ch in storable(masked) if ch.isprintable())
+    return text[:SERVED_IDENTITY_MAX_CHARS] or None
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,17 @@ class ChatRequest:
 
 
 @dataclass(frozen=True)
+class ServedIdentity:
+    """What a 2xx answer says served it, each bounded (``_http.identity_text``); None = not given.
+    ``model``: the body's ``model`` field; ``system_fingerprint``: OpenAI's; ``digest``: a model
+    digest (Ollama), where the answer carries one."""
+
+    model: str | None = None
+    system_fingerprint: str | None = None
+    digest: str | None = None
+
+
+@dataclass(frozen=True)
 class Reply:
     """A 2xx answer. ``outcome`` is OK, TRUNCATED or EMPTY."""
 
@@ -44,6 +55,7 @@ class Reply:
     reasoning_tokens: int | None = None
     first_token_ms: float | None = None  # streamed: request start to the first token
     stream_duration_ms: float | None = None  # streamed: first token to the last byte
+    served: ServedIdentity = ServedIdentity()
 
 
 class Provider(Protocol):

@@ -6,6 +6,8 @@ Request: one user message, ``stream`` (false unless the model streams), ``option
 Reply: answer = ``message.content`` (a leading ``<think>`` block is split out for models that
 inline it), reasoning = ``message.thinking``; ``done_reason == "length"`` -> TRUNCATED;
 tokens from ``prompt_eval_count``/``eval_count`` (Ollama does not split reasoning tokens out).
+The served identity is the body's (the final line's) ``model`` and, where the answer carries one,
+its ``digest``.
 Streamed (``request.stream``): NDJSON lines whose ``message.content``/``thinking`` pieces are
 concatenated; the final ``done: true`` line carries ``done_reason`` and the token counts.
 """
@@ -144,4 +146,5 @@ def _reply(
     """The classified reply; ``final`` is the whole body or the last (``done``) stream line. An
     endpoint may echo the key inside a 200 answer: it is masked before anything keeps the text."""
     counts = streaming.TokenUsage(prompt_tokens=final.get("prompt_eval_count"), completion_tokens=final.get("eval_count"))
-    return streaming.answer_reply(raw, content, thinking, final.get("done_reason"), counts, secrets=secrets, streamed=streamed)
+    return streaming.answer_reply(raw, content, thinking, final.get("done_reason"), counts, secrets=secrets, streamed=streamed,
+                                  served=streaming.served_identity(final, secrets=secrets, digest_key="digest"))

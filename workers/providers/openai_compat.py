@@ -12,6 +12,9 @@ body fields sent when ``request.reasoning`` is True/False (default: ``reasoning_
 Reply: answer = ``choices[0].message.content``; reasoning = ``message.reasoning_content`` or
 ``message.reasoning``, plus a leading ``<think>…</think>`` block split out of the content.
 ``finish_reason == "length"`` -> TRUNCATED (even with empty content), empty answer -> EMPTY.
+The served identity is the body's ``model`` and ``system_fingerprint`` (a stream's last chunk
+naming a model). OpenAI documents no response header naming the served model or version
+(``openai-version`` is the REST API's version), so no header is read.
 
 Streamed (``request.stream``): ``stream_options: {include_usage: true}`` is sent; the answer and
 reasoning are the concatenated ``choices[0].delta`` pieces, ``finish_reason`` the last one given,
@@ -26,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers.providers import _http, streaming
-from workers.providers.base import ChatRequest, Reply
+from workers.providers.base import ChatRequest, Reply, ServedIdentity
 from workers.runtask import ResponseLimits, TimeoutPolicy
 
 LIST_MAX_BYTES = ResponseLimits().max_response_bytes  # a model list is no bigger than an answer
@@ -127,7 +130,7 @@ class OpenAIProvider:
         finish_reason = choice.get("finish_reason")
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         return _reply(raw, content or "", reasoning if isinstance(reasoning, str) else "", finish_reason, usage,
-                      secrets=secrets)
+                      secrets=secrets, served=streaming.served_identity(data, secrets=secrets))
 
     async def _complete_streamed(self, request: ChatRequest) -> Reply:
         secrets = (self._api_key,)
@@ -153,7 +156,10 @@ class OpenAIProvider:
             content.append(_text(delta.get("content")))
             reasoning.append(_text(delta.get("reasoning_content")) or _text(delta.get("reasoning")))
             finish_reason = reason or finish_reason
-        return _reply(raw, "".join(content), "".join(reasoning), finish_reason, usage, secrets=secrets, streamed=True)
+        # every chunk names the model; the last that does speaks for the answer
+        named = next((e for e in reversed(reader.events) if isinstance(e, dict) and "model" in e), None)
+        return _reply(raw, "".join(content), "".join(reasoning), finish_reason, usage, secrets=secrets, streamed=True,
+                      served=streaming.served_identity(named, secrets=secrets))
 
     async def list_models(self, timeouts: TimeoutPolicy) -> list[str]:
         """Model ids from ``GET /v1/models``."""
@@ -194,7 +200,7 @@ def _has_token(event: Any) -> bool:
 
 def _reply(
     raw: _http.RawResponse, content: str, reasoning: str, finish_reason: Any, usage: dict[str, Any],
-    *, secrets: tuple[str | None, ...], streamed: bool = False,
+    *, secrets: tuple[str | None, ...], streamed: bool = False, served: ServedIdentity = ServedIdentity(),
 ) -> Reply:
     """The classified reply from a whole (or reassembled streamed) answer. An endpoint may echo
     the key inside a 200 answer: it is masked before anything keeps the text."""
@@ -204,4 +210,5 @@ def _reply(
         prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"),
         reasoning_tokens=details.get("reasoning_tokens"),
     )
-    return streaming.answer_reply(raw, content, reasoning, finish_reason, counts, secrets=secrets, streamed=streamed)
+    return streaming.answer_reply(raw, content, reasoning, finish_reason, counts, secrets=secrets, streamed=streamed,
+                                  served=served)

@@ -24,7 +24,7 @@ import httpx
 
 from workers.errors import ProtocolFailed, ServerFailed
 from workers.providers import _http
-from workers.providers.base import Reply
+from workers.providers.base import Reply, ServedIdentity
 from workers.runtask import TimeoutPolicy
 from workers.secrets import mask_optional, mask_secrets
 
@@ -175,9 +175,21 @@ class TokenUsage:
     reasoning_tokens: Any = None
 
 
+def served_identity(body: Any, *, secrets: tuple[str | None, ...], digest_key: str | None = None) -> ServedIdentity:
+    """The served identity of an answer body (or stream chunk): its ``model`` and
+    ``system_fingerprint`` and, with ``digest_key``, that field as the model digest; bounded."""
+    if not isinstance(body, dict):
+        return ServedIdentity()
+    return ServedIdentity(
+        model=_http.identity_text(body.get("model"), secrets),
+        system_fingerprint=_http.identity_text(body.get("system_fingerprint"), secrets),
+        digest=_http.identity_text(body.get(digest_key), secrets) if digest_key else None,
+    )
+
+
 def answer_reply(
     raw: _http.RawResponse, content: str, reasoning: str, finish_reason: Any, usage: TokenUsage, *,
-    secrets: tuple[str | None, ...], streamed: bool,
+    secrets: tuple[str | None, ...], streamed: bool, served: ServedIdentity = ServedIdentity(),
 ) -> Reply:
     """The classified reply from a whole (or reassembled streamed) answer, for every wire format:
     ``<think>`` blocks of ``content`` join ``reasoning``; token counts are kept only when they
@@ -199,4 +211,5 @@ def answer_reply(
         reasoning_tokens=_http.int_or_none(usage.reasoning_tokens),
         first_token_ms=raw.first_token_ms if streamed else None,
         stream_duration_ms=stream_duration_ms(raw) if streamed else None,
+        served=served,
     )
