@@ -16,6 +16,7 @@ __all__ = [
     "real_demo",
     "report",
     "run_command",
+    "schedule_command",
     "shell",
     "status_command",
     "status_report",

@@ -298,6 +298,7 @@ def _register_more_commands() -> None:
     """Verbs whose bodies live in their own modules (one module per area)."""
     from orchestrator.cli.audit import analyze_command, import_artifact_command
     from orchestrator.cli.ops import availability_app, probe_command
+    from orchestrator.cli.schedule_command import schedule_command
     from orchestrator.cli.real import demo_real_command
     from orchestrator.cli.report import report_command
     from orchestrator.cli.view import view_command
@@ -308,6 +309,7 @@ def _register_more_commands() -> None:
     app.command("probe")(probe_command)
     app.add_typer(availability_app, name="availability")
     app.command("view")(view_command)
+    app.command("schedule")(schedule_command)
     app.command("demo-real")(demo_real_command)
 
 

@@ -22,6 +22,7 @@ _OTHERS = (
     ("IRBENCH_NO_WORKER_WARN_S", "run (celery)", "10", "warn on stderr when no worker consumes the queue for this long (s)"),
     ("IRBENCH_AVAILABILITY_TARGETS", "worker (beat)", "unset", "JSON file of availability-check targets; set, the check joins the beat schedule"),
     ("IRBENCH_AVAILABILITY_INTERVAL_S", "worker (beat)", "86400", "seconds between scheduled availability checks"),
+    ("IRBENCH_SCHEDULE_TICK_S", "worker (beat)", "60", "seconds between beat's checks for due wave schedules (irbench schedule)"),
     ("IRBENCH_DATA_DIR", "worker", "unset", "refused: the store root is IRBENCH_DATA (the worker says so and exits)"),
 )
 

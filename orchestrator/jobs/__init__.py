@@ -1,4 +1,4 @@
-"""Jobs beside campaigns: analysis runs and tasks, probes, availability checks, artifact import."""
+"""Jobs beside campaigns: analysis runs and tasks, probes, availability checks, artifact import, scheduled waves."""
 
 __all__ = [
     "analysis",
@@ -8,4 +8,6 @@ __all__ = [
     "artifact_import",
     "availability",
     "probe",
+    "scheduled_wave",
+    "wave_schedule",
 ]

@@ -1,4 +1,4 @@
-"""The Redis state workers and the orchestrator share: campaign state (claims, queues, done log, gate flags), limiter, gate, claim permits."""
+"""The Redis state workers and the orchestrator share: campaign state (claims, queues, done log, gate flags), limiter, gate, claim permits, wave schedules."""
 
 __all__ = [
     "broker_view",
@@ -17,4 +17,5 @@ __all__ = [
     "run_claims",
     "run_queues",
     "script_batch",
+    "wave_schedules",
 ]
