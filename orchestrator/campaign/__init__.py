@@ -3,13 +3,17 @@
 __all__ = [
     "adhoc",
     "corpus",
+    "cost",
     "instruction",
     "limits",
     "outcome",
     "plan",
     "prepared",
+    "preview",
+    "prices",
     "retry",
     "spec",
     "spec_checks",
     "status",
+    "tokens",
 ]

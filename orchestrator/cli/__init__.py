@@ -11,6 +11,7 @@ __all__ = [
     "launch",
     "llama_server",
     "ops",
+    "plan_command",
     "rates",
     "real",
     "real_demo",
