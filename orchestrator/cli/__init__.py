@@ -18,6 +18,7 @@ __all__ = [
     "report",
     "run_command",
     "shell",
+    "spend_table",
     "status_command",
     "status_report",
     "summary_tables",

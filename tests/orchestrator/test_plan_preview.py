@@ -94,3 +94,16 @@ def test_a_negative_price_is_refused(tmp_path: Path) -> None:
                               '[models.a]\ninput_usd_per_mtok = -1\n', runs=1, prompts=1)
     proc = _cli("plan", str(campaign), "--data", str(tmp_path / "d"))
     assert proc.returncode == 2 and "input_usd_per_mtok" in proc.stderr
+
+
+def test_status_shows_tokens_and_cost(tmp_path: Path, sim: RunningSimulator) -> None:
+    campaign, data = _campaign(tmp_path, sim.base_url), tmp_path / "data"
+    assert _cli("run", str(campaign), "--data", str(data), "--no-progress").returncode == 0
+    proc = _cli("status", str(campaign), "--data", str(data))
+    assert proc.returncode == 0, proc.stderr
+    runs = RunStore(data).read_executions(campaigns=["costs"])
+    b = runs.filter(pc.equal(runs.column("model"), "b"))
+    p, c = pc.sum(b.column("prompt_tokens")).as_py(), pc.sum(b.column("completion_tokens")).as_py()
+    assert f"spent b: {p:,} prompt + {c:,} completion tokens over {RUNS * PROMPTS} executions, " \
+           f"${(p * 3.0 + c * 15.0) / 1e6:,.4f}" in proc.stdout
+    assert "spent total:" in proc.stdout
