@@ -107,3 +107,19 @@ def test_status_shows_tokens_and_cost(tmp_path: Path, sim: RunningSimulator) -> 
     assert f"spent b: {p:,} prompt + {c:,} completion tokens over {RUNS * PROMPTS} executions, " \
            f"${(p * 3.0 + c * 15.0) / 1e6:,.4f}" in proc.stdout
     assert "spent total:" in proc.stdout
+
+
+def test_report_spend_table_costs_every_execution(tmp_path: Path, sim: RunningSimulator) -> None:
+    from analysis.report.spend import load_spend, spend_blocks
+
+    campaign, data = _campaign(tmp_path, sim.base_url), tmp_path / "data"
+    assert _cli("run", str(campaign), "--data", str(data), "--no-progress").returncode == 0
+    spend = load_spend(data, "costs")
+    assert spend is not None
+    runs = RunStore(data).read_executions(campaigns=["costs"])
+    a = runs.filter(pc.equal(runs.column("model"), "a"))
+    p, c = pc.sum(a.column("prompt_tokens")).as_py(), pc.sum(a.column("completion_tokens")).as_py()
+    assert spend["a"].executions == RUNS * PROMPTS
+    assert spend["a"].cost_usd == pytest.approx((p * 1.0 + c * 2.0) / 1e6)
+    table = spend_blocks("costs", spend)[0]
+    assert [row[0].text for row in table.rows] == ["a", "b", "total"]  # type: ignore[attr-defined]
