@@ -14,6 +14,8 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
+from deploy.celery_workers import CeleryWorkers
+from deploy.redis_server import RedisServer
 from simulator.config import SimConfig, SimModel
 from simulator.server import RunningSimulator, start_background
 from storage.prices import read_prices
@@ -53,12 +55,21 @@ def _plan(campaign: Path, data: Path) -> dict:
     return json.loads(proc.stdout)
 
 
-def test_plan_matches_what_the_run_stores(tmp_path: Path, sim: RunningSimulator) -> None:
+def _run_on(executor: str, campaign: Path, data: Path) -> subprocess.CompletedProcess:
+    if executor == "local":
+        return _cli("run", str(campaign), "--data", str(data), "--no-progress")
+    with RedisServer() as srv, CeleryWorkers(srv.url, count=1, concurrency=2, env={"IRBENCH_DATA": str(data)}):
+        return _cli("run", str(campaign), "--data", str(data), "--no-progress", "--executor", "celery",
+                    "--broker", srv.url, "--no-analyze")
+
+
+@pytest.mark.parametrize("executor", ["local", "celery"])
+def test_plan_matches_what_the_run_stores(tmp_path: Path, sim: RunningSimulator, executor: str) -> None:
     campaign, data = _campaign(tmp_path, sim.base_url), tmp_path / "data"
     before = _plan(campaign, data)
     assert before["total"]["planned"] == before["total"]["to_run"] == 2 * RUNS * PROMPTS
     assert sum(sim.app.state.model_requests.values()) == 0  # the plan made no call
-    proc = _cli("run", str(campaign), "--data", str(data), "--no-progress")
+    proc = _run_on(executor, campaign, data)
     assert proc.returncode == 0, proc.stderr
     runs = RunStore(data).read_executions(campaigns=["costs"])
     for model in ("a", "b"):
