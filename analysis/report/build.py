@@ -14,6 +14,7 @@ external assets), ``report.md`` and ``figures/*.png`` (the Markdown links them).
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from analysis.report.doc import Document, Section
 from analysis.report.html import render_html
 from analysis.report.md import render_md
 from analysis.report.health import health_blocks, load_runs
+from analysis.report.spend import load_spend, spend_blocks
 from analysis.report.provenance import CELL_KEY, availability_blocks, provenance_blocks
 from analysis.report.sections import (
     Availability, PanelData, ReportOptions, _correctness, _leaderboard, _pairs, _partition,
@@ -168,9 +170,11 @@ def measurement_window(panels: list[PanelData]) -> tuple[str | None, str | None]
 
 
 def build_document(panels: list[PanelData], avail: Availability, opts: ReportOptions,
-                   made_on: dt.datetime, runs: pa.Table | None = None) -> Document:
+                   made_on: dt.datetime, runs: pa.Table | None = None,
+                   spend: dict[str, Any] | None = None) -> Document:
     """All sections, in order, from loaded outputs (``runs``: raw-run columns for the health
-    section, :func:`analysis.report.health.load_runs`)."""
+    section, :func:`analysis.report.health.load_runs`; ``spend``: panel → its tokens and cost,
+    :func:`analysis.report.spend.load_spend`, shown after the health tables)."""
     first, last = measurement_window(panels)
     window = f"{first} to {last}" if first else "unknown measurement window"
     if any((pd.manifest.get("data_window") or {}).get("includes_windows") for pd in panels):
@@ -187,7 +191,8 @@ def build_document(panels: list[PanelData], avail: Availability, opts: ReportOpt
         "pairs": lambda: _per_panel(panels, lambda p: _pairs(p, opts)),
         "correctness": lambda: _per_panel(panels, lambda p: _correctness(p, opts)),
         "availability": lambda: availability_blocks(panels, avail, opts),
-        "health": lambda: _per_panel(panels, lambda p: health_blocks(p.name, runs)),
+        "health": lambda: _per_panel(panels, lambda p: health_blocks(p.name, runs) + (
+            spend_blocks(p.name, spend.get(p.name)) if spend is not None else [])),
         "provenance": lambda: _per_panel(panels, lambda p: provenance_blocks(p, opts)),
     }
     sections = tuple(Section(anchor, f"{i}. {title_}", tuple(builders[anchor]()))
@@ -222,7 +227,8 @@ def build_report(analysis_dir: Path, out_dir: Path, *, data_dir: Path | None = N
         prov = load_run_provenance(data_dir, p.name, opts.waves)
         panels.append(PanelData(p.name, p.directory, p.manifest, p.tables, p.problems, prov))
     progress(Stage("document", index=2, total=total, count=len(panels), unit="panels"))
-    doc = build_document(panels, load_availability(data_dir), opts, now(), load_runs(data_dir, opts.waves))
+    spend = {p.name: load_spend(data_dir, p.name) for p in panels} if data_dir is not None else None
+    doc = build_document(panels, load_availability(data_dir), opts, now(), load_runs(data_dir, opts.waves), spend)
     progress(Stage("render", index=3, total=total, count=2, unit="files (HTML, Markdown)"))
     out_dir.mkdir(parents=True, exist_ok=True)
     html_path, md_path, fig_dir = out_dir / "report.html", out_dir / "report.md", out_dir / "figures"

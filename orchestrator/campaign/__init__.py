@@ -3,14 +3,18 @@
 __all__ = [
     "adhoc",
     "corpus",
+    "cost",
     "instruction",
     "limits",
     "outcome",
     "plan",
     "prepared",
+    "preview",
+    "prices",
     "retry",
     "spec",
     "spec_checks",
     "status",
+    "tokens",
     "waves",
 ]

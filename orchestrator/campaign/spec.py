@@ -13,6 +13,7 @@ Layout of the file (unknown keys anywhere are errors, so typos never pass silent
     budgets = [1500, 8000]        # optional; every run is crossed with every budget,
                                   # and a budget overrides the model's max_tokens
     instruction = "my.txt"        # optional custom template (default: built-in irbench-v1)
+    prices = "prices.toml"        # optional shared price file (orchestrator.campaign.prices)
 
     [corpus]                      # paths/manifest relative to this file's directory
     paths = ["prompts"]
@@ -55,6 +56,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from orchestrator.campaign.spec_checks import (
     ENV_NAME_RE, SLUG_RE, check_http_url, check_model_name, looks_like_key, problem_lines, scan_secrets, shown,
 )
+from orchestrator.campaign.prices import price_file_problems
 from workers.errors import ConfigError
 from workers.runtask import EndpointRef, ModelLimits, ResponseLimits, RetryPolicy, TimeoutPolicy, WireFormat
 
@@ -71,6 +73,7 @@ def _none_word(value: Any) -> Any:
 
 PosFloatOrNone = Annotated[Annotated[float, Field(gt=0)] | None, BeforeValidator(_none_word)]
 PosIntOrNone = Annotated[Annotated[int, Field(ge=1)] | None, BeforeValidator(_none_word)]
+NonNegFloatOrNone = Annotated[Annotated[float, Field(ge=0)] | None, BeforeValidator(_none_word)]
 TemperatureOrNone = Annotated[Annotated[float, Field(ge=0, le=2)] | None, BeforeValidator(_none_word)]
 
 
@@ -92,6 +95,9 @@ class EndpointSpec(_Strict):
     base_url: str
     wire_format: WireFormat = "openai"
     api_key_env: str | None = None
+    # the endpoint's default prices, US dollars per million tokens (orchestrator.campaign.prices)
+    input_usd_per_mtok: NonNegFloatOrNone = None
+    output_usd_per_mtok: NonNegFloatOrNone = None
 
     @field_validator("base_url")
     @classmethod
@@ -137,11 +143,14 @@ class ModelDefaults(_Strict):
     max_json_depth: int = Field(default=ResponseLimits().max_json_depth, ge=4, le=512)
     max_answer_chars: int = Field(default=ResponseLimits().max_answer_chars, ge=1024)
     max_ir_nodes: int = Field(default=ResponseLimits().max_ir_nodes, ge=1)
+    # prices, US dollars per million prompt / completion tokens (orchestrator.campaign.prices)
+    input_usd_per_mtok: NonNegFloatOrNone = None
+    output_usd_per_mtok: NonNegFloatOrNone = None
 
 
 NONE_ABLE = frozenset(
     {"requests_per_minute", "tokens_per_minute", "max_concurrency", "connect_timeout_s", "read_timeout_s",
-     "total_timeout_s", "max_tokens", "temperature"}
+     "total_timeout_s", "max_tokens", "temperature", "input_usd_per_mtok", "output_usd_per_mtok"}
 )
 
 
@@ -206,6 +215,7 @@ class CampaignSpec(_Strict):
     runs: int = Field(default=1, ge=1)
     budgets: list[Annotated[int, Field(ge=1)]] | None = None
     instruction: Path | None = None
+    prices: Path | None = None
     retry: RetrySpec = RetrySpec()
     executor: ExecutorSpec = ExecutorSpec()
     base_dir: Path = Field(default=Path("."), description="directory of the campaign file; relative paths resolve here")
@@ -378,6 +388,8 @@ def load_campaign(path: Path) -> CampaignSpec:
             corpus["manifest"] = _resolve(base, corpus["manifest"])
     if "instruction" in raw:
         raw["instruction"] = _resolve(base, raw["instruction"])
+    if "prices" in raw:
+        raw["prices"] = _resolve(base, raw["prices"])
     _merge_models(fname, raw, problems)
     problems += _cross_check(fname, raw)
 
@@ -386,6 +398,8 @@ def load_campaign(path: Path) -> CampaignSpec:
         spec = CampaignSpec.model_validate(raw)
     except ValidationError as err:
         problems += problem_lines(fname, err, CampaignSpec, NONE_ABLE)
+    if spec is not None:
+        problems += price_file_problems(fname, spec.prices)
     if problems or spec is None:
         raise ConfigError(f"{fname}: invalid campaign spec ({len(problems)} problem(s))", problems)
     return spec

@@ -299,6 +299,7 @@ def _register_more_commands() -> None:
     from orchestrator.cli.audit import analyze_command, import_artifact_command
     from orchestrator.cli.ops import availability_app, probe_command
     from orchestrator.cli.schedule_command import schedule_command
+    from orchestrator.cli.plan_command import plan_command
     from orchestrator.cli.real import demo_real_command
     from orchestrator.cli.report import report_command
     from orchestrator.cli.view import view_command
@@ -306,6 +307,7 @@ def _register_more_commands() -> None:
     app.command("analyze")(analyze_command)
     app.command("import-artifact")(import_artifact_command)
     app.command("report")(report_command)
+    app.command("plan")(plan_command)
     app.command("probe")(probe_command)
     app.add_typer(availability_app, name="availability")
     app.command("view")(view_command)

@@ -62,6 +62,7 @@ def show_status(req: StatusRequest) -> None:
         warn(f"skipped unreadable file {path}")
     _print_table(prepared, st)
     _print_retryable(prepared, store, req)
+    _print_spent(prepared, store)
     if live is not None:
         _print_live(prepared, store, st, live)
 
@@ -88,6 +89,13 @@ def _print_table(prepared: PreparedCampaign, st: CampaignStatus) -> None:
         table.add_row(model, str(planned), str(sum(outcomes.values())),
                       ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items())) or "-")
     console.print(table)
+
+
+def _print_spent(prepared: PreparedCampaign, store: RunStore) -> None:
+    from orchestrator.cli.spend_table import campaign_spend, spend_lines
+
+    for line in spend_lines(campaign_spend(store, prepared.spec.name)):
+        console.print(line, soft_wrap=True)
 
 
 def _print_retryable(prepared: PreparedCampaign, store: RunStore, req: StatusRequest) -> None:
