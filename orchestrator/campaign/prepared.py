@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from orchestrator.campaign.corpus import Corpus, load_corpus
 from orchestrator.campaign.instruction import Instruction, load_instruction
 from orchestrator.campaign.limits import DEFAULT_MAX_PLANNED_RUNS, check_plan_size
 from orchestrator.campaign.plan import plan_runs
 from orchestrator.campaign.spec import CampaignSpec
+from storage.prompts import PromptStore, PromptText
 from workers.errors import ConfigError
 from workers.runtask import RunTask
 
@@ -37,6 +39,16 @@ def prepare(
     instruction = load_instruction(spec.instruction)
     tasks = plan_runs(spec, corpus, instruction)
     return PreparedCampaign(spec, corpus, instruction, tasks)
+
+
+def record_prompts(prepared: PreparedCampaign, data_root: Path, *, fsync: bool = True) -> int:
+    """Store the text of each prompt of ``prepared`` and the user message it renders to in
+    ``data_root/prompts/`` (only those not stored yet), so the store can show what was asked.
+    Returns the rows written."""
+    texts = [PromptText(p.sha256, p.name, prepared.instruction.sha256, prepared.instruction.version,
+                        p.text, prepared.instruction.render(p.name, p.text))
+             for p in prepared.corpus.prompts]
+    return PromptStore(data_root, fsync=fsync).add(texts)
 
 
 def resolve_secrets(spec: CampaignSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:
