@@ -4,8 +4,8 @@
 
 Input: the two stored IR JSON texts. Output: :class:`NodeDiff`, or None when either text is not
 an IR document (not JSON, or ``nodes`` not a list of objects) — the page then falls back to a
-line diff of the two texts. Rows follow A's node order; a node only in B is placed after the
-nearest node before it in B that A has too. An id that occurs k times in one IR gives k rows,
+line diff of the two texts. Rows follow A's node order; a node only in B is placed just before
+the next node after it in B that A has too (at the end when there is none). An id that occurs k times in one IR gives k rows,
 paired with the other side's occurrences in order. Document fields other than ``nodes``
 (``version``, ``uri``, ``meta``) form one leading row with id None. Renamed ids are not merged
 into one row (a rename is a removed and an added id); ``rename_of`` names the pairing that
@@ -126,7 +126,7 @@ def _row(node_id: str | None, a: dict | None, b: dict | None, rename_of: str = "
 
 
 def _order(nodes_a: list[dict], nodes_b: list[dict]) -> list[tuple[str, dict | None, dict | None]]:
-    """(id, node in A, node in B) in A's order, B-only nodes after their predecessor in B."""
+    """(id, node in A, node in B) in A's order, B-only nodes before their successor in B."""
     def occurrences(nodes: list[dict]) -> list[tuple[str, int]]:
         seen: dict[str, int] = {}
         out = []
@@ -139,14 +139,17 @@ def _order(nodes_a: list[dict], nodes_b: list[dict]) -> list[tuple[str, dict | N
     keys_a, keys_b = occurrences(nodes_a), occurrences(nodes_b)
     pos_a = {k: i for i, k in enumerate(keys_a)}
     in_b = {k: nodes_b[j] for j, k in enumerate(keys_b)}
-    placed: list[tuple[tuple[float, int, int], str, dict | None, dict | None]] = [
+    placed: list[tuple[tuple[int, int, int], str, dict | None, dict | None]] = [
         ((i, 0, 0), k[0], nodes_a[i], in_b.get(k)) for i, k in enumerate(keys_a)]
-    anchor = -1
-    for j, k in enumerate(keys_b):
+    # a B-only node goes right before the next node (in B's order) that A has too, so it
+    # follows whatever A had in its place (a rename reads removed, then added)
+    following = len(keys_a)
+    for j in range(len(keys_b) - 1, -1, -1):
+        k = keys_b[j]
         if k in pos_a:
-            anchor = pos_a[k]
+            following = pos_a[k]
         else:
-            placed.append(((anchor, 1, j), k[0], None, nodes_b[j]))
+            placed.append(((following, -1, j), k[0], None, nodes_b[j]))
     placed.sort(key=lambda p: p[0])
     return [(nid, a, b) for _, nid, a, b in placed]
 

@@ -176,13 +176,17 @@ def test_node_diff_rows_of_a_known_pair() -> None:
     d = node_diff(json.dumps(a), json.dumps(b), max_rows=100, renames={"B": "B2"})
     assert d is not None
     assert [(r.node_id, r.status) for r in d.rows] == [
-        (None, CHANGED), ("A", SAME), ("B", REMOVED), ("C", CHANGED), ("D", ADDED),
-        ("B2", ADDED), ("C", REMOVED)]
+        (None, CHANGED), ("A", SAME), ("B", REMOVED), ("C", CHANGED), ("C", REMOVED),
+        ("D", ADDED), ("B2", ADDED)]
     assert d.rows[0].fields == ("version",)
     assert d.rows[3].fields == ("meta.priority",)
     assert [f.text for f in d.rows[3].right if f.differs] == ['    "priority": 2,']
-    assert (d.rows[2].rename_of, d.rows[5].rename_of) == ("B2", "B")
+    assert (d.rows[2].rename_of, d.rows[6].rename_of) == ("B2", "B")
     assert d.ids(ADDED) == ["D", "B2"] and d.ids(REMOVED) == ["B", "C"]
+    # an id only in B sits before the next node B shares with A
+    x = node_diff(json.dumps({"nodes": [_node("P", 1), _node("Q", 2), _node("R", 3)]}),
+                  json.dumps({"nodes": [_node("P", 1), _node("Q2", 2), _node("R", 3)]}), max_rows=9)
+    assert x is not None and [r.node_id for r in x.rows] == ["P", "Q", "Q2", "R"]
     for row in d.rows:  # each side's lines are the node as JSON
         if row.left and row.node_id is not None:
             node = json.loads("\n".join(f.text for f in row.left))
