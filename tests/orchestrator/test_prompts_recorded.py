@@ -78,3 +78,17 @@ def test_a_celery_run_records_its_prompts(tmp_path: Path, sim: RunningSimulator)
         proc = _run(campaign, data, "--executor", "celery", "--broker", srv.url, "--no-analyze")
     assert proc.returncode == 0, proc.stderr
     _assert_recorded(tmp_path, data)
+
+
+def test_a_failed_prompt_write_does_not_stop_the_campaign(tmp_path: Path) -> None:
+    """The texts are a reading aid: a store root that cannot hold them is logged, not raised
+    (the runs' own writes report the cause), and nothing is half-written."""
+    from orchestrator.campaign.prepared import prepare, record_prompts
+    from orchestrator.campaign.spec import load_campaign
+
+    prepared = prepare(load_campaign(_campaign(tmp_path, "http://127.0.0.1:9")))
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("x")
+    assert record_prompts(prepared, blocked, fsync=False) == 0
+    assert record_prompts(prepared, tmp_path / "data", fsync=False) == 3
+    assert record_prompts(prepared, tmp_path / "data", fsync=False) == 0
