@@ -3,7 +3,8 @@
 Writes a store of ``--models × --prompts × --runs`` synthetic runs (default 20 × 500 × 10 =
 100,000) with :class:`storage.runs.RunStore`'s batch writer — IR JSON answers of ~8 nodes whose
 ids, counts and metadata drift, reasoning text on a third, retries with 429/Retry-After, a
-mix of failure outcomes, spread over ``--days`` measurement dates — plus a matching synthetic
+mix of failure outcomes, spread over ``--days`` measurement dates — the prompts' texts and
+messages (``DATA/prompts/``, ~4 KB each, as a campaign records them) and a matching synthetic
 analysis output (cells and model tables). Then starts the real ``irbench view`` in a child
 process on a free loopback port, requests each URL kind ``--repeat`` times over HTTP and prints
 per kind the server time (the app's ``Server-Timing`` header, ms: p50/p95/max) and the client
@@ -34,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from storage.prompts import PromptStore, PromptText
 from storage.records import Attempt, Outcome, ParseOutcome, RunRecord
 from storage.runs import RunStore
 
@@ -115,6 +117,22 @@ def write_store(data: Path, models: int, prompts: int, runs: int, days: int, see
     return time.perf_counter() - started
 
 
+def prompt_text(p: int) -> str:
+    """Prompt ``p``'s text (~4 KB): only prompt p says ``clause<p>zz``, a word in no answer."""
+    body = "".join(f"// @rule RULE:{WORDS[(p + k) % len(WORDS)]}_{k} priority={k % 3 + 1}\n"
+                   f"When the {WORDS[k]} matters, say so in one sentence.\n" for k in range(8))
+    return f"# prompt {p}: clause{p}zz\n" + body * 8
+
+
+def write_prompts(data: Path, prompts: int) -> None:
+    """The store's ``prompts/`` rows for every prompt (a no-op when they are there)."""
+    PromptStore(data, fsync=False).add(
+        PromptText(hashlib.sha256(f"prompt-{p}".encode()).hexdigest(), f"p{p:04d}.prompt.rtpl",
+                   "0" * 64, "irbench-v1", prompt_text(p),
+                   f"Emit the IR.\n--- BEGIN PROMPT ---\n{prompt_text(p)}--- END PROMPT ---\n")
+        for p in range(prompts))
+
+
 def write_analysis(out: Path, models: int, prompts: int, seed: int) -> None:
     """A synthetic ``irbench analyze`` output for panel "bench" (cells and model table)."""
     rng = np.random.default_rng(seed)
@@ -181,6 +199,7 @@ def main() -> None:
     if not (data / "runs").is_dir():
         secs = write_store(data, args.models, args.prompts, args.runs, args.days, args.seed)
         print(f"wrote {n} runs in {secs:.1f} s to {data}")
+    write_prompts(data, args.prompts)
     write_analysis(analysis, args.models, args.prompts, args.seed)
     proc, base, startup = start_viewer(data, analysis)
     rng = random.Random(args.seed)
@@ -201,6 +220,8 @@ def main() -> None:
             "runs list, filtered": lambda: f"/runs?model={quote(model)}&outcome=ok",
             "runs list, deep page": lambda: f"/runs?offset={rng.randrange(n - 50)}",
             "runs search q=": lambda: f"/runs?q={rng.choice(WORDS)}_{rng.randrange(8)}",
+            "runs search, prompt-only word": lambda: f"/runs?q=clause{rng.randrange(args.prompts)}zz",
+            "text/prompt (whole)": lambda: "/text/prompt/" + rng.choice(some)["run_id"],
             "health by model": lambda: "/health",
             "health by date": lambda: "/health?by=date",
             "api/runs date range": lambda: "/api/runs?date_from=2026-11-03&date_to=2026-11-05"

@@ -6,7 +6,10 @@ URLs (path segments are percent-encoded; a model name may contain "/", sent as %
     /panels/{panel}                           leaderboard (analysis outputs) and run counts
     /models/{panel}/{model}                   one model's cells
     /cells/{campaign}/{model}/{prompt_sha256} one cell: runs, ?a=RUN&b=RUN side-by-side diff
-    /runs/{run_id}                            one run: response, reasoning, IR nodes, attempts
+    /runs/{run_id}                            one run: prompt, message sent, response, reasoning,
+                                              IR nodes, attempts
+    /text/{field}/{run_id}                    one stored text of a run, whole, as text/plain
+                                              (field: prompt, message, response, reasoning)
     /runs?campaign=&model=&...&q=             filtered, searchable run list (paged)
     /health?by=model|date&...                 run health
     /report                                   the static report, when one is given
@@ -36,18 +39,40 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import (
+    HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response,
+)
 from starlette.routing import Route
 
 from viewer.config import ViewerConfig
 from viewer.diff import diff_runs, parse_nodes, parse_run, pretty_ir, text_diff
+from viewer.grouping import group_runs
 from viewer.index import RunIndex
+from viewer.node_diff import node_diff
 from viewer.query import QueryError, RunQuery
 
 CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
        "form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
 SECURITY_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
                     "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY"}
+
+
+#: One line per term a page shows without saying what it means (``macros.legend``).
+LEGEND = {
+    "drift class": "what first differs between the two runs, tested in this order: count (node "
+                   "count or node kinds differ), id-label (same count and kinds, other ids), "
+                   "metadata (same ids, a range or meta field differs), agree (none of these; "
+                   "label text alone is not drift); unparsed: a run has no parseable IR.",
+    "rank held": "share of bootstrap replicates (prompts resampled with replacement) in which the "
+                 "model sits at exactly its rank in the table.",
+    "rank interval": "marginal bootstrap interval of the model's rank at the analysis' level "
+                     "(95% by default: the 2.5th to 97.5th percentile of its replicate ranks); "
+                     "a per-model statement, with no guarantee for all models at once.",
+    "rank set": "simultaneous rank confidence set (pairwise paired t-tests over common prompts, "
+                "Holm-corrected): at the analysis' level (95% by default) every model's true "
+                "rank lies in its set at once; the partition is read from it.",
+    "run": "the store's run_index: the repetition number within the cell, counted from 0.",
+}
 
 
 def seg(value: Any) -> str:
@@ -88,6 +113,7 @@ def _environment() -> Environment:
     env.filters["seg"] = seg
     env.filters["fmt"] = _fmt
     env.filters["ts"] = _ts
+    env.globals["LEGEND"] = LEGEND
     return env
 
 
@@ -144,10 +170,23 @@ class Viewer:
         except QueryError as exc:
             raise HTTPException(400, str(exc)) from None
 
-    def clip(self, text: str | None) -> tuple[str, bool]:
+    def clip(self, text: str | None, cap: int | None = None) -> tuple[str, bool]:
+        """(the first ``cap`` characters, whether any were left out); cap: max_text_chars."""
         text = text or ""
-        cap = self.config.max_text_chars
+        cap = cap or self.config.max_text_chars
         return (text[:cap], True) if len(text) > cap else (text, False)
+
+    def asked(self, run: dict[str, Any]) -> dict[str, Any]:
+        """What ``run`` was asked, as stored in ``prompts/``: the prompt text and the user
+        message (None when not stored), each also clipped to ``max_prompt_chars`` for a page."""
+        prompt = self.index.prompt_text(run["prompt_sha256"])
+        message = self.index.user_message(run["prompt_sha256"], run["prompt_name"],
+                                          run["instruction_sha256"])
+        cap = self.config.max_prompt_chars
+        return {"run_id": run["run_id"], "instruction_version": run["instruction_version"],
+                "instruction_sha256": run["instruction_sha256"], "prompt_text": prompt,
+                "user_message": message, "prompt": self.clip(prompt, cap),
+                "message": self.clip(message, cap)}
 
     @staticmethod
     def _json_run(row: dict[str, Any]) -> dict[str, Any]:
@@ -206,17 +245,24 @@ class Viewer:
         a, b = by_id[a_id], by_id[b_id]
         diff = diff_runs(parse_run(a_id, a["ir_json"]), parse_run(b_id, b["ir_json"]))
         lines = self.config.max_diff_lines
+        nodes = node_diff(a["ir_json"], b["ir_json"], max_rows=lines,
+                          renames={r.before: r.after for r in diff.renamed})
         for r in runs:
             r["nodes"] = parse_nodes(r["ir_json"])
             r["response_shown"], r["response_clipped"] = self.clip(r["response_text"])
             r["reasoning_shown"], r["reasoning_clipped"] = self.clip(r["reasoning_text"])
+        # one message per instruction the shown runs were sent (normally one)
+        asked = [self.asked(r) for r in {(r["prompt_name"], r["instruction_sha256"]): r
+                                         for r in runs}.values()]
         return self.page(
             "cell.html", campaign=campaign, model=model, sha=sha, runs=runs, total=total,
-            panel=runs[0]["panel"], prompt_name=runs[0]["prompt_name"], a=a, b=b, diff=diff,
+            groups=group_runs(runs), panel=runs[0]["panel"], prompt_name=runs[0]["prompt_name"],
+            a=a, b=b, diff=diff, node_diff=nodes, asked=asked,
             cell=self.index.cell_metrics(runs[0]["panel"], campaign, model, sha),
             text_diff=text_diff(a["response_text"], b["response_text"], max_lines=lines),
             reasoning_diff=text_diff(a["reasoning_text"], b["reasoning_text"], max_lines=lines),
-            ir_diff=text_diff(pretty_ir(a["ir_json"]), pretty_ir(b["ir_json"]), max_lines=lines))
+            ir_diff=None if nodes is not None else text_diff(
+                pretty_ir(a["ir_json"]), pretty_ir(b["ir_json"]), max_lines=lines))
 
     def run(self, request: Request) -> Response:
         run_id = "/".join(_segments(request, "/runs/"))
@@ -225,7 +271,27 @@ class Viewer:
             raise HTTPException(404, f"no run {run_id!r}")
         row["response_shown"], row["response_clipped"] = self.clip(row["response_text"])
         row["reasoning_shown"], row["reasoning_clipped"] = self.clip(row["reasoning_text"])
-        return self.page("run.html", run=row, nodes=parse_nodes(row["ir_json"]))
+        return self.page("run.html", run=row, nodes=parse_nodes(row["ir_json"]),
+                         asked=self.asked(row))
+
+    def text(self, request: Request) -> Response:
+        """One stored text of a run, whole, as ``text/plain`` (the pages' "show all")."""
+        parts = _segments(request, "/text/")
+        if len(parts) < 2:
+            raise HTTPException(404, "a text URL is /text/{prompt|message|response|reasoning}/{run_id}")
+        field, run_id = parts[0], "/".join(parts[1:])
+        if field not in ("prompt", "message", "response", "reasoning"):
+            raise HTTPException(404, f"no text {field!r}: use prompt, message, response or reasoning")
+        row = self.index.run(run_id)
+        if row is None:
+            raise HTTPException(404, f"no run {run_id!r}")
+        if field in ("response", "reasoning"):
+            body = row[f"{field}_text"]
+        else:
+            body = self.asked(row)["prompt_text" if field == "prompt" else "user_message"]
+        if body is None:
+            raise HTTPException(404, f"the store holds no {field} text for run {run_id!r}")
+        return PlainTextResponse(body)
 
     def runs_page(self, request: Request) -> Response:
         query = self.query(request)
@@ -256,6 +322,8 @@ class Viewer:
         row = self.index.run(run_id)
         if row is None:
             raise HTTPException(404, f"no run {run_id!r}")
+        asked = self.asked(row)  # null when the store has no prompts/ row for the run
+        row["prompt_text"], row["user_message"] = asked["prompt_text"], asked["user_message"]
         return JSONResponse(self._json_run(row))
 
     def api_cell(self, request: Request) -> Response:
@@ -282,6 +350,9 @@ class Viewer:
             raise HTTPException(404, "no report to serve: write one with `irbench report --out "
                                 "DIR` and start the viewer with --report DIR")
         html = path.read_text(encoding="utf-8")
+        nav = self.env.get_template("nav.html").render(
+            outputs=self.index.outputs, n_runs=self.index.n_runs, has_report=True)
+        html = _with_nav(html, nav)
         hashes = " ".join(
             "'sha256-" + base64.b64encode(hashlib.sha256(body.encode()).digest()).decode() + "'"
             for body in re.findall(r"<script>(.*?)</script>", html, flags=re.S))
@@ -295,6 +366,12 @@ class Viewer:
             raise HTTPException(400, "by must be 'model' or 'date'")
         rows = self.index.health(by, self.query(request, ignore=("by",)))
         return JSONResponse({"by": by, "groups": [self._json_run(r) for r in rows]})
+
+
+def _with_nav(html: str, nav: str) -> str:
+    """``html`` with the viewer's navigation ``nav`` as the first thing in its body."""
+    m = re.search(r"<body\b[^>]*>", html, flags=re.I)
+    return html[:m.end()] + nav + html[m.end():] if m else nav + html
 
 
 def _error_handler(viewer: Viewer) -> Callable[[Request, Exception], Response]:
@@ -320,6 +397,7 @@ def create_app(index: RunIndex, config: ViewerConfig) -> Starlette:
         Route("/cells/{rest:path}", v.cell), Route("/runs/{rest:path}", v.run),
         Route("/api/runs", v.api_runs), Route("/api/runs/{rest:path}", v.api_run),
         Route("/api/cells/{rest:path}", v.api_cell), Route("/api/health", v.api_health),
+        Route("/text/{rest:path}", v.text),
         Route("/report", v.report),
         Route("/favicon.ico", lambda request: Response(status_code=204)),  # none, on purpose
         Route("/report/", lambda request: RedirectResponse("/report", status_code=301)),

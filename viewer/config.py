@@ -18,7 +18,9 @@ class ViewerConfig:
     and the cap on ``limit``; cells_page_size: cells per page of a model's page; max_cell_runs: runs shown in full on one cell page; max_pair_runs: runs of a cell whose pairwise diffs
     ``/api/cells`` computes (n·(n−1)/2 pairs); max_diff_lines:
     lines of each side a text diff compares; max_text_chars: characters of one stored text
-    shown on a page (the run page links the full text as plain text); threads: DuckDB worker
+    shown on a page (the run page links the full text as plain text); max_prompt_chars: characters
+    of a prompt and of the message sent shown on a page (a "show all" link serves the whole
+    text as plain text); threads: DuckDB worker
     threads (the machine's cores are shared with workers); memory_limit_mb: DuckDB's memory cap
     (it pages its index file beyond it); work_dir: where the index file's temporary directory
     goes (None: the system temp directory); waves: the measurement waves whose runs are indexed
@@ -35,6 +37,7 @@ class ViewerConfig:
     max_pair_runs: int = 50
     max_diff_lines: int = 2000
     max_text_chars: int = 200_000
+    max_prompt_chars: int = 20_000
     threads: int = 2
     memory_limit_mb: int = 1024
     work_dir: Path | None = None
@@ -42,7 +45,7 @@ class ViewerConfig:
 
     def __post_init__(self) -> None:
         for name in ("page_size", "max_page_size", "cells_page_size", "max_cell_runs", "max_pair_runs", "max_diff_lines",
-                     "max_text_chars", "threads", "memory_limit_mb"):
+                     "max_text_chars", "max_prompt_chars", "threads", "memory_limit_mb"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ViewerConfig.{name} must be >= 1")
 

@@ -12,7 +12,9 @@ campaign, model, prompt, budget, run index), ``n_attempts``, ``n_429`` (attempts
 classed rate_limited), ``retry_after_total_s`` (sum of Retry-After waits announced),
 ``truncated`` (outcome truncated or finish_reason length), ``succeeded`` (a parseable IR),
 ``search_text`` (the response lower-cased once, so a search is one substring scan).
-Analysis outputs, when given, are loaded beside it as ``models``, ``excluded`` and ``cells``.
+Analysis outputs, when given, are loaded beside it as ``models``, ``excluded`` and ``cells``;
+the store's prompt texts (``storage.prompts``) as ``prompts`` (its own ``search_text`` lower-cases
+the prompt, so a search also finds the runs of a prompt that contains the words).
 
 All values reach SQL as bound parameters; results come back as Arrow (tz-aware timestamps).
 """
@@ -32,6 +34,7 @@ import duckdb
 import pyarrow as pa
 
 from storage.outcomes import call_failed_sql, succeeded_sql
+from storage.prompts import PROMPT_SCHEMA, PromptStore
 from storage.records import Outcome
 from storage.runs import RunStore
 from storage.wave_selection import WaveSelection
@@ -79,7 +82,7 @@ class RunIndex:
 
     def __init__(self, chunks: Iterable[pa.Table], outputs: AnalysisOutputs | None = None, *,
                  threads: int = 2, memory_limit_mb: int = 1024,
-                 work_dir: Path | None = None) -> None:
+                 work_dir: Path | None = None, prompts: pa.Table | None = None) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="irbench-view-", dir=work_dir)
         self._finalizer = weakref.finalize(self, self._tmp.cleanup)
         db = Path(self._tmp.name) / "index.duckdb"
@@ -111,6 +114,12 @@ class RunIndex:
             self._con.register(f"arrow_{name}", table)
             self._con.execute(f"CREATE TABLE {name} AS SELECT * FROM arrow_{name}")
             self._con.unregister(f"arrow_{name}")
+        self._con.register("arrow_prompts", prompts if prompts is not None
+                           else PROMPT_SCHEMA.empty_table())
+        self._con.execute("CREATE TABLE prompts AS SELECT prompt_sha256, prompt_name, "
+                          "instruction_sha256, instruction_version, prompt_text, user_message, "
+                          "lower(prompt_text) AS search_text FROM arrow_prompts")
+        self._con.unregister("arrow_prompts")
         self._con.execute("CHECKPOINT")
         self.n_runs = int(self.scalar("SELECT count(*) FROM runs"))
 
@@ -119,8 +128,9 @@ class RunIndex:
              threads: int = 2, memory_limit_mb: int = 1024,
              work_dir: Path | None = None, waves: WaveSelection | None = None) -> RunIndex:
         """Read every run of ``data_dir`` once, one measurement date at a time, through the
-        store's reader (so its one-row-per-run_id rule applies within each date); only the runs
-        of ``waves`` (default: each campaign's latest wave; a WaveError names a wave not held)."""
+        store's reader (so its one-row-per-run_id rule applies within each date), and the
+        store's prompt texts; only the runs of ``waves`` (default: each campaign's latest wave;
+        a WaveError names a wave not held)."""
         store = RunStore(Path(data_dir), fsync=False)
         selected = (waves or WaveSelection()).resolve(Path(data_dir))
         numbers = selected.numbers() if selected is not None else None
@@ -128,7 +138,7 @@ class RunIndex:
                   for t in (store.read_table(date_from=day, date_to=day, waves=numbers)
                             for day in store.dataset.partitions()))
         return cls(chunks, outputs, threads=threads, memory_limit_mb=memory_limit_mb,
-                   work_dir=work_dir)
+                   work_dir=work_dir, prompts=PromptStore(Path(data_dir), fsync=False).read())
 
     def close(self) -> None:
         """Close the database and delete its directory."""
@@ -163,9 +173,13 @@ class RunIndex:
         snippet_params: list[Any] = []
         if with_snippet and query.q:
             # 160 characters around the first match, so a search result shows why it matched
-            snippet = (", substr(response_text, greatest(1, instr(search_text, ?) - 60), 160)"
+            # (or around the match in the prompt, when the answer does not contain it)
+            snippet = (", CASE WHEN instr(search_text, ?) > 0 THEN substr(response_text, "
+                       "greatest(1, instr(search_text, ?) - 60), 160) ELSE (SELECT 'prompt: ' || "
+                       "substr(p.prompt_text, greatest(1, instr(p.search_text, ?) - 60), 160) "
+                       "FROM prompts p WHERE p.prompt_sha256 = runs.prompt_sha256 LIMIT 1) END"
                        " AS snippet")
-            snippet_params = [query.q.lower()]
+            snippet_params = [query.q.lower()] * 3
         # one scan of the filter columns serves both the total and the page
         rows = self.rows(
             f"WITH m AS MATERIALIZED (SELECT row_no FROM runs {where}) "
@@ -193,6 +207,19 @@ class RunIndex:
         rows = self.rows(f"SELECT * EXCLUDE (search_text) FROM runs {where} ORDER BY row_no LIMIT ?",
                          [*params, limit])
         return int(total), rows
+
+    def prompt_text(self, prompt_sha256: str) -> str | None:
+        """The stored text of one prompt (None: the store has none for it)."""
+        return self.scalar("SELECT prompt_text FROM prompts WHERE prompt_sha256 = ? LIMIT 1",
+                           [prompt_sha256])
+
+    def user_message(self, prompt_sha256: str, prompt_name: str,
+                     instruction_sha256: str) -> str | None:
+        """The user message a run of this prompt, name and instruction was sent (None: not
+        stored)."""
+        return self.scalar("SELECT user_message FROM prompts WHERE prompt_sha256 = ? AND "
+                           "prompt_name = ? AND instruction_sha256 = ? LIMIT 1",
+                           [prompt_sha256, prompt_name, instruction_sha256])
 
     def distinct(self, column: str, query: RunQuery | None = None) -> list[Any]:
         """Sorted distinct values of one list column (for filter menus)."""

@@ -18,7 +18,12 @@ import pyarrow.parquet as pq
 #: Columns the queries rely on; a panel's file may carry more (kept) or fewer (null-filled).
 MODELS_BASE = pa.schema([("panel", pa.string()), ("rank", pa.int64()), ("model", pa.string()),
                          ("n_prompts", pa.int64()), ("mean_jaccard", pa.float64()),
-                         ("id_stability", pa.float64()), ("perfect", pa.int64())])
+                         ("id_stability", pa.float64()), ("perfect", pa.int64()),
+                         ("partition", pa.string()), ("jaccard_ci_low", pa.float64()),
+                         ("jaccard_ci_high", pa.float64()), ("jaccard_ci_coverage", pa.float64()),
+                         ("rank_held", pa.float64()), ("rank_ci_low", pa.int64()),
+                         ("rank_ci_high", pa.int64()), ("rank_set_low", pa.int64()),
+                         ("rank_set_high", pa.int64())])
 EXCLUDED_BASE = pa.schema([("panel", pa.string()), ("model", pa.string()),
                            ("n_prompts", pa.int64()), ("reason", pa.string())])
 CELLS_BASE = pa.schema([("panel", pa.string()), ("campaign", pa.string()), ("model", pa.string()),

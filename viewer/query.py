@@ -25,7 +25,7 @@ class RunQuery(BaseModel):
     """Filters (all optional, combined with AND) and one page.
 
     date_from/date_to: inclusive measurement dates; q: case-insensitive substring of the
-    response text; limit/offset: the page (limit is capped by the caller's configuration).
+    response text or of the prompt's text (the ``prompts`` table); limit/offset: the page (limit is capped by the caller's configuration).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -78,9 +78,10 @@ class RunQuery(BaseModel):
         if self.date_to is not None:
             terms.append("measurement_date <= ?")
             params.append(self.date_to)
-        if self.q:
-            terms.append("contains(search_text, ?)")
-            params.append(self.q.lower())
+        if self.q:  # the answer, or the prompt the run was asked
+            terms.append("(contains(search_text, ?) OR prompt_sha256 IN (SELECT prompt_sha256 "
+                         "FROM prompts WHERE contains(search_text, ?)))")
+            params += [self.q.lower()] * 2
         return ("WHERE " + " AND ".join(terms) if terms else ""), params
 
     def filters(self) -> dict[str, str]:

@@ -5,14 +5,21 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
 
 from orchestrator.campaign.corpus import Corpus, load_corpus
 from orchestrator.campaign.instruction import Instruction, load_instruction
 from orchestrator.campaign.limits import DEFAULT_MAX_PLANNED_RUNS, check_plan_size
 from orchestrator.campaign.plan import WaveStart, plan_runs
 from orchestrator.campaign.spec import CampaignSpec
+from storage.errors import StorageError
+from storage.prompts import PromptStore, PromptText
 from workers.errors import ConfigError
 from workers.runtask import RunTask
+
+log = structlog.get_logger("irbench.campaign")
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,24 @@ def prepare(
     instruction = load_instruction(spec.instruction)
     tasks = plan_runs(spec, corpus, instruction, wave=wave)
     return PreparedCampaign(spec, corpus, instruction, tasks, wave)
+
+
+def record_prompts(prepared: PreparedCampaign, data_root: Path, *, fsync: bool = True) -> int:
+    """Store the text of each prompt of ``prepared`` and the user message it renders to in
+    ``data_root/prompts/`` (only those not stored yet), so the store can show what was asked.
+    Returns the rows written. Best effort: the runs are the record and these texts a reading
+    aid, so a failed write (a full disk) is logged and the campaign goes on; the next run of
+    the campaign writes them, since their keys are still missing."""
+    texts = [PromptText(p.sha256, p.name, prepared.instruction.sha256, prepared.instruction.version,
+                        p.text, prepared.instruction.render(p.name, p.text))
+             for p in prepared.corpus.prompts]
+    try:
+        return PromptStore(data_root, fsync=fsync).add(texts)
+    except (StorageError, OSError) as exc:
+        # info, not a warning: the same cause (disk full, permissions) stops the runs' own
+        # writes, which say so in one line
+        log.info("prompts_not_recorded", campaign=prepared.spec.name, error=str(exc))
+        return 0
 
 
 def resolve_secrets(spec: CampaignSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -10,6 +10,7 @@ import pytest
 from storage.availability import AVAILABILITY_SCHEMA
 from storage.cells import CELL_MEASUREMENT_SCHEMA
 from storage.probes import PROBE_SCHEMA
+from storage.prompts import PROMPT_SCHEMA
 from storage.schema import ATTEMPT_STRUCT, RUN_SCHEMA
 from storage.waves import WAVE_SCHEMA
 
@@ -39,6 +40,7 @@ def _documented(heading: str) -> dict[str, list[str]]:
         ("`availability/`", AVAILABILITY_SCHEMA.names),
         ("`probes/`", PROBE_SCHEMA.names),
         ("`waves/`", WAVE_SCHEMA.names),
+        ("`prompts/`", PROMPT_SCHEMA.names),
     ],
 )
 def test_every_column_is_documented_with_a_unit(heading: str, names: list[str]) -> None:

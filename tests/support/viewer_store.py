@@ -11,6 +11,11 @@ name contains "/" and one contains characters that need URL escaping) has known 
 * prompt 3 of model 1: run 2 times out (no IR) after two 429 answers (Retry-After 1.5 s each).
 
 Measurement dates: run r of prompt p is measured on 2026-11-(1 + p).
+
+Prompt texts (``DATA/prompts/``) are stored for prompts 0-2, not 3: prompt 0's is longer than a
+page shows (28,000 characters), prompt 1's holds
+:data:`PROMPT_ONLY_WORD` (in no response), prompt 2's holds :data:`HOSTILE_SCRIPT`, and every
+message sent is the instruction :data:`INSTRUCTION_HEAD` followed by the prompt.
 """
 
 from __future__ import annotations
@@ -25,12 +30,29 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from storage.prompts import PromptStore, PromptText
 from storage.records import Attempt, Outcome, ParseOutcome, RunRecord
 from storage.runs import RunStore
 
 MODELS = ("org/model-a", "model b&c?", "model-c")
 HOSTILE_SCRIPT = "<script>window.__pwned='script'</script>"
 HOSTILE_IMG = "<img src=x onerror=\"window.__pwned='img'\">"
+PROMPT_ONLY_WORD = "quokkaflange"
+INSTRUCTION_HEAD = "Emit the IR of the prompt below as JSON."
+INSTRUCTION_SHA = "0" * 64
+
+
+def prompt_text_of(prompt: int) -> str:
+    """The corpus text of prompt ``prompt`` (0-3; only 0-2 are stored)."""
+    extra = {0: "a long prompt line\n" * 1500 + "THE LAST LINE OF PROMPT 0\n",
+             1: f"// @rule RULE:b mentions {PROMPT_ONLY_WORD} once\n",
+             2: f"{HOSTILE_SCRIPT}\n{HOSTILE_IMG}\n"}.get(prompt, "")
+    return f"You are prompt {prompt}.\n{extra}{{% if user %}}Hello {{{{ user }}}}{{% endif %}}\n"
+
+
+def message_of(prompt: int) -> str:
+    return (f"{INSTRUCTION_HEAD}\n--- BEGIN PROMPT ---\n{prompt_text_of(prompt).rstrip()}\n"
+            "--- END PROMPT ---\n")
 
 
 def sha_of(prompt: int) -> str:
@@ -106,7 +128,7 @@ def build_records() -> list[RunRecord]:
                     run_id=run_id_of(m, p, r), campaign="cam", panel="pan",
                     prompt_sha256=sha_of(p), prompt_name=f"prompt{p}.rtpl", model=model,
                     endpoint="sim", wire_format="openai", run_index=r,
-                    instruction_version="v1", instruction_sha256="0" * 64, measured_at=at,
+                    instruction_version="v1", instruction_sha256=INSTRUCTION_SHA, measured_at=at,
                     measurement_date=at.date(), outcome=outcome, attempts=attempts,
                     latency_ms=latency, finish_reason=finish, response_text=text,
                     reasoning_text=reasoning, answer_chars=len(text),
@@ -119,6 +141,9 @@ def build_records() -> list[RunRecord]:
 def write_store(data: Path) -> list[RunRecord]:
     records = build_records()
     RunStore(data, fsync=False).write(records)
+    PromptStore(data, fsync=False).add(
+        PromptText(sha_of(p), f"prompt{p}.rtpl", INSTRUCTION_SHA, "v1", prompt_text_of(p),
+                   message_of(p)) for p in range(3))
     return records
 
 

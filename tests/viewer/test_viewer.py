@@ -19,7 +19,8 @@ import re
 import pytest
 
 from tests.support.viewer_store import (
-    HOSTILE_IMG, HOSTILE_SCRIPT, MODELS, analyze, run_id_of, sha_of, start_viewer, write_store,
+    HOSTILE_IMG, HOSTILE_SCRIPT, MODELS, PROMPT_ONLY_WORD, analyze, prompt_text_of,
+    run_id_of, sha_of, start_viewer, write_store,
 )
 from viewer.diff import pair_diff, text_diff
 
@@ -41,6 +42,16 @@ def seg(s: str) -> str:
     return quote(s, safe="")
 
 
+def _stored_prompt(r) -> str:
+    """The stored prompt text of a record's prompt ("" for prompt 3, whose text is not stored)."""
+    p = [sha_of(k) for k in range(4)].index(r.prompt_sha256)
+    return prompt_text_of(p) if p < 3 else ""
+
+
+def _asked_or_answered(word: str):
+    return lambda r: word.lower() in ((r.response_text or "") + _stored_prompt(r)).lower()
+
+
 def test_api_runs_filters_match_the_records(viewer) -> None:
     client, records = viewer
     body = client.get("/api/runs", params={"limit": 500}).json()
@@ -54,8 +65,10 @@ def test_api_runs_filters_match_the_records(viewer) -> None:
         ({"prompt_sha256": sha_of(1), "campaign": "cam"}, lambda r: r.prompt_sha256 == sha_of(1)),
         ({"date_from": "2026-11-02", "date_to": "2026-11-03"},
          lambda r: dt.date(2026, 11, 2) <= r.measurement_date <= dt.date(2026, 11, 3)),
-        ({"q": "ANOTHER LABEL"}, lambda r: "another label" in (r.response_text or "").lower()),
-        ({"q": "<script>"}, lambda r: "<script>" in (r.response_text or "")),
+        ({"q": "ANOTHER LABEL"}, _asked_or_answered("another label")),
+        ({"q": "<script>"}, _asked_or_answered("<script>")),
+        ({"q": PROMPT_ONLY_WORD.upper()}, lambda r: r.prompt_sha256 == sha_of(1)),
+        ({"q": "You are prompt 3"}, lambda r: False),  # its text is not stored
         ({"model": MODELS[0], "outcome": "ok", "date_from": "2026-11-02"},
          lambda r: r.model == MODELS[0] and r.outcome == "ok"
          and r.measurement_date >= dt.date(2026, 11, 2)),
@@ -64,7 +77,10 @@ def test_api_runs_filters_match_the_records(viewer) -> None:
         want = {r.run_id for r in records if keep(r)}
         got = client.get("/api/runs", params={**params, "limit": 500}).json()
         assert got["total"] == len(want) and {r["run_id"] for r in got["runs"]} == want, params
-        assert want, f"case {params} selects nothing; it would not test the filter"
+        assert want or params["q"].startswith("You are"), f"case {params} selects nothing"
+    # the prompt-only word is in no answer: only the prompt text can have found it
+    assert not any(PROMPT_ONLY_WORD in (r.response_text or "") for r in records)
+    assert not any("<script>" in (r.response_text or "") for r in records if r.model != MODELS[0])
 
 
 def test_api_runs_pages_partition_the_result(viewer) -> None:

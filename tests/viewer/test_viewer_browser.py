@@ -77,6 +77,11 @@ def test_reader_path_by_clicking(page, site) -> None:
     assert path_of(page) == f"/cells/cam/{quote(model, safe='')}/{sha_of(0)}"
     assert page.inner_text("#drift-class") == "count"  # default pair: runs 0 and 1
     assert "COND:c" in page.inner_text("#ids")
+    assert page.locator('#node-diff tr[data-status="removed"]').count() == 1
+    assert "COND:c" in page.inner_text('#node-diff tr[data-status="removed"] td.l')
+    assert page.inner_text('#node-diff tr[data-status="removed"] td.r') == ""
+    assert page.locator("#legend dt").all_inner_texts() == ["run", "drift class"]
+    assert page.inner_text("#prompt").startswith("You are prompt 0.")
     # pick run 2 as B and compare: a rename at the same range
     page.check(f'input[name=b][value="{run_id_of(0, 0, 2)}"]')
     nav(page, "#pick button[type=submit]")
@@ -132,6 +137,11 @@ def test_hostile_answers_are_inert(page, site) -> None:
     page.goto(base + f"/runs/{run_id_of(0, 2, 0)}")
     assert HOSTILE_IMG in page.inner_text("#response")
     assert HOSTILE_SCRIPT in page.inner_text("#reasoning")
+    assert HOSTILE_SCRIPT in page.inner_text("#prompt")  # the stored prompt, as text
+    page.goto(base + f"/cells/cam/{quote(MODELS[1], safe='')}/{sha_of(2)}")  # only its prompt is hostile
+    assert page.evaluate("typeof window.__pwned") == "undefined"
+    assert page.evaluate("document.images.length") == 0
+    assert HOSTILE_IMG in page.inner_text("#prompt")
     page.screenshot(path=str(root / "hostile.png"), full_page=True)
 
 
@@ -151,6 +161,13 @@ def test_served_report_links_into_the_viewer(page, site) -> None:
     nav(page, f'{board} a:text-is("{MODELS[1]}")')
     assert path_of(page) == f"/models/pan/{quote(MODELS[1], safe='')}"
     assert page.locator("#cells tbody tr").count() == 4
+    page.goto(base + "/report")  # the viewer's navigation, on top of the report
+    box = page.locator("#irbench-nav").bounding_box()
+    title = page.locator("h1").first.bounding_box()
+    assert box is not None and title is not None and box["height"] > 20, box
+    assert box["y"] + box["height"] <= title["y"], (box, title)  # above the report's own title
+    nav(page, '#irbench-nav a:text-is("Runs")')
+    assert path_of(page) == "/runs"
 
 
 def test_probes_detect_an_injected_image(chromium) -> None:
