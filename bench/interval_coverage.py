@@ -5,7 +5,10 @@ Sources of per-prompt cell scores (Jaccard, [0, 1]):
   (cells of 2–5 runs, mass at 1, skewed), truth = Monte-Carlo mean;
 * ``artifact``: each model of the artifact's annotated panel with at least 12 cells
   (highest-budget-first cells of the campaign CSVs); its own cells are the population, samples
-  of n are drawn from them with replacement, truth = their mean.
+  of n are drawn from them with replacement, truth = their mean;
+* ``shapes``: held-out bounded shapes none of the methods was chosen on (Beta(2, 5),
+  Beta(0.5, 0.5), Beta(0.3, 0.1), Bernoulli(0.1) and (0.9), a two-point 0.25 / 0.9 mix with
+  a fifth at 0.9), truth in closed form.
 For n in --sizes and each method: the coverage over --datasets samples per model, printed per
 source as min / mean over models, plus the median width. With --ranks: panels of the simulated
 models (each model's cells independent, 20 % of cells missing; a "separated" design of the four
@@ -14,8 +17,8 @@ simultaneous rank set (all true ranks inside at once) and the marginal rank inte
 coverage per model and for all models at once.
 
 Usage: python bench/interval_coverage.py [--sizes 5,8,12,22] [--datasets 1000]
-       [--replicates 1000] [--inner 200] [--methods percentile,bca,studentized,double]
-       [--ranks 400] [--artifact DIR] [--per-model]
+       [--replicates 1000] [--inner 200] [--methods percentile,...,calibrated_betting]
+       [--ranks 400] [--artifact DIR] [--sources sim,artifact,shapes] [--per-model]
 """
 
 from __future__ import annotations
@@ -69,6 +72,24 @@ def _sim_draw(model):
     def draw(size, rng):
         return simulate_cells(model, size, rng)
     return draw
+
+
+def _beta(a: float, b: float):
+    def draw(size, rng):
+        return rng.beta(a, b, size)
+    return draw
+
+
+def _two_point(p: float, low: float, high: float):
+    def draw(size, rng):
+        return np.where(rng.random(size) < p, high, low)
+    return draw
+
+
+SHAPES = {"beta(2,5)": (_beta(2, 5), 2 / 7), "beta(.5,.5)": (_beta(0.5, 0.5), 0.5),
+          "beta(.3,.1)": (_beta(0.3, 0.1), 0.75), "bernoulli(.1)": (_two_point(0.1, 0, 1), 0.1),
+          "bernoulli(.9)": (_two_point(0.9, 0, 1), 0.9),
+          "0.25/0.9": (_two_point(0.2, 0.25, 0.9), 0.2 * 0.9 + 0.8 * 0.25)}
 
 
 def _width(draw, n: int, method: str, spec: Resampling) -> float:
@@ -150,16 +171,19 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=400, help="panels for the rank check; 0 = skip")
     ap.add_argument("--artifact", type=Path, default=ARTIFACT)
     ap.add_argument("--seed", type=int, default=20260601)
+    ap.add_argument("--sources", default="sim,artifact,shapes")
     ap.add_argument("--per-model", action="store_true", help="one coverage line per model")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     spec = Resampling(replicates=args.replicates, seed=args.seed, inner_replicates=args.inner)
     sources = {"sim": {m.name: (_sim_draw(m), true_mean(m, args.seed)) for m in STUDY_MODELS},
                "artifact": {m: (_resampler(v), float(v.mean()))
-                            for m, v in artifact_cells(args.artifact).items()}}
+                            for m, v in artifact_cells(args.artifact).items()},
+               "shapes": SHAPES}
+    sources = {k: v for k, v in sources.items() if k in args.sources.split(",")}
     print(f"coverage at nominal {spec.level}: min/mean over models, median width; "
           f"{args.datasets} datasets, {args.replicates} replicates ({args.inner} inner); "
-          f"models: sim {len(sources['sim'])}, artifact {len(sources['artifact'])}", flush=True)
+          "models: " + ", ".join(f"{k} {len(v)}" for k, v in sources.items()), flush=True)
     coverage_table(sources, sizes, args.methods.split(","), spec, args.datasets, args.per_model)
     if args.ranks:
         rank_coverage(sizes, args.ranks, args.replicates, args.seed)

@@ -209,8 +209,8 @@ def _leaderboard(p: PanelData, opts: ReportOptions) -> list[Block]:
     if lacking:
         blocks.append(missing_note("models.parquet", lacking))
     method = ((p.manifest.get("options") or {}).get("interval") or {}).get("value", "percentile")
-    blocks.append(Paragraph(f"n = prompts with an included cell; intervals are 95% {method} "
-                            "bootstrap over prompts; CI coverage = the Jaccard interval's "
+    blocks.append(Paragraph(f"n = prompts with an included cell; intervals are 95% ({method}) "
+                            "over prompts; CI coverage = the Jaccard interval's "
                             "coverage in a simulation from a parametric resample of the model's "
                             f"own cells (flagged under {COVERAGE_FLOOR}; – = not simulated, "
                             "above the prompt limit); rank held = share of bootstrap replicates "

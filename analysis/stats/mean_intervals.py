@@ -1,10 +1,14 @@
 """One entry point for the per-model mean interval, by method name.
 
 ``METHODS``: "percentile" (the study's interval, scipy-identical), "bca", "studentized",
-"double" (:mod:`analysis.stats.small_sample`). :func:`equal_n_intervals` computes one method on
-rows of equal n; every method but "percentile" ends with
+"double" (:mod:`analysis.stats.small_sample`), "betting" and "calibrated_betting"
+(:mod:`analysis.stats.betting`). :func:`equal_n_intervals` computes one method on rows of
+equal n; the bootstrap methods but "percentile" end with
 :func:`analysis.stats.small_sample.finish_endpoints` (clip to the metric's bounds, exact
-one-sided limit for a sample on a bound), so the percentile path stays the published one.
+one-sided limit for a sample on a bound), so the percentile path stays the published one. The
+betting intervals stay inside the bounds by construction; a sample on a bound is widened to
+reach at least that exact one-sided limit, and a constant sample inside keeps its (non-zero)
+betting width.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from analysis.errors import AnalysisError
+from analysis.stats.betting import betting_endpoints
 from analysis.stats.bootstrap import Interval, bca_ci, percentile_ci
 from analysis.stats.small_sample import (
     Resampling,
@@ -23,7 +28,9 @@ from analysis.stats.small_sample import (
 
 __all__ = ["METHODS", "equal_n_intervals", "endpoints", "panel_intervals"]
 
-METHODS = ("percentile", "bca", "studentized", "double")
+METHODS = ("percentile", "bca", "studentized", "double", "betting", "calibrated_betting")
+# methods without replicates: each model's interval is computed alone at any panel size
+_DIRECT = ("betting", "calibrated_betting")
 
 
 def _bca(x: np.ndarray, spec: Resampling) -> tuple[Interval, ...]:
@@ -32,6 +39,22 @@ def _bca(x: np.ndarray, spec: Resampling) -> tuple[Interval, ...]:
                                  x, spec.level, spec.bounds)
     return tuple(Interval(float(lo), float(hi), r.point, r.level, r.n, r.replicates, r.seed,
                           "bca", r.degenerate) for lo, hi, r in zip(low, high, raw))
+
+
+def _betting(x: np.ndarray, spec: Resampling, method: str) -> tuple[Interval, ...]:
+    """Betting intervals (no replicates: ``replicates`` is recorded as 0); needs bounds."""
+    if spec.bounds is None:
+        raise AnalysisError("the betting interval needs the metric's bounds")
+    low, high = betting_endpoints(x, spec.level, spec.bounds,
+                                  calibrated=method == "calibrated_betting")
+    exact_low, exact_high = finish_endpoints(low, high, x, spec.level, spec.bounds)
+    on_bound = (np.ptp(x, axis=-1) == 0) & np.isin(x[:, 0], spec.bounds)
+    low = np.where(on_bound, np.minimum(low, exact_low), low)
+    high = np.where(on_bound, np.maximum(high, exact_high), high)
+    degenerate = np.ptp(x, axis=-1) == 0
+    return tuple(Interval(float(lo), float(hi), float(pt), spec.level, x.shape[1], 0, spec.seed,
+                          method, bool(dg))
+                 for lo, hi, pt, dg in zip(low, high, x.mean(axis=-1), degenerate))
 
 
 def equal_n_intervals(values: np.ndarray, method: str, spec: Resampling
@@ -48,6 +71,8 @@ def equal_n_intervals(values: np.ndarray, method: str, spec: Resampling
         return tuple(studentized_ci(x, spec))
     if method == "double":
         return tuple(double_ci(x, spec))
+    if method in _DIRECT:
+        return _betting(x, spec, method)
     raise AnalysisError(f"interval method must be one of {', '.join(METHODS)}; got {method!r}")
 
 
@@ -139,7 +164,7 @@ def panel_intervals(metrics, method: str, spec: Resampling, exact_max_draws: int
     if not mets:
         return ()
     sizes = [a.shape[0] for a in mets[0]]
-    if spec.replicates * sum(set(sizes)) <= exact_max_draws:
+    if method in _DIRECT or spec.replicates * sum(set(sizes)) <= exact_max_draws:
         return _exact(mets, method, spec)
     if method not in ("studentized", "bca"):
         raise AnalysisError(f"--interval {method} is too slow for a panel this large "

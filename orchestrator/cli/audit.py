@@ -133,7 +133,7 @@ def analyze_command(
     broker: Annotated[Optional[str], typer.Option("--broker", envvar="IRBENCH_BROKER_URL", help="Redis URL for --executor celery.")] = None,
     timeout: Annotated[Optional[float], typer.Option(help="Give up on a distributed analysis after this many seconds.")] = None,
     blas_threads: Annotated[int, typer.Option("--blas-threads", help="Threads for the bootstrap matrix products (1 is fastest on a busy machine).")] = 1,
-    interval: Annotated[str, typer.Option("--interval", help="Mean intervals: percentile (the study's) | bca | studentized (default; nominal at 5-22 prompts) | double.")] = "studentized",
+    interval: Annotated[str, typer.Option("--interval", help="Mean intervals: calibrated_betting (default; covers >= 0.93 at 5-100 prompts) | betting (exact, conservative) | studentized | double | bca | percentile (the study's).")] = "calibrated_betting",
     interval_threads: Annotated[int, typer.Option("--interval-threads", envvar="IRBENCH_INTERVAL_THREADS", help="2: the per-model CI bootstrap runs beside the joint rank bootstrap (same results); 1: one after the other (less peak memory).")] = 2,
     wave: Annotated[str, typer.Option("--wave", help="Measurement wave read: 'latest' (each campaign's), a number, or 'all'.")] = "latest",
 ) -> None:

@@ -75,8 +75,9 @@ def test_bootstrap_interval_is_scipy_bit_for_bit(tmp_path):
     assert rb["usable"] + rb["unusable"] == 999
 
 
-def test_default_interval_is_each_models_studentized_interval_with_its_coverage(tmp_path):
-    from analysis.stats.small_sample import Resampling, studentized_ci
+def test_default_interval_is_each_models_calibrated_betting_interval_with_its_coverage(tmp_path):
+    from analysis.stats.mean_intervals import equal_n_intervals
+    from analysis.stats.small_sample import Resampling
 
     write(tmp_path / "d", panel_records(3, 7))
     panel = run_analysis(tmp_path / "d", tmp_path / "o",
@@ -86,9 +87,10 @@ def test_default_interval_is_each_models_studentized_interval_with_its_coverage(
         vals = np.array([c["mean_jaccard"] for c in sorted(
             (c for c in cells if c["model"] == row["model"] and c["chosen_highest_budget_first"]),
             key=lambda c: c["prompt_sha256"])])
-        ref = studentized_ci(vals, Resampling(replicates=999, seed=11))
+        (ref,) = equal_n_intervals(vals[None, :], "calibrated_betting",
+                                   Resampling(replicates=999, seed=11))
         assert (row["jaccard_ci_low"], row["jaccard_ci_high"]) == (ref.low, ref.high)
-        assert row["ci_method"] == "studentized"
+        assert row["ci_method"] == "calibrated_betting"
         assert 0.0 <= row["jaccard_ci_coverage"] <= 1.0
 
 
@@ -102,7 +104,12 @@ def test_one_model_and_one_prompt_are_documented_degenerate_results(tmp_path):
                      AnalysisOptions(replicates=100, min_prompts=1))
     models = p.panels["main"].models.included.to_pylist()
     assert len(models) == 3
-    for m in models:  # one value: zero width inside (0, 1), the exact one-sided limit at 1
+    for m in models:  # one value: the betting interval can exclude nothing
+        assert (m["jaccard_ci_low"], m["jaccard_ci_high"]) == (0.0, 1.0)
+    p = run_analysis(tmp_path / "d2", tmp_path / "o3",
+                     AnalysisOptions(replicates=100, min_prompts=1, interval="studentized"))
+    for m in p.panels["main"].models.included.to_pylist():
+        # studentized: zero width inside (0, 1), the exact one-sided limit at 1
         low = 0.025 if m["mean_jaccard"] == 1.0 else m["mean_jaccard"]
         assert (m["jaccard_ci_low"], m["jaccard_ci_high"]) == pytest.approx((low, m["mean_jaccard"]))
     # with one prompt nothing can be established: every rank set is the whole board
