@@ -21,6 +21,7 @@ figure is what ``workers.celery.runtime``'s per-call memory estimate comes from.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -40,6 +41,12 @@ def status_kib(pid: int, field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise KeyError(field)
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid``, all its threads (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def peak_open(stats: dict[str, Any]) -> int:
@@ -76,9 +83,14 @@ def campaign(tmp: Path, name: str, base_url: str, args: argparse.Namespace, runs
     return prepare(load_campaign(path))
 
 
-def report(label: str, seconds: float, bound_s: float, stats: dict[str, Any]) -> None:
+def report(label: str, span_s: tuple[float, float], bound_s: float, stats: dict[str, Any]) -> None:
+    """``span_s``: ``time.monotonic()`` at the start and end (the simulator stamps on the same clock)."""
+    started_s, seconds = span_s[0], span_s[1] - span_s[0]
+    spans = [(a, r) for s in stats.values() for a, r, *_ in s["exchanges"]]
+    first, last = min(a for a, _ in spans) - started_s, max(r for _, r in spans) - started_s
     print(f"{label}: makespan {seconds:.1f} s, bound {bound_s:.1f} s, ratio {seconds / bound_s:.2f}, "
-          f"peak calls in flight {peak_open(stats)}", flush=True)
+          f"peak calls in flight {peak_open(stats)}; first call at {first:.1f} s, last answer at {last:.1f} s",
+          flush=True)
     print(f"  calls in flight every second: {' '.join(str(n) for n in open_over_time(stats, 1.0))}", flush=True)
 
 
@@ -86,24 +98,31 @@ def run_celery(c: Any, tmp: Path, args: argparse.Namespace, bound_s: float) -> N
     from orchestrator.distributed.executor import CeleryOptions, CeleryRun, run_campaign_celery
     from storage.runs import RunStore
 
-    def once(name: str, prepared: Any) -> float:
-        t0 = time.perf_counter()
-        opts = CeleryOptions(analyze_on_complete=False)
+    def once(name: str, prepared: Any) -> tuple[float, float]:
+        t0 = time.monotonic()
+        opts = CeleryOptions(analyze_on_complete=False).with_values(max_outstanding=args.max_outstanding)
         s = run_campaign_celery(prepared, RunStore(tmp / f"data-{name}"), c.url, CeleryRun(options=opts, timeout_s=900))
         if s.executed != len(prepared.tasks) or s.interrupted:
             raise SystemExit(f"{name}: {s.executed}/{len(prepared.tasks)} stored, interrupted={s.interrupted}")
-        return time.perf_counter() - t0
+        return t0, time.monotonic()
 
     once("warm", campaign(tmp, "slow-warm", c.sim.base_url, args, 1, 5))  # imports, pools, first connections
     pids = [p.pid for p in c.workers.procs if p is not None]
     idle = [status_kib(p, "VmRSS") for p in pids]
     c.sim_reset()
     prepared = campaign(tmp, "slow-celery", c.sim.base_url, args, args.runs // (args.models * PROMPTS), PROMPTS)
-    seconds = once("celery", prepared)
+    parts = {"workers": pids, "simulator": [c.sim.process.pid], "redis": [c.redis._proc.pid], "orchestrator": [os.getpid()]}
+    cpu0 = {k: sum(cpu_s(p) for p in v) for k, v in parts.items()}
+    span_s = once("celery", prepared)
+    cpu = {k: sum(cpu_s(p) for p in v) - cpu0[k] for k, v in parts.items()}
     stats = c.sim_stats()
+    if args.stats_json:
+        Path(args.stats_json).write_text(json.dumps(stats))
     peak = peak_open(stats)
     hwm = [status_kib(p, "VmHWM") for p in pids]
-    report(f"celery, {len(pids)} workers", seconds, bound_s, stats)
+    report(f"celery, {len(pids)} workers", span_s, bound_s, stats)
+    print("  CPU seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
+          + f" (of {os.cpu_count()} cores x {span_s[1] - span_s[0]:.1f} s)", flush=True)
     for i, (h, r) in enumerate(zip(hwm, idle)):
         print(f"  worker {i}: peak RSS {h / 1024:.0f} MiB, idle RSS {r / 1024:.0f} MiB", flush=True)
     per_worker = peak / len(pids)
@@ -119,12 +138,12 @@ def run_local_executor(c: Any, tmp: Path, args: argparse.Namespace, bound_s: flo
     c.sim_reset()
     prepared = campaign(tmp, "slow-local", c.sim.base_url, args, args.runs // (args.models * PROMPTS), PROMPTS)
     rss0 = status_kib(os.getpid(), "VmRSS")
-    t0 = time.perf_counter()
+    started_s = time.monotonic()
     s = run_event_loop(run_local(prepared.tasks, RunStore(tmp / "data-local"), secrets={}, options=LocalOptions()))
-    seconds = time.perf_counter() - t0
+    span_s = (started_s, time.monotonic())
     if s.executed != len(prepared.tasks):
         raise SystemExit(f"local: {s.executed}/{len(prepared.tasks)} stored")
-    report("local executor", seconds, bound_s, c.sim_stats())
+    report("local executor", span_s, bound_s, c.sim_stats())
     print(f"  this process: RSS {rss0 / 1024:.0f} MiB before, peak {status_kib(os.getpid(), 'VmHWM') / 1024:.0f} MiB",
           flush=True)
 
@@ -138,6 +157,8 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--memory-budget-mib", type=int, default=None, help="IRBENCH_MEMORY_BUDGET_MIB (default: the workers')")
     p.add_argument("--run-slots", type=int, default=None, help="IRBENCH_RUN_SLOTS (default: the workers')")
+    p.add_argument("--max-outstanding", type=int, default=None, help="CeleryOptions.max_outstanding (default: its own)")
+    p.add_argument("--stats-json", default=None, help="write the simulator's /_stats of the celery campaign here")
     p.add_argument("--no-local", dest="local", action="store_false")
     p.add_argument("--no-celery", dest="celery", action="store_false")
     args = p.parse_args()
