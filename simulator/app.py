@@ -317,6 +317,9 @@ class SimApp:
         # stalls draw from their own generator so every other draw stays as it was
         stalls = p.stall_prob > 0 and np.random.default_rng(
             [self.config.seed, self._model_ints[name], int(sha, 16), counter, 1]).random() < p.stall_prob
+        # the latency counts from the request's arrival here: the answer's own building (and,
+        # with 1,000 requests open, the loop's turn) is inside it, not added to it
+        delay_s -= (time.perf_counter_ns() - t0) / 1e9
         if delay_s > 0:
             await self._sleep(delay_s)
         return _Answer(out.content, out.reasoning, out.finish_reason, prompt_tokens,

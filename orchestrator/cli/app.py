@@ -18,6 +18,7 @@ from orchestrator.cli.distributed import (
     ReconcileOpt,
     RunsPerMessageOpt,
     SpoolAgeOpt,
+    MemoryBudgetOpt,
     RunSlotsOpt,
     CpuPolicyOpt,
     SpoolRowsOpt,
@@ -204,7 +205,7 @@ def worker(
     broker: BrokerOpt = None,
     data: DataOpt = Path("data"),
     concurrency: Annotated[int, typer.Option(help="Threads: broker messages in work at once in this worker "
-                                             "process (its concurrent calls are --run-slots, 64 by default).")] = DEFAULT_THREADS,
+                                             "process (its concurrent calls are what --memory-budget holds).")] = DEFAULT_THREADS,
     queues: Annotated[str, typer.Option(help="Comma-separated queues to consume.")] = "irbench",
     loglevel: Annotated[str, typer.Option(help="Celery log level.")] = "INFO",
     claim_ttl_s: ClaimTtlOpt = None,
@@ -213,6 +214,7 @@ def worker(
     spool_max_age_s: SpoolAgeOpt = None,
     visibility_timeout_s: VisibilityOpt = None,
     run_slots: RunSlotsOpt = None,
+    memory_budget: MemoryBudgetOpt = None,
     cpu_policy: CpuPolicyOpt = None,
 ) -> None:
     """Start a Celery worker that executes runs (wraps `celery worker -P threads`).
@@ -228,7 +230,7 @@ def worker(
         settings = worker_settings(url, claim_ttl_s=claim_ttl_s, lease_ttl_s=lease_ttl_s,
                                    spool_max_rows=spool_max_rows, spool_max_age_s=spool_max_age_s,
                                    visibility_timeout_s=visibility_timeout_s, run_slots=run_slots,
-                                   cpu_policy=cpu_policy)
+                                   memory_budget_mib=memory_budget, cpu_policy=cpu_policy)
     except IrbenchError as exc:
         fail(exc)
         return

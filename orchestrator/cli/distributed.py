@@ -26,8 +26,13 @@ RunsPerMessageOpt = Annotated[Optional[int], typer.Option(
     "slots (env IRBENCH_RUNS_PER_MESSAGE, default 0: auto, sized to the live workers' threads and the outstanding "
     "window, 1-64). Bigger divides the broker's per-run cost; a re-sent run goes alone.")]
 RunSlotsOpt = Annotated[Optional[int], typer.Option(
-    "--run-slots", help="Runs this worker executes at once, whatever the messages carry; a SIGKILL loses at most "
-    "this many answered calls (env IRBENCH_RUN_SLOTS, default 64; 0 = --concurrency).")]
+    "--run-slots", help="Calls this worker keeps in flight at most, whatever the messages carry, instead of what "
+    "--memory-budget holds; a SIGKILL loses at most this many answered calls (env IRBENCH_RUN_SLOTS, default 0: "
+    "what the memory budget holds).")]
+MemoryBudgetOpt = Annotated[Optional[int], typer.Option(
+    "--memory-budget", "--memory-budget-mib", help="MiB this worker process is sized to: it keeps as many calls in "
+    "flight as that holds (about 256 KiB each over a 160 MiB base; the models' max_concurrency and rate limits still "
+    "bound each endpoint) and claims no more at its budget (env IRBENCH_MEMORY_BUDGET_MIB, default 768).")]
 CpuPolicyOpt = Annotated[Optional[str], typer.Option(
     "--cpu-policy", help="How the kernel schedules this worker: batch (SCHED_BATCH: woken threads do not preempt "
     "others; more runs/s when workers share few cores) or normal (env IRBENCH_CPU_POLICY, default batch).")]

@@ -15,6 +15,12 @@ A worker's message slots are its threads (Celery's prefetch multiplier is 1), as
 them in its presence (``workers.state.presence``); a worker too old to say counts as
 ``irbench worker``'s default (``DEFAULT_THREADS``). With no live worker on the queue the size is 1: nothing is known about who
 will take the runs.
+
+A worker also publishes its call slots (what its memory budget holds, or its ``run_slots``):
+the size is at most the smallest worker's call slots over its threads, so the messages a
+worker holds never carry more runs than it can call at once. A worker at its budget takes no
+message it could not start, and the runs that would not fit stay in the broker, free for any
+worker.
 """
 
 from __future__ import annotations
@@ -45,6 +51,15 @@ def message_slots(workers: Sequence[WorkerPresence], queue: str) -> int:
     return sum(w.threads or DEFAULT_THREADS for w in workers if queue in w.queues)
 
 
+def runs_held_cap(workers: Sequence[WorkerPresence], queue: str) -> int:
+    """The most runs a message may carry so that no live worker consuming ``queue`` holds more
+    runs than its call slots (``run_slots`` over threads, the smallest; at least 1);
+    ``MAX_AUTO_RUNS`` when no worker says its slots."""
+    caps = [max(1, w.run_slots // (w.threads or DEFAULT_THREADS))
+            for w in workers if queue in w.queues and w.run_slots is not None]
+    return min([MAX_AUTO_RUNS, *caps])
+
+
 class MessageSizer:
     """The auto size for the next dispatch; the workers' presence is read through
     ``read_workers`` at most every ``refresh_s`` seconds of ``clock`` (a read that fails keeps the
@@ -54,6 +69,7 @@ class MessageSizer:
                  clock: Callable[[], float] = time.monotonic, refresh_s: float = 2.0) -> None:
         self._read, self._queue, self._clock, self._refresh_s = read_workers, queue, clock, refresh_s
         self._slots = 0
+        self._cap = MAX_AUTO_RUNS
         self._read_at: float | None = None
 
     def size(self, window_runs: int) -> int:
@@ -62,7 +78,8 @@ class MessageSizer:
         if self._read_at is None or now - self._read_at >= self._refresh_s:
             self._read_at = now
             try:
-                self._slots = message_slots(self._read(), self._queue)
+                workers = self._read()
+                self._slots, self._cap = message_slots(workers, self._queue), runs_held_cap(workers, self._queue)
             except (RedisError, OSError):  # Redis away: the caller's own Redis calls say so
                 pass
-        return auto_runs_per_message(self._slots, window_runs)
+        return auto_runs_per_message(self._slots, window_runs, self._cap)

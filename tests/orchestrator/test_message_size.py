@@ -21,7 +21,13 @@ from orchestrator.campaign.prepared import prepare
 from orchestrator.distributed.executor import _cancelled_records
 from orchestrator.distributed.options import CeleryOptions
 from orchestrator.distributed.campaign import Bundle, DistributedCampaign
-from orchestrator.distributed.message_size import MAX_AUTO_RUNS, MessageSizer, auto_runs_per_message, message_slots
+from orchestrator.distributed.message_size import (
+    MAX_AUTO_RUNS,
+    MessageSizer,
+    auto_runs_per_message,
+    message_slots,
+    runs_held_cap,
+)
 from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimConfig, SimModel
 from simulator.server import start_background
@@ -37,8 +43,9 @@ from workers.errors import ConfigError
 pytestmark = pytest.mark.timeout(180)
 
 
-def _presence(name: str, threads: int | None, queues: tuple[str, ...] = ("irbench",)) -> WorkerPresence:
-    return WorkerPresence(name, queues, None, None, "h", 1, 0.0, threads, None)
+def _presence(name: str, threads: int | None, queues: tuple[str, ...] = ("irbench",),
+              run_slots: int | None = None) -> WorkerPresence:
+    return WorkerPresence(name, queues, None, None, "h", 1, 0.0, threads, run_slots)
 
 
 @pytest.mark.parametrize(("slots", "window", "expected"), [
@@ -62,6 +69,19 @@ def test_message_slots_count_the_queues_consumers_and_assume_the_default_for_sil
     workers = [_presence("a", 8), _presence("b", 3), _presence("c", None), _presence("d", 50, ("other",))]
     assert message_slots(workers, "irbench") == 8 + 3 + DEFAULT_THREADS
     assert message_slots(workers, "nobody") == 0
+
+
+def test_no_message_carries_more_runs_than_the_smallest_worker_can_call_with_every_thread_holding_one() -> None:
+    workers = [_presence("a", 8, run_slots=2432), _presence("b", 4, run_slots=40), _presence("c", None, run_slots=24),
+               _presence("old", 2), _presence("d", 1, ("other",), run_slots=1)]
+    # b: 40 call slots over 4 threads; c: 24 over the default 8 threads; old and d do not count
+    assert runs_held_cap(workers, "irbench") == min(40 // 4, 24 // DEFAULT_THREADS) == 3
+    assert runs_held_cap(workers[:1], "irbench") == MAX_AUTO_RUNS  # 2432 // 8 = 304, above the cap
+    assert runs_held_cap([_presence("tiny", 8, run_slots=3)], "irbench") == 1  # fewer slots than threads
+    assert runs_held_cap(workers[3:4], "irbench") == MAX_AUTO_RUNS  # nobody says its slots
+    sizer = MessageSizer(lambda: workers[:2], "irbench")
+    assert sizer.size(2000) == 10  # 2000 // (2 x 12 threads) = 83, held to b's 40 // 4
+    assert auto_runs_per_message(12, 2000) == 64
 
 
 def test_the_sizer_reads_the_workers_at_most_every_refresh_and_keeps_the_last_figure_on_errors() -> None:
@@ -127,7 +147,7 @@ def test_presence_is_found_through_its_index_without_scanning_the_keyspace() -> 
 
 @pytest.fixture(scope="module")
 def workers() -> Iterator[str]:
-    env = {"IRBENCH_RUN_SLOTS": "5", "IRBENCH_PRESENCE_INTERVAL_S": "0.5"}
+    env = {"IRBENCH_RUN_SLOTS": "30", "IRBENCH_PRESENCE_INTERVAL_S": "0.5"}
     with RedisServer() as srv, CeleryWorkers(srv.url, count=2, concurrency=3, env=env):
         yield srv.url
 
@@ -138,7 +158,7 @@ def test_a_campaign_with_default_options_sends_messages_sized_to_the_live_worker
     try:
         wait_for(lambda: len(read_presence(client)) == 2, 15, "both workers' presence")
         found = read_presence(client)
-        assert [(w.threads, w.run_slots) for w in found] == [(3, 5), (3, 5)]  # -c 3, IRBENCH_RUN_SLOTS=5
+        assert [(w.threads, w.run_slots) for w in found] == [(3, 30), (3, 30)]  # -c 3, IRBENCH_RUN_SLOTS=30
         with start_background(SimConfig(seed=3, models={"ms-a": SimModel(latency_ms_median=5)})) as s:
             path = write_campaign(tmp_path, "ms", one_endpoint(s.base_url, "ms-a") + "max_concurrency = 8\n",
                                   runs=12, prompts=10)
@@ -153,8 +173,9 @@ def test_a_campaign_with_default_options_sends_messages_sized_to_the_live_worker
         client.close()
     runs = len(prepared.tasks)
     assert not summary.interrupted and summary.executed == runs == 120
-    # 120 runs (all fit the window) over twice the 6 message slots of 2 workers x 3 threads
-    k = runs // (2 * 6)
+    # 120 runs (all fit the window) over twice the 6 message slots of 2 workers x 3 threads (and
+    # no more than each worker's 30 call slots over its 3 threads)
+    k = min(runs // (2 * 6), 30 // 3)
     assert k == 10 and camp.publisher.message_sizes == Counter({k: runs // k}), camp.publisher.message_sizes
     # both sides: the endpoint got each run once, the store holds each run once
     assert calls == runs

@@ -14,6 +14,7 @@ __all__ = [
     "coalesce",
     "deferring",
     "local_cooldowns",
+    "memory_budget",
     "message",
     "runtime",
     "tasks",

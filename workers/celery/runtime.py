@@ -3,7 +3,8 @@
 * one event loop (uvloop where installed, ``workers.loops``) in a background thread; a task
   thread hands its message's runs to it with ``asyncio.run_coroutine_threadsafe`` and blocks
   until all of them are through (``workers.celery.tasks``). The loop runs at most
-  ``run_slots`` of them at once (``slots``, an ``asyncio.Semaphore``), and its ``batcher``s
+  ``call_slots`` of them at once (``slots``, an ``asyncio.Semaphore``: what the memory
+  budget holds, ``workers.celery.memory_budget``), and its ``batcher``s
   let the runs that claim or finish together share one fsync and one ``EVALSHA``;
 * per endpoint a ``PooledProvider`` (one-connection ``AioClient``s, as many as calls in flight:
   aiohttp, opened lazily on that loop; about half the CPU per call of httpx's
@@ -43,6 +44,7 @@ from storage.runs import RunStore
 from storage.parquet.spool import RunSpool, SpoolConfig, recover_orphans
 from workers.celery import DEFAULT_THREADS
 from workers.celery.local_cooldowns import LocalCooldowns
+from workers.celery.memory_budget import DEFAULT_MEMORY_BUDGET_MIB, calls_within
 from workers.state.campaign_state import CampaignState
 from workers.state.claim_permit import ClaimPermits
 from workers.state.connect import RedisTimeouts, async_redis, sync_redis
@@ -95,16 +97,16 @@ class WorkerSettings:
     the done marker before giving up to the reconciler. ``visibility_timeout_s``: the broker
     redelivers a message unacknowledged this long (``workers.celery.app``'s rule says how long
     it must be). ``ack_flush_s``: longest delay of a gathered ack (``workers.celery.transport``).
-    ``run_slots``: runs this process executes at once, whatever the messages carry (a run
-    takes a slot before its claim and hands it on once its call is answered, to a run that
-    calls only after that record is durable: a SIGKILL loses at most this many answered calls);
-    0 = the worker's thread count (``--concurrency``). Default 64: the threads only hold
-    messages, the runs are coroutines on one loop, and the models' own ``max_concurrency``
-    bounds what an endpoint sees, so slots sized to threads (8) capped a 4-worker fleet at 32
-    calls whatever the models allowed (and on a fast endpoint cost 0.41x the local executor's
-    runs/s against 0.56x with 64; bench/distributed_throughput.py measures this). Worst-case
-    response memory is ``run_slots`` x each model's ``max_response_bytes`` (8 MiB by default:
-    512 MiB at 64 slots, should every endpoint answer at the bound at once).
+    ``memory_budget_mib``: the memory this worker process is sized to (default 768 MiB, so a
+    worker fits in 1 GiB); it keeps as many calls in flight as that holds
+    (``workers.celery.memory_budget``: about 2,400 by default), and each model's own
+    ``max_concurrency`` and rate limits bound what an endpoint sees. ``run_slots``: a fixed
+    number of calls in flight instead (0, the default: what the budget holds). A run takes a
+    slot before its claim and hands it on once its call is answered, to a run that calls only
+    after that record is durable: a SIGKILL loses at most that many answered calls. A worker
+    at its budget claims no more: the runs of its messages wait for a slot unclaimed, and the
+    orchestrator's auto message size keeps the runs a worker holds within its slots
+    (``orchestrator.distributed.message_size``).
     ``gc_young_threshold``: once the runtime is up, the start-up heap is frozen and the young
     generation collected every this many allocations (``workers.gc_policy``); 0 leaves
     Python's collector as it is. ``cpu_policy``: how the kernel schedules a worker process, set
@@ -134,7 +136,8 @@ class WorkerSettings:
     spool_max_rows: int = 2000
     spool_max_age_s: float = 5.0
     spool_idle_s: float = 0.5
-    run_slots: int = 64
+    memory_budget_mib: int = DEFAULT_MEMORY_BUDGET_MIB
+    run_slots: int = 0
     gc_young_threshold: int = 10000
     cpu_policy: str = "batch"
     presence_interval_s: float = 2.0
@@ -147,16 +150,19 @@ class WorkerSettings:
         if self.ack_flush_s < 0:
             raise ConfigError(f"ack flush delay must be >= 0 s, got {self.ack_flush_s}")
         if self.run_slots < 0:
-            raise ConfigError(f"run slots must be >= 0 (0: the worker's thread count), got {self.run_slots}")
+            raise ConfigError(f"run slots must be >= 0 (0: what the memory budget holds), got {self.run_slots}")
+        calls_within(self.memory_budget_mib)  # a budget that holds no call is a ConfigError
         if self.gc_young_threshold < 0:
             raise ConfigError(f"IRBENCH_GC_YOUNG_THRESHOLD must be >= 0 (0: Python's default), got {self.gc_young_threshold}")
         if self.cpu_policy not in POLICIES:
             raise ConfigError(f"unknown CPU policy {self.cpu_policy!r} (IRBENCH_CPU_POLICY, irbench worker "
                               f"--cpu-policy): use one of {', '.join(POLICIES)}")
 
-    def slots_for(self, threads: int) -> int:
-        """The run slots of a worker with ``threads`` threads (``run_slots``, or with 0 its threads)."""
-        return self.run_slots or threads
+    @property
+    def call_slots(self) -> int:
+        """Calls this worker keeps in flight at most: ``run_slots``, or with 0 what
+        ``memory_budget_mib`` holds."""
+        return self.run_slots or calls_within(self.memory_budget_mib)
 
     @property
     def heartbeat_s(self) -> float:
@@ -212,11 +218,11 @@ class WorkerRuntime:
     """Per-process shared resources. Create once per worker process; ``close()`` at shutdown.
 
     ``clients``: the Redis clients (``WorkerClients.connect(settings.redis_url)`` in a worker);
-    ``threads``: the worker's thread count (its run slots when ``run_slots`` is 0)."""
+    ``threads``: the worker's thread count (the broker messages it holds at once)."""
 
     def __init__(self, settings: WorkerSettings, clients: WorkerClients, threads: int = DEFAULT_THREADS) -> None:
         self.settings = settings
-        self.slots = asyncio.Semaphore(settings.slots_for(threads))  # used on the loop only
+        self.slots = asyncio.Semaphore(settings.call_slots)  # used on the loop only
         self.redis = clients.redis
         self.aredis = clients.aredis
         self._loop = new_event_loop()  # uvloop where installed: less CPU per call
@@ -394,13 +400,13 @@ class RuntimeHolder:
         self.threads = DEFAULT_THREADS  # the worker's thread count, set at worker start (``set_threads``)
 
     def set_threads(self, threads: int) -> None:
-        """The worker's ``--concurrency``: its run slots when ``run_slots`` is 0."""
+        """The worker's ``--concurrency``: the broker messages it holds at once."""
         self.threads = max(int(threads), 1)
 
     def slots(self) -> tuple[int, int]:
         """(messages, runs) this worker takes at once: its thread count (Celery's prefetch
-        multiplier is 1) and its run slots."""
-        return self.threads, self.settings.slots_for(self.threads)
+        multiplier is 1) and its call slots."""
+        return self.threads, self.settings.call_slots
 
     @property
     def settings(self) -> WorkerSettings:
