@@ -13,6 +13,7 @@ workers must see the campaign file and the store at the same paths.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import sys
 import time
 from pathlib import Path
@@ -25,6 +26,16 @@ from rich.table import Table
 from orchestrator.cli.shell import broker_url
 from orchestrator.cli.user_errors import fail
 from workers.errors import ConfigError, IrbenchError
+
+
+def _redacted(url: str) -> str:
+    """``url`` without its password (``redis://:***@host``)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return url.replace(f":{parts.password}@", ":***@", 1)
 
 
 def _when(unix_s: float) -> str:
@@ -54,9 +65,12 @@ def schedule_command(
 
     Example: irbench schedule examples/demo.toml --every 7d --broker redis://127.0.0.1:6379/0 --data data/
     """
+    from redis.exceptions import RedisError
+
     from workers.state.connect import sync_redis
     from workers.state.wave_schedules import WaveSchedules
 
+    url = ""
     try:
         url = broker_url(broker, None)
         chosen = sum([campaign is not None, list_, remove is not None])
@@ -70,8 +84,8 @@ def schedule_command(
             client.close()
     except IrbenchError as exc:
         fail(exc)
-    except OSError as exc:  # redis-py's ConnectionError is one
-        fail(f"cannot reach the broker at {url}: {exc}; start Redis or pass --broker")
+    except (RedisError, OSError) as exc:
+        fail(f"cannot reach the broker at {_redacted(url)} ({type(exc).__name__}); start Redis or pass --broker")
 
 
 def _act(schedules, campaign: Path | None, every: str | None, data: Path, url: str, *, list_: bool,
@@ -79,7 +93,8 @@ def _act(schedules, campaign: Path | None, every: str | None, data: Path, url: s
     from orchestrator.campaign.spec import load_campaign
     from workers.state.wave_schedules import WaveSchedule, parse_every
 
-    out = Console(width=None if sys.stdout.isatty() else 160)
+    # paths are long: a pipe gets $COLUMNS when set, else 200 columns
+    out = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200)
     if list_:
         found = schedules.all()
         out.print(_table(found) if found else "no wave schedules")
