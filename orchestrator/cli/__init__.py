@@ -25,4 +25,5 @@ __all__ = [
     "summary_tables",
     "user_errors",
     "view",
+    "waves_command",
 ]

@@ -301,6 +301,7 @@ def _register_more_commands() -> None:
     from orchestrator.cli.audit import analyze_command, import_artifact_command
     from orchestrator.cli.ops import availability_app, probe_command
     from orchestrator.cli.schedule_command import schedule_command
+    from orchestrator.cli.waves_command import waves_command
     from orchestrator.cli.plan_command import plan_command
     from orchestrator.cli.real import demo_real_command
     from orchestrator.cli.report import report_command
@@ -314,6 +315,7 @@ def _register_more_commands() -> None:
     app.add_typer(availability_app, name="availability")
     app.command("view")(view_command)
     app.command("schedule")(schedule_command)
+    app.command("waves")(waves_command)
     app.command("demo-real")(demo_real_command)
 
 

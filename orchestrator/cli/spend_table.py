@@ -4,18 +4,22 @@ when it ran (``storage.prices``), per model and in total, for ``irbench status``
 from __future__ import annotations
 
 from storage.prices import SPEND_COLUMNS, TokenTotals, read_prices, spend_by_model, spend_total
+from storage.parquet.unreadable import RowSelection, read_checked
 from storage.runs import RunStore
 
 __all__ = ["campaign_spend", "spend_lines"]
 
 
-def campaign_spend(store: RunStore, campaign: str, wave: int | None = None) -> dict[str, TokenTotals]:
+def campaign_spend(store: RunStore, campaign: str, wave: int | None = None, *,
+                   skip_corrupt: bool = False) -> dict[str, TokenTotals]:
     """Model → tokens and cost of every stored execution of ``campaign`` (``wave``: that wave's
-    rows only; None: every row)."""
+    rows only; None: every row). An unreadable file is a StorageError naming it unless
+    ``skip_corrupt`` (then it is left out, as ``status --skip-corrupt`` says)."""
     filters: dict[str, list[object]] = {"campaign": [campaign]}
     if wave is not None:
         filters["wave"] = [wave]
-    table = store.dataset.read(filters=filters, columns=list(SPEND_COLUMNS), dedupe="executions")
+    table, _ = read_checked(store.dataset, skip=skip_corrupt, dedupe="executions",
+                            selection=RowSelection(filters=filters, columns=list(SPEND_COLUMNS)))
     return spend_by_model(table, read_prices(store.root, campaign))
 
 

@@ -62,7 +62,7 @@ def show_status(req: StatusRequest) -> None:
         warn(f"skipped unreadable file {path}")
     _print_table(prepared, st)
     _print_retryable(prepared, store, req)
-    _print_spent(prepared, store)
+    _print_spent(prepared, store, req)
     if live is not None:
         _print_live(prepared, store, st, live)
 
@@ -91,10 +91,10 @@ def _print_table(prepared: PreparedCampaign, st: CampaignStatus) -> None:
     console.print(table)
 
 
-def _print_spent(prepared: PreparedCampaign, store: RunStore) -> None:
+def _print_spent(prepared: PreparedCampaign, store: RunStore, req: StatusRequest) -> None:
     from orchestrator.cli.spend_table import campaign_spend, spend_lines
 
-    for line in spend_lines(campaign_spend(store, prepared.spec.name)):
+    for line in spend_lines(campaign_spend(store, prepared.spec.name, skip_corrupt=req.skip_corrupt)):
         console.print(line, soft_wrap=True)
 
 

@@ -72,7 +72,9 @@ def test_disk_full_is_one_line_and_the_campaign_resumes(tiny_fs: Path, tmp_path:
         assert "run the same command again" in lines[0]
         assert "Traceback" not in full.stderr and "never retrieved" not in full.stderr
         assert list(data.rglob("*.parquet")) == [] and list(data.rglob("*.tmp")) == []
-        assert 1 <= first_requests <= 12
+        # the campaign's small records (its wave, prices, prompt texts) are written before the
+        # first call, so a disk full from the start may stop the run before it calls at all
+        assert 0 <= first_requests <= 12
 
         filler.unlink()  # space freed
         again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO, env=env)

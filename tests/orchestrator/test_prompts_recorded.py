@@ -74,7 +74,7 @@ def test_a_local_run_records_its_prompts_once(tmp_path: Path, sim: RunningSimula
 
 def test_a_celery_run_records_its_prompts(tmp_path: Path, sim: RunningSimulator) -> None:
     campaign, data = _campaign(tmp_path, sim.base_url), tmp_path / "data"
-    with RedisServer() as srv, CeleryWorkers(srv.url, count=1, concurrency=2, env={"IRBENCH_DATA_DIR": str(data)}):
+    with RedisServer() as srv, CeleryWorkers(srv.url, count=1, concurrency=2, env={"IRBENCH_DATA": str(data)}):
         proc = _run(campaign, data, "--executor", "celery", "--broker", srv.url, "--no-analyze")
     assert proc.returncode == 0, proc.stderr
     _assert_recorded(tmp_path, data)
