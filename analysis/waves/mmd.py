@@ -226,10 +226,9 @@ def wave_test(runs: WaveRuns, settings: DrawSettings) -> WaveTest:
     perm_seed, boot_seed = np.random.SeedSequence(settings.seed).generate_state(2)
     lab = labelings(kernels, n_a, settings.permutations, np.random.default_rng(int(perm_seed)))
     wave_j = np.array([_wave_jaccard(k, a) for k, a in zip(kernels, n_a)]).T  # (2, prompts)
-    boot = {"replicates": settings.bootstrap_replicates, "seed": int(boot_seed),
-            "level": settings.level}
-    j_a, j_b = percentile_ci(wave_j, **boot)
-    effect = percentile_ci(wave_j[1] - wave_j[0], **boot)
+    reps, seed, level = settings.bootstrap_replicates, int(boot_seed), settings.level
+    j_a, j_b = percentile_ci(wave_j, replicates=reps, seed=seed, level=level)
+    effect = percentile_ci(wave_j[1] - wave_j[0], replicates=reps, seed=seed, level=level)
     return WaveTest(p_value=pool_p_value(combined_statistic(lab)), p_mmd=pool_p_value(lab.mmd),
                     p_jaccard=pool_p_value(np.abs(lab.jaccard_change)), mmd=float(lab.mmd[0]),
                     permutations=settings.permutations, effect=effect.point,
