@@ -11,8 +11,9 @@ Where things live (each room's ``__init__`` says more):
 * ``stats/``    — bootstrap intervals, ranks and rank sets, paired comparisons, correlations;
 * ``tables/``   — cells, imported measurements and merge rules, model tables, families,
   sensitivity, timeouts, probes, the per-panel audit;
-* ``report/``   — the Markdown/HTML report built from the analysis outputs.
+* ``report/``   — the Markdown/HTML report built from the analysis outputs;
+* ``waves/``    — two measurement waves compared per model (permutation test, effect, BH).
 """
 
 __all__ = ["errors", "inputs", "memory", "metrics", "options", "outputs", "pipeline", "progress", "report",
-           "stats", "tables"]
+           "stats", "tables", "waves"]

@@ -1,0 +1,11 @@
+"""Two waves of one campaign compared per model: did the answer distribution change?
+
+* ``options``   — the comparison's choices (alpha, permutations, bootstrap replicates, seed);
+* ``mmd``       — one model's test: node-set Jaccard kernel MMD, within-prompt permutation
+  p-value, the Jaccard effect with its bootstrap interval (:class:`mmd.WaveRuns` in);
+* ``fdr``       — Benjamini–Hochberg q-values across models;
+* ``compare``   — a runs table → :class:`compare.WaveComparison` (every campaign and model), and
+  its JSON form.
+"""
+
+__all__ = ["compare", "fdr", "mmd", "options"]
