@@ -125,7 +125,8 @@ def waves_command(
         if not (0 < alpha < 1):
             raise ConfigError(f"--alpha must be between 0 and 1, got {alpha:g}")
         options = WaveOptions(alpha=alpha, permutations=permutations, seed=seed)
-        store, results = RunStore(data, fsync=False), []
+        store = RunStore(data, fsync=False)
+        results: list[CampaignWaves] = []
         for pair in choose_pairs(data, campaign, from_wave, to_wave):
             table = store.read_table(campaigns=[pair.campaign], waves=[pair.from_wave, pair.to_wave],
                                      columns=[c for c in _COLUMNS if c in store.dataset.spec.schema.names])
