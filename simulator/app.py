@@ -264,9 +264,8 @@ class SimApp:
             msg += f" Use '{p.replacement_model}' instead."
         return msg
 
-    async def _answer(self, body: dict, max_tokens: int | None, reasoning_on: bool, structured: bool) -> _Answer:
-        """The shared request path after auth and body parsing. Raises ``_Reject``."""
-        t0 = time.perf_counter_ns()
+    def _model_for(self, body: dict) -> tuple[str, SimModel]:
+        """The requested model, counted; raises ``_Reject`` for an unknown or retired one."""
         name = body.get("model")
         if not isinstance(name, str) or name not in self.config.models:
             self.state.unknown_requests[str(name)] += 1
@@ -278,6 +277,12 @@ class SimApp:
         self.state.model_requests[name] += 1
         if p.retired_after_requests is not None and self.state.model_requests[name] > p.retired_after_requests:
             raise _Reject(410, self._retired_message(name, p), "model_retired")
+        return name, p
+
+    async def _answer(self, body: dict, max_tokens: int | None, reasoning_on: bool, structured: bool) -> _Answer:
+        """The shared request path after auth and body parsing. Raises ``_Reject``."""
+        t0 = time.perf_counter_ns()
+        name, p = self._model_for(body)
         message = self._user_text(body)
         prompt_tokens = count_tokens(message, p.chars_per_token)
         if p.context_tokens is not None and prompt_tokens >= p.context_tokens:

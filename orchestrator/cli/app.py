@@ -62,6 +62,11 @@ BrokerOpt = Annotated[
     typer.Option("--broker", envvar="IRBENCH_BROKER_URL", help="Redis URL of the Celery broker (or IRBENCH_BROKER_URL)."),
 ]
 
+NewWaveOpt = Annotated[bool, typer.Option("--new-wave", help="Measure every planned run again as the campaign's "
+                                          "next wave (the earlier waves stay stored).")]
+WaveLabelOpt = Annotated[Optional[str], typer.Option(help="With --new-wave: a note naming the wave "
+                                                     "(e.g. 'after the provider update').")]
+
 
 def _examples_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "examples"
@@ -105,10 +110,8 @@ def run(
     broker_wait_s: BrokerWaitOpt = 10.0,
     runs_per_message: RunsPerMessageOpt = None,
     visibility_timeout_s: VisibilityOpt = None,
-    new_wave: Annotated[bool, typer.Option("--new-wave", help="Measure every planned run again as the campaign's "
-                                           "next wave (the earlier waves stay stored).")] = False,
-    wave_label: Annotated[Optional[str], typer.Option(help="With --new-wave: a note naming the wave "
-                                                      "(e.g. 'after the provider update').")] = None,
+    new_wave: NewWaveOpt = False,
+    wave_label: WaveLabelOpt = None,
 ) -> None:
     """Run (or resume) a campaign: only runs without a stored record are executed.
 
