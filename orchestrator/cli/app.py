@@ -119,7 +119,6 @@ def run(
     With --new-wave, every run is measured again as the next wave; without it, the latest wave resumes.
 
     Example: irbench run examples/demo.toml --data data/
-    Example: irbench run examples/demo.toml --data data/ --retry-failed --outcomes rate_limited,timeouts
     Example: irbench run examples/demo.toml --data data/ --new-wave --wave-label "one month later"
     Example: irbench run --model sim-steady --base-url http://127.0.0.1:8765 --prompts examples/prompts --runs 3 --data data/
     (an ad-hoc run writes its campaign file to DATA/campaigns/; the same command again resumes it)
