@@ -46,13 +46,21 @@ def _canon(value: Any) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
 
 
-def parse_nodes(ir_json: str | None) -> list[NodeView] | None:
-    """The nodes of a stored IR (None when there is no IR or it is not JSON)."""
+def ir_document(ir_json: str | None) -> Any:
+    """A stored IR's JSON value (None when there is no IR or it is not JSON); the one parse the
+    viewer's diffs share."""
     if not ir_json:
         return None
     try:
-        doc = json.loads(ir_json)
+        return json.loads(ir_json)
     except ValueError:
+        return None
+
+
+def parse_nodes(ir_json: str | None) -> list[NodeView] | None:
+    """The nodes of a stored IR (None when there is no IR or it is not JSON)."""
+    doc = ir_document(ir_json)
+    if doc is None:
         return None
     nodes = doc.get("nodes") if isinstance(doc, dict) else None
     out = []

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from viewer.diff import ir_document
+
 SAME, CHANGED, REMOVED, ADDED = "same", "changed", "removed", "added"
 
 
@@ -61,12 +63,9 @@ class NodeDiff:
 
 
 def _doc(ir_json: str | None) -> dict[str, Any] | None:
-    if not ir_json:
-        return None
-    try:
-        doc = json.loads(ir_json)
-    except ValueError:
-        return None
+    """The IR as a document with a list of object nodes, else None (the caller falls back to
+    the text diff)."""
+    doc = ir_document(ir_json)
     if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
         return None
     if not all(isinstance(n, dict) for n in doc["nodes"]):
