@@ -22,11 +22,11 @@ from simulator.server import start_background
 from storage.runs import RunStore
 from storage.waves import list_waves
 from orchestrator.jobs.wave_schedule import run_tick
+from tests.support.cli import run_irbench
 from tests.support.distributed import wait_for
 from workers.errors import ConfigError
 from workers.state.wave_schedules import WaveSchedule, WaveSchedules, parse_every
 
-IRBENCH = [sys.executable, "-m", "orchestrator.cli.app"]
 PROMPTS = Path(__file__).resolve().parents[2] / "examples" / "prompts"
 
 
@@ -81,12 +81,6 @@ def test_the_tick_launches_each_due_wave_with_the_broker_in_its_environment(redi
     client.close()
 
 
-def _cli(*args: str, env: dict) -> subprocess.CompletedProcess:
-    out = subprocess.run([*IRBENCH, *args], capture_output=True, text=True, timeout=120, env={**os.environ, **env})
-    assert "Traceback" not in out.stderr, out.stderr
-    return out
-
-
 def _campaign(tmp_path: Path, port: int) -> Path:
     path = tmp_path / "sched.toml"
     path.write_text(f'name = "sched-demo"\nruns = 1\n[corpus]\npaths = ["{PROMPTS}"]\n'
@@ -98,17 +92,17 @@ def _campaign(tmp_path: Path, port: int) -> Path:
 def test_schedule_cli_adds_lists_removes_and_refuses_bad_input(redis_url: str, tmp_path: Path) -> None:
     env = {"IRBENCH_BROKER_URL": redis_url, "COLUMNS": "250"}
     campaign = _campaign(tmp_path, free_port())
-    added = _cli("schedule", str(campaign), "--every", "7d", "--data", str(tmp_path / "data"), env=env)
+    added = run_irbench("schedule", str(campaign), "--every", "7d", "--data", str(tmp_path / "data"), env=env)
     assert added.returncode == 0 and "sched-demo: a new wave every 604800 s" in added.stdout
-    listed = _cli("schedule", "--list", env=env)
+    listed = run_irbench("schedule", "--list", env=env)
     assert listed.returncode == 0 and "sched-demo" in listed.stdout and str(campaign.resolve()) in listed.stdout
     for bad, says in ((["schedule", str(campaign)], "--every"), (["schedule", str(campaign), "--every", "soon"], "not a period"),
                       (["schedule"], "give one of"), (["schedule", "--remove", "nope"], "no wave schedule")):
-        out = _cli(*bad, env=env)
+        out = run_irbench(*bad, env=env)
         assert out.returncode == 2 and says in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert _cli("schedule", "--remove", "sched-demo", env=env).returncode == 0
-    assert "no wave schedules" in _cli("schedule", "--list", env=env).stdout
-    down = _cli("schedule", "--list", env={"IRBENCH_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"})
+    assert run_irbench("schedule", "--remove", "sched-demo", env=env).returncode == 0
+    assert "no wave schedules" in run_irbench("schedule", "--list", env=env).stdout
+    down = run_irbench("schedule", "--list", env={"IRBENCH_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"})
     assert down.returncode == 2 and "cannot reach the broker" in down.stderr
 
 
@@ -119,7 +113,7 @@ def test_beat_starts_the_due_wave_on_the_workers(tmp_path: Path) -> None:
     celery = [sys.executable, "-m", "celery", "-A", "orchestrator.distributed.worker_app"]
     with RedisServer() as srv, start_background(SimConfig(models={"sim-a": SimModel()}), port=port) as sim:
         env = {**os.environ, "IRBENCH_BROKER_URL": srv.url, "IRBENCH_SCHEDULE_TICK_S": "1"}
-        first = _cli("run", str(campaign), "--data", str(data), "--no-progress", env={})
+        first = run_irbench("run", str(campaign), "--data", str(data), "--no-progress", env={})
         assert first.returncode == 0, first.stderr
         planned = RunStore(data).read_table(columns=["run_id"]).num_rows
         client = redis.Redis.from_url(srv.url)

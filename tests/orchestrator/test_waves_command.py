@@ -6,9 +6,7 @@ is one line with exit 2."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,16 +14,9 @@ import pytest
 from deploy.processes import free_port
 from simulator.config import SimConfig, SimModel
 from simulator.server import start_background
+from tests.support.cli import run_irbench
 
-IRBENCH = [sys.executable, "-m", "orchestrator.cli.app"]
 PROMPTS = Path(__file__).resolve().parents[2] / "examples" / "prompts"
-
-
-def _irbench(*args: str) -> subprocess.CompletedProcess:
-    out = subprocess.run([*IRBENCH, *args], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "COLUMNS": "250"})
-    assert "Traceback" not in out.stderr, out.stderr
-    return out
 
 
 def _campaign(tmp_path: Path, port: int) -> Path:
@@ -52,16 +43,16 @@ def test_waves_flags_the_revised_model_and_not_the_steady_one(tmp_path: Path) ->
     campaign = str(_campaign(tmp_path, port))
     before = SimModel(drop_prob=0.15, add_rate=0.3, system_fingerprint="fp_1")
     with start_background(_sim(1, before), port=port):
-        assert _irbench("run", campaign, "--data", data, "--no-progress").returncode == 0
-    _one_error(_irbench("waves", "--data", data, "--campaign", "wc"), "has one wave")
-    _one_error(_irbench("waves", "--data", data), "no campaign in the store has two waves")
+        assert run_irbench("run", campaign, "--data", data, "--no-progress").returncode == 0
+    _one_error(run_irbench("waves", "--data", data, "--campaign", "wc"), "has one wave")
+    _one_error(run_irbench("waves", "--data", data), "no campaign in the store has two waves")
 
     # re-seeded simulator (new noise for both), and the revised model now drops many more nodes
     after = SimModel(drop_prob=0.6, add_rate=0.3, system_fingerprint="fp_2")
     with start_background(_sim(2, after), port=port):
-        new = _irbench("run", campaign, "--data", data, "--new-wave", "--no-progress")
+        new = run_irbench("run", campaign, "--data", data, "--new-wave", "--no-progress")
         assert new.returncode == 0, new.stderr
-    out = _irbench("waves", "--data", data, "--json")
+    out = run_irbench("waves", "--data", data, "--json")
     assert out.returncode == 0, out.stderr
     (c,) = json.loads(out.stdout)["campaigns"]
     assert (c["campaign"], c["from_wave"], c["to_wave"]) == ("wc", 1, 2)
@@ -70,10 +61,10 @@ def test_waves_flags_the_revised_model_and_not_the_steady_one(tmp_path: Path) ->
     assert models["revised"]["effect"] < -0.1 and models["revised"]["effect_interval"][1] < 0
     assert models["revised"]["served_identity_changed"] is True
     assert not models["steady"]["changed"] and models["steady"]["served_identity_changed"] is False
-    table = _irbench("waves", "--data", data, "--campaign", "wc", "--from", "1", "--to", "2")
+    table = run_irbench("waves", "--data", data, "--campaign", "wc", "--from", "1", "--to", "2")
     assert table.returncode == 0 and "wc: wave 1 -> wave 2" in table.stdout
-    _one_error(_irbench("waves", "--data", data, "--campaign", "wc", "--to", "3"), "has waves 1, 2, not 3")
-    _one_error(_irbench("waves", "--data", data, "--campaign", "nope"), "holds no runs of campaign 'nope'")
+    _one_error(run_irbench("waves", "--data", data, "--campaign", "wc", "--to", "3"), "has waves 1, 2, not 3")
+    _one_error(run_irbench("waves", "--data", data, "--campaign", "nope"), "holds no runs of campaign 'nope'")
 
 
 def test_an_unfinished_wave_is_refused(tmp_path: Path) -> None:
@@ -83,8 +74,8 @@ def test_an_unfinished_wave_is_refused(tmp_path: Path) -> None:
     port, data = free_port(), tmp_path / "data"
     campaign = str(_campaign(tmp_path, port))
     with start_background(_sim(1, SimModel()), port=port):
-        assert _irbench("run", campaign, "--data", str(data), "--no-progress").returncode == 0
-        assert _irbench("run", campaign, "--data", str(data), "--new-wave", "--no-progress").returncode == 0
+        assert run_irbench("run", campaign, "--data", str(data), "--no-progress").returncode == 0
+        assert run_irbench("run", campaign, "--data", str(data), "--new-wave", "--no-progress").returncode == 0
     # drop one of wave 2's runs from the store, as if its worker had not finished it
     store = RunStore(data)
     wave1, wave2 = store.read_table(waves=[1]), store.read_table(waves=[2])
@@ -92,4 +83,4 @@ def test_an_unfinished_wave_is_refused(tmp_path: Path) -> None:
         f.unlink()
     store.write(table_to_records(wave1) + table_to_records(wave2.slice(1)))
     assert store.read_table(waves=[2]).num_rows == wave2.num_rows - 1
-    _one_error(_irbench("waves", "--data", str(data), "--campaign", "wc"), "finish the wave")
+    _one_error(run_irbench("waves", "--data", str(data), "--campaign", "wc"), "finish the wave")
