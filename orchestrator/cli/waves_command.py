@@ -17,12 +17,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from analysis.waves.options import WaveOptions
 from orchestrator.cli.user_errors import fail
 from workers.errors import ConfigError, IrbenchError
 
 if TYPE_CHECKING:
     from analysis.waves.compare import CampaignWaves
 
+_DEFAULTS = WaveOptions()  # the flags' defaults are the options object's, defined once there
 _COLUMNS = ("campaign", "model", "prompt_sha256", "run_id", "parse_outcome", "ir_json", "node_ids", "wave",
             "panel", "budget_max_tokens", "outcome", "served_model", "system_fingerprint")
 
@@ -107,9 +109,9 @@ def waves_command(
     campaign: Annotated[Optional[str], typer.Option(help="Only this campaign (by name).")] = None,
     from_wave: Annotated[Optional[int], typer.Option("--from", min=1, help="Earlier wave (default: the one before --to).")] = None,
     to_wave: Annotated[Optional[int], typer.Option("--to", min=1, help="Later wave (default: the latest).")] = None,
-    alpha: Annotated[float, typer.Option(min=0.0, max=1.0, help="Flag a model as changed at BH q <= alpha.")] = 0.05,
-    permutations: Annotated[int, typer.Option(min=19, help="Wave-label permutations per model.")] = 1000,
-    seed: Annotated[int, typer.Option(min=0, help="Seed of the permutations and bootstraps.")] = 0,
+    alpha: Annotated[float, typer.Option(help="Flag a model as changed at BH q <= alpha (0 < alpha < 1).")] = _DEFAULTS.alpha,
+    permutations: Annotated[int, typer.Option(help="Wave-label permutations per model (at least 19).")] = _DEFAULTS.permutations,
+    seed: Annotated[int, typer.Option(help="Seed of the permutations and bootstraps.")] = _DEFAULTS.seed,
     as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON.")] = False,
 ) -> None:
     """Compare two measurement waves per model: did the model change, or is it noise?
@@ -118,13 +120,16 @@ def waves_command(
     """
     from analysis.errors import AnalysisError
     from analysis.waves.compare import WaveComparison, compare_waves
-    from analysis.waves.options import WaveOptions
+    from pydantic import ValidationError
+
     from storage.runs import RunStore
 
     try:
-        if not (0 < alpha < 1):
-            raise ConfigError(f"--alpha must be between 0 and 1, got {alpha:g}")
-        options = WaveOptions(alpha=alpha, permutations=permutations, seed=seed)
+        try:
+            options = WaveOptions(alpha=alpha, permutations=permutations, seed=seed)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise ConfigError(f"--{first['loc'][0]}: {first['msg']}") from None
         store = RunStore(data, fsync=False)
         results: list[CampaignWaves] = []
         for pair in choose_pairs(data, campaign, from_wave, to_wave):

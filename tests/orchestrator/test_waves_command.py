@@ -46,6 +46,7 @@ def test_waves_flags_the_revised_model_and_not_the_steady_one(tmp_path: Path) ->
         assert run_irbench("run", campaign, "--data", data, "--no-progress").returncode == 0
     _one_error(run_irbench("waves", "--data", data, "--campaign", "wc"), "has one wave")
     _one_error(run_irbench("waves", "--data", data), "no campaign in the store has two waves")
+    _one_error(run_irbench("waves", "--data", data, "--alpha", "2"), "--alpha: Input should be less than 1")
 
     # re-seeded simulator (new noise for both), and the revised model now drops many more nodes
     after = SimModel(drop_prob=0.6, add_rate=0.3, system_fingerprint="fp_2")
