@@ -28,16 +28,6 @@ from orchestrator.cli.user_errors import fail
 from workers.errors import ConfigError, IrbenchError
 
 
-def _redacted(url: str) -> str:
-    """``url`` without its password (``redis://:***@host``)."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return url.replace(f":{parts.password}@", ":***@", 1)
-
-
 def _when(unix_s: float) -> str:
     return dt.datetime.fromtimestamp(unix_s, dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -67,6 +57,8 @@ def schedule_command(
     """
     from redis.exceptions import RedisError
 
+    from orchestrator.distributed.worker_checks import redacted_url
+
     from workers.state.connect import sync_redis
     from workers.state.wave_schedules import WaveSchedules
 
@@ -85,7 +77,7 @@ def schedule_command(
     except IrbenchError as exc:
         fail(exc)
     except (RedisError, OSError) as exc:
-        fail(f"cannot reach the broker at {_redacted(url)} ({type(exc).__name__}); start Redis or pass --broker")
+        fail(f"cannot reach the broker at {redacted_url(url)} ({type(exc).__name__}); start Redis or pass --broker")
 
 
 def _act(schedules, campaign: Path | None, every: str | None, data: Path, url: str, *, list_: bool,

@@ -51,7 +51,7 @@ def check_broker_url(url: str) -> str:
     return url
 
 
-def _redacted(url: str) -> str:
+def redacted_url(url: str) -> str:
     """``url`` without a password (a Redis URL may carry one)."""
     parts = urlsplit(url)
     if parts.password is None:
@@ -85,7 +85,7 @@ def wait_for_redis(
             left = deadline - clock()
             if left <= 0:
                 raise ConfigError(
-                    f"cannot reach Redis at {_redacted(url)} after {wait_s:g} s ({reason}); start it "
+                    f"cannot reach Redis at {redacted_url(url)} after {wait_s:g} s ({reason}); start it "
                     "(redis-server, or `docker compose -f deploy/compose.yaml up -d redis`) or fix --broker / "
                     "IRBENCH_BROKER_URL"
                 ) from None
@@ -104,7 +104,7 @@ def _same_store(worker: WorkerPresence, root: Path, store_id: str) -> bool:
 
 def worker_command(broker_url: str, root: Path, queue: str) -> str:
     queue_opt = "" if queue == "irbench" else f" --queues {queue}"
-    return f"irbench worker --broker {_redacted(broker_url)} --data {root.resolve()}{queue_opt}"
+    return f"irbench worker --broker {redacted_url(broker_url)} --data {root.resolve()}{queue_opt}"
 
 
 def store_problems(workers: list[WorkerPresence], root: Path, store_id: str, broker_url: str, queue: str) -> list[str]:
@@ -168,7 +168,7 @@ class WorkerWatch:
             if due:
                 last_none_warning = now
                 self._say(
-                    f"no worker is consuming queue {self.queue!r} on {_redacted(self.broker_url)}; the runs wait "
+                    f"no worker is consuming queue {self.queue!r} on {redacted_url(self.broker_url)}; the runs wait "
                     f"in the queue: start one with `{worker_command(self.broker_url, self.root, self.queue)}`"
                 )
 

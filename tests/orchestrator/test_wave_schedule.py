@@ -102,8 +102,8 @@ def test_schedule_cli_adds_lists_removes_and_refuses_bad_input(redis_url: str, t
         assert out.returncode == 2 and says in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert run_irbench("schedule", "--remove", "sched-demo", env=env).returncode == 0
     assert "no wave schedules" in run_irbench("schedule", "--list", env=env).stdout
-    down = run_irbench("schedule", "--list", env={"IRBENCH_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0"})
-    assert down.returncode == 2 and "cannot reach the broker" in down.stderr
+    down = run_irbench("schedule", "--list", env={"IRBENCH_BROKER_URL": f"redis://:s3cret-pw@127.0.0.1:{free_port()}/0"})
+    assert down.returncode == 2 and "cannot reach the broker" in down.stderr and "s3cret-pw" not in down.stderr
 
 
 @pytest.mark.timeout(180)
