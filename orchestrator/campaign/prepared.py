@@ -66,6 +66,17 @@ def record_prompts(prepared: PreparedCampaign, data_root: Path, *, fsync: bool =
         return 0
 
 
+def record_campaign(prepared: PreparedCampaign, data_root: Path, *, fsync: bool = True) -> None:
+    """What an executor writes beside the runs before its first call: the campaign's prices
+    (``orchestrator.campaign.cost.record_prices``: the report and status cost the runs with them;
+    a failed write stops the campaign, as a failed run write would) and its prompt texts
+    (:func:`record_prompts`, best effort)."""
+    from orchestrator.campaign.cost import record_prices
+
+    record_prices(prepared.spec, data_root, fsync=fsync)
+    record_prompts(prepared, data_root, fsync=fsync)
+
+
 def resolve_secrets(spec: CampaignSpec, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Read each endpoint's API key from the environment variable it names.
 

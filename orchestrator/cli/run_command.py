@@ -118,10 +118,7 @@ def _run_local(req: RunRequest, prepared: PreparedCampaign, store: RunStore, ret
     from orchestrator.local.campaign import run_campaign_local
     from orchestrator.local.progress import ModelBars
 
-    from orchestrator.campaign.cost import record_prices
-
     secrets = resolve_secrets(prepared.spec)
-    record_prices(prepared.spec, store.root, fsync=store.dataset.fsync)  # the report costs the runs with them
     for value in secrets.values():
         redactor.add_secret(value)
     with ModelBars(enabled=req.progress) as bars:
@@ -135,9 +132,6 @@ def _run_celery(req: RunRequest, prepared: PreparedCampaign, store: RunStore, re
     from orchestrator.distributed.executor import CeleryRun, run_campaign_celery
     from orchestrator.local.progress import ModelBars
 
-    from orchestrator.campaign.cost import record_prices
-
-    record_prices(prepared.spec, store.root, fsync=store.dataset.fsync)  # the report costs the runs with them
     flags = req.celery
     url = broker_url(req.broker, prepared.spec.executor.broker)
     options = celery_options(flags.analyze, flags.claim_ttl_s, flags.reconcile_interval_s, flags.max_task_failures,

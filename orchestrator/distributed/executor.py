@@ -32,7 +32,7 @@ from celery import Celery
 
 from orchestrator.campaign.status import CampaignStatus, campaign_status
 
-from orchestrator.campaign.prepared import PreparedCampaign, record_prompts
+from orchestrator.campaign.prepared import PreparedCampaign, record_campaign
 from orchestrator.distributed.options import CeleryOptions
 from orchestrator.distributed.campaign import Bundle, DistributedCampaign
 from orchestrator.distributed.progress import CeleryModelProgress, CeleryProgressCallback, progress_from_counts
@@ -166,7 +166,7 @@ def run_campaign_celery(prepared: PreparedCampaign, store: RunStore, broker_url:
     this campaign); ``on_analysis`` receives the ``orchestrator.jobs.analysis.AnalysisJob``.
     """
     campaign, options, timeout_s = prepared.spec.name, run_as.options, run_as.timeout_s
-    record_prompts(prepared, store.root, fsync=store.dataset.fsync)
+    record_campaign(prepared, store.root, fsync=store.dataset.fsync)
     app = run_as.app or make_celery_app(broker_url, visibility_timeout_s=options.visibility_timeout_s)
     client = sync_redis(broker_url)
     try:

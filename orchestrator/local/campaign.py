@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import structlog
 
 from orchestrator.campaign.plan import pending
-from orchestrator.campaign.prepared import PreparedCampaign, record_prompts
+from orchestrator.campaign.prepared import PreparedCampaign, record_campaign
 from orchestrator.campaign.retry import latest_outcomes, retryable_tasks
 from orchestrator.local.executor import (
     ExecutionSummary, LocalOptions, ProgressCallback, RunServices, run_event_loop, run_local,
@@ -39,7 +39,7 @@ def run_campaign_local(
         again = {t.run_id for t in retryable_tasks(prepared.tasks, latest_outcomes(prepared, store), retry_outcomes)}
         todo = [t for t in prepared.tasks if t.run_id in again or t.run_id not in done]  # planned order
     skipped = len(prepared.tasks) - len(todo)
-    record_prompts(prepared, store.root, fsync=store.dataset.fsync)
+    record_campaign(prepared, store.root, fsync=store.dataset.fsync)
     log.info("campaign_start", campaign=prepared.spec.name, planned=len(prepared.tasks), pending=len(todo))
     options = options or LocalOptions(max_in_flight=prepared.spec.executor.concurrency)
     gate = MemoryGate(prepared.spec.retry.disable_after_consecutive)
