@@ -72,3 +72,5 @@ def sim_server() -> Iterator[object]:
 
     with start_background(load_sim_config(EXAMPLES / "sim.toml")) as sim:
         yield sim
+
+from tests.support.objectstore import s3_env, s3_location, s3_server  # noqa: E402,F401  (fixtures, found by name)
