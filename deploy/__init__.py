@@ -7,4 +7,4 @@ are the launchers the distributed tests and benchmarks share; ``processes`` is w
 common (spawn in a process group, liveness by pid and start time, tiered stop, free port, Redis PING).
 """
 
-__all__ = ["celery_workers", "local_cluster", "processes", "redis_server"]
+__all__ = ["celery_workers", "local_cluster", "processes", "redis_server", "seaweed_server"]

@@ -4,6 +4,7 @@ __all__ = [
     "app",
     "audit",
     "config_table",
+    "data_option",
     "demo",
     "distributed",
     "envfile",

@@ -27,6 +27,7 @@ from orchestrator.cli.distributed import (
 )
 from orchestrator.campaign.adhoc import AdhocFlags
 from orchestrator.campaign.waves import WaveRequest
+from orchestrator.cli.data_option import DataOpt, worker_data_dir
 from orchestrator.cli.run_command import CeleryFlags, RunRequest, run_request
 from orchestrator.cli.shell import broker_url, console, setup_logging
 from orchestrator.cli.interrupts import INTERRUPTED_EXIT_CODE, interrupted
@@ -44,9 +45,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-DataOpt = Annotated[
-    Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root (runs are stored under DATA/runs/; or IRBENCH_DATA).")
-]
 BrokerWaitOpt = Annotated[
     float,
     typer.Option("--broker-wait-s", envvar="IRBENCH_BROKER_WAIT_S", min=0,
@@ -205,7 +203,11 @@ def cancel(
 @app.command()
 def worker(
     broker: BrokerOpt = None,
-    data: DataOpt = Path("data"),
+    data: Annotated[str, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root: a directory, or "
+                                      "s3://BUCKET/PREFIX (the spool stays local: --spool-dir).")] = "data",
+    spool_dir: Annotated[Optional[Path], typer.Option("--spool-dir", envvar="IRBENCH_SPOOL_DIR", help="With an "
+                         "s3:// store: the local directory of this worker's spool and of files not yet uploaded "
+                         "(default: one per store under ~/.local/state/irbench/spool).")] = None,
     concurrency: Annotated[int, typer.Option(help="Threads: broker messages in work at once in this worker "
                                              "process (its concurrent calls are what --memory-budget holds).")] = DEFAULT_THREADS,
     queues: Annotated[str, typer.Option(help="Comma-separated queues to consume.")] = "irbench",
@@ -232,12 +234,14 @@ def worker(
         settings = worker_settings(url, claim_ttl_s=claim_ttl_s, lease_ttl_s=lease_ttl_s,
                                    spool_max_rows=spool_max_rows, spool_max_age_s=spool_max_age_s,
                                    visibility_timeout_s=visibility_timeout_s, run_slots=run_slots,
-                                   memory_budget_mib=memory_budget, cpu_policy=cpu_policy)
+                                   memory_budget_mib=memory_budget, cpu_policy=cpu_policy,
+                                   spool_dir=str(spool_dir) if spool_dir else None)
+        data_dir = worker_data_dir(data)
     except IrbenchError as exc:
         fail(exc)
         return
     command = WorkerCommand(concurrency=concurrency, queues=tuple(q for q in queues.split(",") if q), loglevel=loglevel)
-    run_worker(url, command=command, data_dir=str(data.resolve()), settings=settings)
+    run_worker(url, command=command, data_dir=data_dir, settings=settings)
 
 
 @app.command()

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
+
+from orchestrator.cli.data_option import store_root
 from rich.console import Console
 from rich.table import Table
 
@@ -111,7 +113,7 @@ def execution_note(data: Path) -> str:
 
 
 def analyze_command(
-    data: Annotated[Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root (runs/ and cells/).")] = Path("data"),
+    data: Annotated[Path, typer.Option("--data", parser=store_root, envvar="IRBENCH_DATA", help="Dataset root (runs/ and cells/).")] = Path("data"),
     out: Annotated[Path, typer.Option("--out", help="Output directory (one subdirectory per panel).")] = Path("out"),
     min_runs: Annotated[int, typer.Option(help="Successful runs a cell needs to enter the table.")] = 2,
     min_prompts: Annotated[int, typer.Option(help="Distinct prompts with an included cell a model needs.")] = 3,
@@ -201,7 +203,7 @@ def analyze_and_print(data: Path, out: Path, options: AnalysisOptions, where: An
 
 def import_artifact_command(
     path: Annotated[Path, typer.Argument(help="The artifact's root (holds corpus/ and results/).")],
-    data: Annotated[Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root to import into.")] = Path("data"),
+    data: Annotated[Path, typer.Option("--data", parser=store_root, envvar="IRBENCH_DATA", help="Dataset root to import into.")] = Path("data"),
     mapping: Annotated[Path, typer.Option("--mapping", help="Campaign → panel/precedence mapping TOML.")] = _EXAMPLES / "artifact_campaigns.toml",
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="List every incomplete cell and missing prompt file.")] = False,
 ) -> None:

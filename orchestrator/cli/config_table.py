@@ -24,6 +24,8 @@ _OTHERS = (
     ("IRBENCH_AVAILABILITY_INTERVAL_S", "worker (beat)", "86400", "seconds between scheduled availability checks"),
     ("IRBENCH_SCHEDULE_TICK_S", "worker (beat)", "60", "seconds between beat's checks for due wave schedules (irbench schedule)"),
     ("IRBENCH_DATA_DIR", "worker", "unset", "refused: the store root is IRBENCH_DATA (the worker says so and exits)"),
+    ("IRBENCH_S3_CACHE", "every verb but worker", "~/.cache/irbench/s3", "where the local mirrors of s3:// stores live"),
+    ("IRBENCH_S3_PUSH_S", "every verb but worker", "5", "seconds between pushes of what a command wrote to its s3:// store (0: at exit only)"),
 )
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
+
+from orchestrator.cli.data_option import store_root
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -61,7 +63,7 @@ def _probe_executor(executor: str, broker: str | None) -> Callable[..., tuple[in
 
 def probe_command(
     probe: Annotated[Path, typer.Argument(help="Probe TOML (a campaign with >= 2 budgets).", exists=True, dir_okay=False)],
-    data: Annotated[Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root (runs/, probes/).")] = Path("data"),
+    data: Annotated[Path, typer.Option("--data", parser=store_root, envvar="IRBENCH_DATA", help="Dataset root (runs/, probes/).")] = Path("data"),
     reference_timeout: Annotated[float, typer.Option(help="Total timeout (s) whose effect is attributed, e.g. the study's 60 s.")] = 60.0,
     works_min_share: Annotated[float, typer.Option(help="Share of usable runs for a model × budget cell to count as working.")] = 0.5,
     endpoint_url: Annotated[Optional[list[str]], typer.Option(help="Override an endpoint's base_url: NAME=URL (repeatable).")] = None,
@@ -134,7 +136,7 @@ def availability_check_command(
     base_url: Annotated[Optional[str], typer.Option(help="Endpoint of --models (without --campaign).")] = None,
     wire_format: Annotated[str, typer.Option(help="'openai' or 'ollama' (with --base-url).")] = "openai",
     api_key_env: Annotated[Optional[str], typer.Option(help="NAME of the environment variable holding the key.")] = None,
-    data: Annotated[Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root (availability/ is written here).")] = Path("data"),
+    data: Annotated[Path, typer.Option("--data", parser=store_root, envvar="IRBENCH_DATA", help="Dataset root (availability/ is written here).")] = Path("data"),
     max_tokens: Annotated[int, typer.Option(help="Token cap of the minimal call.")] = 5,
     timeout: Annotated[float, typer.Option(help="Total timeout (s) of each minimal call.")] = 60.0,
 ) -> None:
@@ -192,7 +194,7 @@ def _d(value: dt.date | None) -> str:
 
 
 def availability_history_command(
-    data: Annotated[Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root holding availability/.")] = Path("data"),
+    data: Annotated[Path, typer.Option("--data", parser=store_root, envvar="IRBENCH_DATA", help="Dataset root holding availability/.")] = Path("data"),
     models: Annotated[Optional[list[str]], typer.Option("--models", help="Only these models (comma-separated or repeated).")] = None,
 ) -> None:
     """Print each model's availability timeline: first seen, last available, first missing,

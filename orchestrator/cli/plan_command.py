@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from orchestrator.cli.data_option import store_root
+
 from orchestrator.cli.user_errors import fail
 
 if TYPE_CHECKING:
@@ -20,7 +22,7 @@ __all__ = ["plan_command", "preview_table"]
 
 def plan_command(
     campaign: Annotated[Path, typer.Argument(help="Campaign TOML file.", exists=True, dir_okay=False)],
-    data: Annotated[Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root whose stored runs count "
+    data: Annotated[Path, typer.Option("--data", parser=store_root, envvar="IRBENCH_DATA", help="Dataset root whose stored runs count "
                                        "as done (or IRBENCH_DATA).")] = Path("data"),
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (per model and total) and nothing "
                                           "else.")] = False,

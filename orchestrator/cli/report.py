@@ -8,13 +8,15 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+
+from orchestrator.cli.data_option import store_root
 from rich.console import Console
 
 from orchestrator.cli.user_errors import fail
 
 
 def report_command(
-    data: Annotated[Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root (runs under DATA/runs/, "
+    data: Annotated[Path, typer.Option("--data", parser=store_root, envvar="IRBENCH_DATA", help="Dataset root (runs under DATA/runs/, "
                                        "availability checks under DATA/availability/).")] = Path("data"),
     out: Annotated[Path, typer.Option("--out", help="Where report.html, report.md and figures/ go.")] = Path("report"),
     analysis: Annotated[Optional[Path], typer.Option(

@@ -13,6 +13,7 @@ import typer
 
 from orchestrator.campaign.adhoc import AdhocFlags
 from orchestrator.campaign.waves import WaveRequest
+from orchestrator.cli.data_option import bucket_of, store_url
 from orchestrator.cli.interrupts import INTERRUPTED_EXIT_CODE
 from orchestrator.cli.shell import broker_url, console, report_corpus, setup_logging, warn
 from orchestrator.cli.user_errors import fail
@@ -141,7 +142,7 @@ def _run_celery(req: RunRequest, prepared: PreparedCampaign, store: RunStore, re
     try:
         with ModelBars(enabled=req.progress) as bars:
             run_as = CeleryRun(
-                options=options, retry_outcomes=retry_outcomes, on_progress=bars.update,
+                options=options, retry_outcomes=retry_outcomes, on_progress=bars.update, bucket=bucket_of(req.data),
                 on_analysis=lambda job: console.print(f"analysis enqueued; outputs will land in {job.out_dir}"))
             summary = run_campaign_celery(prepared, store, url, run_as)
     finally:
@@ -154,7 +155,9 @@ def _start_worker_watch(url: str, data: Path, queue: str, wait_s: float) -> Work
     worker consumes ``queue`` (after ``IRBENCH_NO_WORKER_WARN_S``, default 10 s)."""
     from orchestrator.distributed.worker_checks import WorkerWatch, celery_preflight
 
-    client, store_id = celery_preflight(url, data, queue, wait_s=wait_s, stream=sys.stderr)
+    session = bucket_of(data)
+    client, store_id = celery_preflight(url, data, queue, wait_s=wait_s, stream=sys.stderr,
+                                        store_url=session.url if session else None)
     warn_after_s = float(os.environ.get("IRBENCH_NO_WORKER_WARN_S", "10"))
     return WorkerWatch(client, url, data, store_id, queue, warn=warn, warn_after_s=warn_after_s).start()
 
@@ -167,7 +170,7 @@ def _print_summary(req: RunRequest, ran: _Ran) -> None:
         f"campaign [bold]{ran.prepared.spec.name}[/]{f' wave {wave}' if wave > 1 else ''}: "
         f"{len(ran.prepared.tasks)} runs planned, {ran.skipped} already "
         f"stored{retried}, {_executed(summary)}{' (interrupted)' if summary.interrupted else ''}; "
-        f"data in {req.data}/runs/"
+        f"data in {store_url(req.data) if bucket_of(req.data) else req.data}/runs/"
     )
     if summary.interrupted:
         raise typer.Exit(code=INTERRUPTED_EXIT_CODE)  # main() says what to do

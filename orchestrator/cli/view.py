@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
+
+from orchestrator.cli.data_option import store_root
 from rich.console import Console
 
 from orchestrator.cli.user_errors import fail
@@ -18,7 +20,7 @@ if TYPE_CHECKING:
 
 
 def view_command(
-    data: Annotated[Path, typer.Option("--data", help="Dataset root (runs under DATA/runs/).")] = Path("data"),
+    data: Annotated[Path, typer.Option("--data", parser=store_root, help="Dataset root (runs under DATA/runs/).")] = Path("data"),
     analysis: Annotated[Optional[Path], typer.Option(
         "--analysis", help="`irbench analyze` output directory; default: DATA/../out, "
         "DATA/../analysis or DATA/out when one exists.")] = None,

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
+
+from orchestrator.cli.data_option import store_root
 from rich.console import Console
 from rich.table import Table
 
@@ -105,7 +107,7 @@ def _table(c: CampaignWaves) -> Table:
 
 
 def waves_command(
-    data: Annotated[Path, typer.Option("--data", envvar="IRBENCH_DATA", help="Dataset root.")] = Path("data"),
+    data: Annotated[Path, typer.Option("--data", parser=store_root, envvar="IRBENCH_DATA", help="Dataset root.")] = Path("data"),
     campaign: Annotated[Optional[str], typer.Option(help="Only this campaign (by name).")] = None,
     from_wave: Annotated[Optional[int], typer.Option("--from", min=1, help="Earlier wave (default: the one before --to).")] = None,
     to_wave: Annotated[Optional[int], typer.Option("--to", min=1, help="Later wave (default: the latest).")] = None,

@@ -1,6 +1,7 @@
 """The Celery executor: dispatch, completion, reconcile, progress, publishing and message sizing, the store cursor, worker checks."""
 
 __all__ = [
+    "bucket_follower",
     "campaign",
     "completion",
     "context",

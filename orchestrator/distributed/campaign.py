@@ -49,13 +49,17 @@ log = structlog.get_logger("irbench.celery")
 @dataclass
 class Bundle:
     """What the campaign touches: a monotonic ``clock`` and its ``sleep``, the Redis client of
-    the campaign state, the Celery app that publishes (``broker``) and the run ``store``."""
+    the campaign state, the Celery app that publishes (``broker``) and the run ``store``; for a
+    bucket store, its URL (``store_url``) and what brings new uploads into the mirror
+    (``follow_store``)."""
 
     redis: redis.Redis
     broker: Celery
     store: RunStore
     clock: Callable[[], float]
     sleep: Callable[[float], None]
+    store_url: str | None = None  # what tasks carry as the store (None: the store's root)
+    follow_store: Callable[[], object] | None = None  # called before each look at the store
 
 
 @dataclass
@@ -83,8 +87,8 @@ class DistributedCampaign:
                                    self.options, b.clock, b.sleep)
         self.planned = dict(Counter(t.model for t in tasks))
         sizer = MessageSizer(lambda: read_presence(b.redis), self.options.queue, b.clock)
-        self.publisher = Publisher(self.ctx, b.broker, str(b.store.root), sizer)
-        self.completion = CompletionTracker(self.ctx, b.store, self.publisher, self.retry_outcomes)
+        self.publisher = Publisher(self.ctx, b.broker, b.store_url or str(b.store.root), sizer)
+        self.completion = CompletionTracker(self.ctx, b.store, self.publisher, self.retry_outcomes, b.follow_store)
         self.dispatcher = Dispatcher(self.ctx, self.publisher, self.completion, b.store, self.closed_records,
                                      self.unavailable)
         self.reconciler = Reconciler(self.ctx, self.publisher, self.completion, self.dispatcher, b.redis)

@@ -10,7 +10,7 @@ stored runs go again); later looks read only the files published since.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import structlog
 
@@ -31,14 +31,15 @@ class CompletionTracker:
 
     ``retry_outcomes`` (``--retry-failed``): outcome values whose stored runs go again; each
     such run is done once a newer execution is stored. Lost runs go back through ``publisher``.
+    ``follow_store``: called before each store look (a bucket store's mirror fetching new uploads).
     """
 
     def __init__(self, ctx: CampaignContext, store: RunStore, publisher: Publisher,
-                 retry_outcomes: frozenset[str] = frozenset()) -> None:
+                 retry_outcomes: frozenset[str] = frozenset(), follow_store: Callable[[], object] | None = None) -> None:
         self._ctx = ctx
         self._store = store
         self._publisher = publisher
-        self.cursor = StoreCursor(store, ctx.campaign)
+        self.cursor = StoreCursor(store, ctx.campaign, follow_store)
         # the one read of the whole store, at start (resume): later looks read new files only
         self.cursor.refresh()
         latest = self.cursor.latest()

@@ -33,15 +33,18 @@ from celery import Celery
 from orchestrator.campaign.status import CampaignStatus, campaign_status
 
 from orchestrator.campaign.prepared import PreparedCampaign, record_campaign
+from orchestrator.distributed.bucket_follower import BucketFollower
 from orchestrator.distributed.options import CeleryOptions
 from orchestrator.distributed.campaign import Bundle, DistributedCampaign
 from orchestrator.distributed.progress import CeleryModelProgress, CeleryProgressCallback, progress_from_counts
 from orchestrator.local.executor import ExecutionSummary
 from storage.availability import AvailabilityRecord, AvailabilityStore
+from storage.objectstore.session import BucketSession
 from storage.records import Outcome, RunRecord
 from storage.runs import RunStore
 from workers.celery.app import make_celery_app
 from workers.state.campaign_state import CampaignState
+from workers.state.published_objects import PublishedObjects
 from workers.state.redis_retry import with_retry
 from workers.state.connect import sync_redis
 from workers.clock import SystemClock
@@ -138,7 +141,8 @@ class CeleryRun:
     """How one ``run_campaign_celery`` call runs: the knobs (``options``), how long it waits
     (``timeout_s``, None: until done), which stored runs go again (``retry_outcomes``), the
     callbacks (``on_progress``, ``on_analysis``), the analysis options for the enqueued analysis,
-    and a Celery ``app`` (None: one made for the broker URL)."""
+    a Celery ``app`` (None: one made for the broker URL), and for a bucket store the process's
+    ``bucket`` session (``store`` is then its mirror)."""
 
     options: CeleryOptions = CeleryOptions()
     timeout_s: float | None = None
@@ -147,6 +151,7 @@ class CeleryRun:
     on_analysis: Callable[[AnalysisJob], None] | None = None
     analysis_options: AnalysisOptions | None = None
     app: Celery | None = None
+    bucket: BucketSession | None = None
 
 
 def run_campaign_celery(prepared: PreparedCampaign, store: RunStore, broker_url: str,
@@ -170,7 +175,9 @@ def run_campaign_celery(prepared: PreparedCampaign, store: RunStore, broker_url:
     app = run_as.app or make_celery_app(broker_url, visibility_timeout_s=options.visibility_timeout_s)
     client = sync_redis(broker_url)
     try:
-        bundle = Bundle(redis=client, broker=app, store=store, clock=time.monotonic, sleep=time.sleep)
+        follow = BucketFollower(run_as.bucket, PublishedObjects(client, run_as.bucket.url)) if run_as.bucket else None
+        bundle = Bundle(redis=client, broker=app, store=store, clock=time.monotonic, sleep=time.sleep,
+                        store_url=run_as.bucket.url if run_as.bucket else None, follow_store=follow)
         budget = timeout_s
         state = CampaignState(client, campaign)
         models = {t.model for t in prepared.tasks}

@@ -9,6 +9,7 @@ once. So a look costs O(files published since the last look).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,10 +20,12 @@ COLUMNS = ["run_id", "model", "outcome", "measured_at", "execution_id", "finishe
 
 
 class StoreCursor:
-    """Runs of ``campaign`` published in ``store`` so far (every execution seen, once)."""
+    """Runs of ``campaign`` published in ``store`` so far (every execution seen, once).
+    ``follow``: called before each look (a bucket store's mirror fetching the new uploads)."""
 
-    def __init__(self, store: RunStore, campaign: str) -> None:
+    def __init__(self, store: RunStore, campaign: str, follow: Callable[[], object] | None = None) -> None:
         self.store = store
+        self._follow = follow
         self.campaign = campaign
         self._seen: set[Path] = set()
         self._tables: list[pa.Table] = []
@@ -34,6 +37,8 @@ class StoreCursor:
     def refresh(self) -> set[str]:
         """Read the files published since the last call; returns the run_ids they hold."""
         dataset = self.store.dataset
+        if self._follow is not None:
+            self._follow()
         for _ in range(dataset.read_retries + 1):
             new = [f for f in dataset.data_files() if f not in self._seen]
             if not new:

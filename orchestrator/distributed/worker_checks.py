@@ -27,6 +27,7 @@ import redis
 from workers.state.connect import RedisTimeouts, sync_redis
 from redis.exceptions import RedisError
 
+from storage.objectstore.location import is_store_url
 from storage.parquet.store_marker import ensure_store_id
 from workers.errors import ConfigError
 from workers.state.presence import WorkerPresence, read_presence
@@ -102,16 +103,19 @@ def _same_store(worker: WorkerPresence, root: Path, store_id: str) -> bool:
     return Path(worker.data_dir).resolve() == root.resolve()
 
 
-def worker_command(broker_url: str, root: Path, queue: str) -> str:
+def worker_command(broker_url: str, root: Path, queue: str, store_id: str = "") -> str:
+    """The command that starts a worker on this store (a bucket store by its URL)."""
     queue_opt = "" if queue == "irbench" else f" --queues {queue}"
-    return f"irbench worker --broker {redacted_url(broker_url)} --data {root.resolve()}{queue_opt}"
+    data = store_id if is_store_url(store_id) else root.resolve()
+    return f"irbench worker --broker {redacted_url(broker_url)} --data {data}{queue_opt}"
 
 
 def store_problems(workers: list[WorkerPresence], root: Path, store_id: str, broker_url: str, queue: str) -> list[str]:
     """One line per live worker on ``queue`` whose store is not ``root`` (id ``store_id``)."""
     return [
         f"worker {w.name} (pid {w.pid} on {w.host}) stores runs under {w.data_dir}, not this campaign's store "
-        f"{root.resolve()}: its runs would never appear here; stop it and start it as `{worker_command(broker_url, root, queue)}`"
+        f"{store_id if is_store_url(store_id) else root.resolve()}: its runs would never appear here; stop it and start "
+        f"it as `{worker_command(broker_url, root, queue, store_id)}`"
         for w in workers
         if queue in w.queues and not _same_store(w, root, store_id)
     ]
@@ -169,7 +173,7 @@ class WorkerWatch:
                 last_none_warning = now
                 self._say(
                     f"no worker is consuming queue {self.queue!r} on {redacted_url(self.broker_url)}; the runs wait "
-                    f"in the queue: start one with `{worker_command(self.broker_url, self.root, self.queue)}`"
+                    f"in the queue: start one with `{worker_command(self.broker_url, self.root, self.queue, self.store_id)}`"
                 )
 
     def start(self) -> WorkerWatch:
@@ -211,12 +215,13 @@ def wait_with_countdown(url: str, wait_s: float, stream: TextIO) -> redis.Redis:
 
 
 def celery_preflight(url: str, root: Path, queue: str, *, wait_s: float, stream: TextIO,
-                     presence_wait_s: float = 2.5) -> tuple[redis.Redis, str]:
+                     presence_wait_s: float = 2.5, store_url: str | None = None) -> tuple[redis.Redis, str]:
     """Before a distributed campaign: Redis reachable (countdown on ``stream``), the store's id
     created, and no live worker on ``queue`` writing to another store (``ConfigError`` naming
-    each). Workers whose marker is not read yet get ``presence_wait_s`` to re-publish."""
+    each). Workers whose marker is not read yet get ``presence_wait_s`` to re-publish. A bucket
+    store (``store_url``, ``root`` its mirror) is identified by its URL."""
     client = wait_with_countdown(url, wait_s, stream)
-    store_id = ensure_store_id(root)
+    store_id = store_url or ensure_store_id(root)
     workers = read_presence(client)
     if any(w.data_dir is not None and w.store_id is None for w in consuming(workers, queue)):
         time.sleep(presence_wait_s)

@@ -4,5 +4,6 @@ __all__ = [
     "client",
     "location",
     "mirror",
+    "session",
     "uploader",
 ]

@@ -20,7 +20,9 @@ import fcntl
 import json
 import os
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from collections.abc import Callable
+from typing import TypeVar, cast
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,9 @@ from pathlib import Path
 from storage.errors import StorageError
 from storage.objectstore.client import ObjectClient, ObjectInfo
 from storage.objectstore.location import S3Location
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 STATE_NAME = ".irbench-mirror.json"
 LOCK_NAME = ".irbench-mirror.lock"
@@ -169,14 +174,13 @@ class Mirror:
                 raise
 
         moved = 0
-        with ThreadPoolExecutor(max_workers=self.parallel) as pool:
-            for rel, info in pool.map(fetch, rels):
-                if info is None:
-                    continue
-                st = os.stat(self.root / rel)
-                etag = remote[rel].etag if remote is not None and rel in remote else info.etag
-                state[rel] = _Entry(etag, st.st_size, st.st_mtime_ns)
-                moved += st.st_size
+        for rel, info in parallel_map(fetch, rels, self.parallel):
+            if info is None:
+                continue
+            st = os.stat(self.root / rel)
+            etag = remote[rel].etag if remote is not None and rel in remote else info.etag
+            state[rel] = _Entry(etag, st.st_size, st.st_mtime_ns)
+            moved += st.st_size
         return moved
 
     # ----- push -----------------------------------------------------------------------------------
@@ -191,11 +195,10 @@ class Mirror:
                 return rel, self.client.upload(self.root / rel, self.location.key(rel)) or ""
 
             moved = 0
-            with ThreadPoolExecutor(max_workers=self.parallel) as pool:
-                for rel, etag in pool.map(put, changed):
-                    st = local[rel]
-                    state[rel] = _Entry(etag, st.st_size, st.st_mtime_ns)
-                    moved += st.st_size
+            for rel, etag in parallel_map(put, changed, self.parallel):
+                st = local[rel]
+                state[rel] = _Entry(etag, st.st_size, st.st_mtime_ns)
+                moved += st.st_size
             gone = [rel for rel in self._seen if rel not in local and rel in state]
             if gone:
                 self.client.delete(self.location.key(rel) for rel in gone)
@@ -203,6 +206,36 @@ class Mirror:
                     state.pop(rel, None)
             self._seen = set(local)
         return SyncReport(len(changed), moved, len(gone))
+
+
+def parallel_map(fn: Callable[[T], R], items: list[T], threads: int) -> list[R]:
+    """``[fn(x) for x in items]`` on up to ``threads`` threads, in order; the first error is
+    raised once all are done. Plain threads, not an executor: the CLI's last push runs at
+    interpreter exit, when ``concurrent.futures`` accepts no more work."""
+    results: list[R | None] = [None] * len(items)
+    errors: list[BaseException] = []
+    cursor = iter(range(len(items)))
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                i = next(cursor, None)
+            if i is None or errors:
+                return
+            try:
+                results[i] = fn(items[i])
+            except BaseException as exc:  # handed to the caller below
+                errors.append(exc)
+
+    pool = [threading.Thread(target=work, daemon=True) for _ in range(min(threads, len(items)))]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    if errors:
+        raise errors[0]
+    return cast("list[R]", results)  # every slot is filled when no error was raised
 
 
 def _matches(entry: _Entry | None, etag: str | None, st: os.stat_result | None) -> bool:

@@ -68,7 +68,11 @@ class Uploader:
             moved = []
             for rel in self.pending():
                 path = self.root / rel
-                if self.client.upload(path, self.location.key(rel), if_absent=True) is None:
+                try:
+                    etag = self.client.upload(path, self.location.key(rel), if_absent=True)
+                except FileNotFoundError:  # another worker on this spool directory took it
+                    continue
+                if etag is None:
                     self.files_present += 1
                 else:
                     self.files_uploaded += 1

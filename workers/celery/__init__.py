@@ -11,6 +11,7 @@ __all__ = [
     "DEFAULT_THREADS",
     "app",
     "availability_tasks",
+    "bucket_sink",
     "coalesce",
     "deferring",
     "local_cooldowns",

@@ -32,7 +32,7 @@ from typing import Any
 
 from celery import Celery
 from celery import signals as celery_signals
-from celery.signals import worker_init, worker_process_init, worker_shutdown
+from celery.signals import worker_init, worker_process_init, worker_ready, worker_shutdown
 
 from workers.celery import DEFAULT_QUEUE, DEFAULT_THREADS
 from workers.state import presence
@@ -41,6 +41,7 @@ from workers.celery.availability_tasks import (
     configure_availability_beat,
     register_availability_tasks,
 )
+from storage.objectstore.location import is_store_url
 from workers.celery.runtime import RuntimeHolder, WorkerSettings
 from workers.celery.tasks import register_tasks
 from workers.celery.transport import transport_for
@@ -216,6 +217,14 @@ def _configure_worker_logging(sender: Any = None, **_: Any) -> None:
         logging.getLogger(name).setLevel(task_level)
 
 
+def _open_bucket_store(sender: Any = None, **_: Any) -> None:
+    """A worker on a bucket store opens its spool at start: what a killed predecessor left on
+    the same spool directory is published and uploaded before any new run."""
+    holder = getattr(getattr(sender, "app", None), "irbench_runtime", None)
+    if holder is not None and holder.settings.data_dir and is_store_url(holder.settings.data_dir):
+        holder.get().spool(holder.settings.data_dir)
+
+
 def _close_runtime(sender: Any = None, **_: Any) -> None:
     holder = getattr(getattr(sender, "app", None), "irbench_runtime", None)
     if holder is not None:
@@ -226,5 +235,6 @@ def _close_runtime(sender: Any = None, **_: Any) -> None:
 worker_init.connect(_configure_worker_logging, weak=False, dispatch_uid="irbench-logging-init")
 worker_process_init.connect(_configure_worker_logging, weak=False, dispatch_uid="irbench-logging-proc")
 worker_shutdown.connect(_close_runtime, weak=False, dispatch_uid="irbench-close-runtime")
+worker_ready.connect(_open_bucket_store, weak=False, dispatch_uid="irbench-open-bucket-store")
 presence.install(celery_signals, lambda app: app.irbench_runtime.settings.data_dir,
                  lambda app: app.irbench_runtime.slots(), lambda app: app.irbench_runtime.settings.presence_interval_s)

@@ -40,7 +40,9 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
+from storage.objectstore.location import is_store_url
 from storage.runs import RunStore
+from workers.celery.bucket_sink import BucketSink
 from storage.parquet.spool import RunSpool, SpoolConfig, recover_orphans
 from workers.celery import DEFAULT_THREADS
 from workers.celery.local_cooldowns import LocalCooldowns
@@ -83,7 +85,9 @@ class WorkerSettings:
 
     ``redis_url``: Redis for limiter/state (default: the broker). ``data_dir``: the run store
     root (``IRBENCH_DATA``, as for every command); when set it wins over the path a task carries
-    (the worker's own mount of the store).
+    (the worker's own mount of the store), or ``s3://BUCKET/PREFIX`` for a bucket store.
+    ``spool_dir``: with a bucket store, the local directory of the spool and of the files
+    waiting for upload (default: one per store under ``~/.local/state/irbench/spool``).
     ``lease_ttl_s``/``claim_ttl_s``: lifetime of a limiter lease / run claim without a heartbeat
     (renewed every third of the shorter one). ``max_wait_s``: longest wait for a permit while
     holding a worker slot. ``min_defer_s``/``max_defer_s``: bounds of a deferral countdown (keep
@@ -119,6 +123,7 @@ class WorkerSettings:
 
     redis_url: str
     data_dir: str | None = None
+    spool_dir: str | None = None
     lease_ttl_s: float = 30.0
     claim_ttl_s: float = 30.0
     max_wait_s: float = 1.5
@@ -236,6 +241,7 @@ class WorkerRuntime:
         self._providers: dict[tuple[str, str, str, str | None], PooledProvider] = {}
         self._stores: dict[str, RunStore] = {}
         self._spools: dict[str, RunSpool] = {}
+        self._sinks: list[BucketSink] = []
         self._stop = threading.Event()
         self._tls = make_tls_context()  # one CA bundle load for every client of this process
         self.limiter = self.run(self._make_limiter())  # made on the loop it lives on
@@ -291,12 +297,19 @@ class WorkerRuntime:
         return self._batchers[key]
 
     def store(self, data_dir: str | None) -> RunStore:
+        """The run store at ``data_dir`` (the worker's own ``--data`` wins); for a bucket store,
+        the local one its spool publishes into, with an uploader to the bucket."""
         root = self.settings.data_dir or data_dir
         if not root:
             raise ConfigError("no data directory: set IRBENCH_DATA on the worker (or --data) or pass data_dir in the task")
         with self._lock:
             if root not in self._stores:
-                self._stores[root] = RunStore(Path(root))
+                local = Path(root)
+                if is_store_url(root):
+                    sink = BucketSink(root, self.settings.spool_dir, self.redis, self.settings.key_prefix)
+                    self._sinks.append(sink)
+                    local = sink.root
+                self._stores[root] = RunStore(local)
             return self._stores[root]
 
     def spool(self, data_dir: str | None) -> RunSpool:
@@ -375,6 +388,9 @@ class WorkerRuntime:
         for sp in spools:
             with contextlib.suppress(Exception):
                 sp.close()
+        for sink in self._sinks:  # after the spools: their last segments are published by now
+            with contextlib.suppress(Exception):
+                sink.close()
 
         async def _close() -> None:
             await self.limiter.aclose()

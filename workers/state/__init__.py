@@ -1,4 +1,4 @@
-"""The Redis state workers and the orchestrator share: campaign state (claims, queues, done log, gate flags), limiter, gate, claim permits, wave schedules."""
+"""The Redis state workers and the orchestrator share: campaign state (claims, queues, done log, gate flags), limiter, gate, claim permits, wave schedules, a bucket store's upload log."""
 
 __all__ = [
     "broker_view",
@@ -12,6 +12,7 @@ __all__ = [
     "gate_flags",
     "limiter_waiters",
     "presence",
+    "published_objects",
     "redis_limiter",
     "redis_retry",
     "run_claims",

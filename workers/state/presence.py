@@ -28,6 +28,7 @@ from workers.state.connect import RedisTimeouts, sync_redis
 import structlog
 from redis.exceptions import RedisError
 
+from storage.objectstore.location import is_store_url
 from storage.parquet.store_marker import read_store_id
 
 log = structlog.get_logger("irbench.presence")
@@ -100,6 +101,15 @@ class WorkerSlots:
     run_slots: int | None = None
 
 
+def _absolute(data_dir: str) -> str:
+    return data_dir if is_store_url(data_dir) else str(Path(data_dir).resolve())
+
+
+def store_identity(data_dir: str) -> str | None:
+    """The id of the store at ``data_dir``: a bucket store's URL, else its marker's id."""
+    return data_dir if is_store_url(data_dir) else read_store_id(Path(data_dir))
+
+
 class PresencePublisher:
     """Publishes one worker's presence (every ``interval_s`` seconds) until ``stop()``; Redis
     errors are logged and retried."""
@@ -113,7 +123,7 @@ class PresencePublisher:
         self._thread = threading.Thread(target=self._loop, name="irbench-presence", daemon=True)
 
     def presence(self) -> WorkerPresence:
-        store_id = read_store_id(Path(self._data_dir)) if self._data_dir else None
+        store_id = store_identity(self._data_dir) if self._data_dir else None
         return WorkerPresence(self._name, self._queues, self._data_dir, store_id, socket.gethostname(),
                               os.getpid(), time.time(), self._slots.threads, self._slots.run_slots)
 
@@ -171,7 +181,7 @@ def install(signals: Any, data_dir_for: Any, slots_for: Any, interval_for: Any) 
         data_dir = data_dir_for(app)
         threads, run_slots = slots_for(app)
         running.append(PresencePublisher(client, sender.hostname, _queues_of(sender),
-                                         str(Path(data_dir).resolve()) if data_dir else None,
+                                         _absolute(data_dir) if data_dir else None,
                                          slots=WorkerSlots(threads, run_slots), interval_s=interval).start())
 
     def on_shutdown(**_: Any) -> None:
