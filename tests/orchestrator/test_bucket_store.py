@@ -84,3 +84,46 @@ def test_a_campaign_on_a_bucket_survives_a_worker_kill_and_an_object_store_crash
         assert_every_run_stored(store, prepared, max_duplicates=4)
         assert_calls_equal_attempts(store, "bucketc", st, ["slow"], lost=4)
         assert not list((tmp_path / "spool-a").rglob("*.parquet")) and not list((tmp_path / "spool-b").rglob("*.parquet"))
+
+
+def test_every_verb_reads_and_writes_the_bucket_from_any_machine(tmp_path) -> None:
+    """run (local executor) on one "machine", compact on a second, status and analyze on a third:
+    each with its own cache, sharing only the bucket."""
+    from tests.support.cli import run_irbench
+
+    server = sim({"ok": SimModel()})
+    url = "s3://irbench/local"
+    with SeaweedServer() as s3:
+        camp = make_campaign(tmp_path, "bucketl", server.base_url, {"ok": {}}, prompts=3, runs=4)
+
+        def on(machine: str, *args: str):  # type: ignore[no-untyped-def]
+            return run_irbench(*args, env={**s3.env(), "IRBENCH_S3_CACHE": str(tmp_path / machine)})
+
+        for _ in range(2):  # the second run finds every run stored
+            ran = on("m1", "run", str(camp), "--data", url, "--no-progress")
+            assert ran.returncode == 0, ran.stderr
+        assert "12 runs planned, 12 already stored" in ran.stdout and url in ran.stdout
+        assert stats(server.base_url)["ok"]["requests"] == 12
+        compacted = on("m2", "compact", "--data", url)
+        assert compacted.returncode == 0, compacted.stderr
+        status = on("m3", "status", str(camp), "--data", url, "--json")
+        assert status.returncode == 0, status.stderr
+        import json
+
+        body = json.loads(status.stdout)
+        assert body["total"]["stored"] == 12 and body["total"]["executions"] == 12, body
+        analyzed = on("m3", "analyze", "--data", url, "--out", str(tmp_path / "out"))
+        assert analyzed.returncode == 0, analyzed.stderr
+        assert any((tmp_path / "out").iterdir())
+        keys = [k for k in _list(s3, "local/runs/")]
+        assert keys and all("/_spool/" not in k and not k.rsplit("/", 1)[-1].startswith(".") for k in keys)
+        bad = run_irbench("status", str(camp), "--data", "s3://Bad_Bucket/x")
+        assert bad.returncode == 2 and "Traceback" not in bad.stderr and "bucket name" in bad.stderr
+
+
+def _list(s3: SeaweedServer, prefix: str) -> list[str]:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3.endpoint_url, aws_access_key_id=s3.access_key,
+                          aws_secret_access_key=s3.secret_key, region_name="us-east-1")
+    return [o["Key"] for o in client.list_objects_v2(Bucket=s3.bucket, Prefix=prefix).get("Contents", [])]
