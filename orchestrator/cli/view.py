@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from orchestrator.cli.data_option import store_root
+from orchestrator.cli.data_option import bucket_of, store_root
 from rich.console import Console
 
 from orchestrator.cli.user_errors import fail
@@ -36,6 +36,8 @@ def view_command(
                                                  "index file is paged beyond it.")] = 1024,
     wave: Annotated[str, typer.Option("--wave", help="Measurement wave shown: 'latest' (each campaign's), "
                                       "a number, or 'all'.")] = "latest",
+    pull_every_s: Annotated[float, typer.Option("--pull-every-s", min=1, help="With an s3:// store: seconds "
+                                                "between fetches of what workers added to the bucket.")] = 30.0,
 ) -> None:
     """Serve a read-only web viewer of the runs: leaderboard → cells → runs side by side.
 
@@ -45,6 +47,9 @@ def view_command(
     from viewer import ViewerConfig, find_analysis_dir, find_report
 
     _check_paths(data, analysis, report)
+    session = bucket_of(data)
+    if session is not None:
+        session.follow(pull_every_s)
     try:
         waves = WaveSelection.parse(wave)
     except ValueError as exc:
