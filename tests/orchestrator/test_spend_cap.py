@@ -6,6 +6,7 @@ campaign, and no run reaches the endpoint twice."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -108,8 +109,24 @@ def test_local_cap_at_half_stops_there_and_resumes_once_raised(tmp_path: Path, s
     full, reserve = _full_cost(tmp_path, sim)
     data = tmp_path / "data"
     cap = full / 2
-    _check_stopped(_run(_campaign(tmp_path, sim.base_url, f"max_cost_usd = {cap!r}"), data), data, sim, cap, reserve)
+    campaign = _campaign(tmp_path, sim.base_url, f"max_cost_usd = {cap!r}")
+    _check_stopped(_run(campaign, data), data, sim, cap, reserve)
+    _check_status_json(campaign, data, cap)
     _check_resumed(_run(_campaign(tmp_path, sim.base_url, f"max_cost_usd = {full * 10!r}"), data), data, sim)
+
+
+def _check_status_json(campaign: Path, data: Path, cap: float) -> None:
+    """``status --json`` says what was spent, per model, in total and per wave, and the cap."""
+    proc = subprocess.run([*CLI, "status", str(campaign), "--data", str(data), "--json"], capture_output=True,
+                          text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    spend = json.loads(proc.stdout)["spend"]
+    rows = _called(_executions(data))
+    tokens = sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows)
+    assert spend["total"]["total_tokens"] == spend["models"]["steady"]["total_tokens"] == tokens
+    assert spend["total"]["cost_usd"] == pytest.approx(_cost(rows))
+    assert spend["waves"]["1"]["total"] == spend["total"]
+    assert spend["caps"] == {"campaign": {"max_cost_usd": cap}}
 
 
 def test_celery_cap_holds_across_two_workers_and_resumes(tmp_path: Path, sim: RunningSimulator) -> None:
