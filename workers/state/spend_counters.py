@@ -108,7 +108,7 @@ class SpendCounters:
     def configure(self, plan: SpendPlan) -> None:
         """Start the campaign's spend from ``plan`` (caps, prices, stored spend; nothing held,
         nothing closed). Without caps the hash is only removed."""
-        fields: dict[str, Any] = {}
+        fields: dict[Any, Any] = {}  # redis-py types its mapping keys invariantly
         for scope, cap in plan.caps.items():
             s = _scope(scope)
             if cap.max_total_tokens is not None:
