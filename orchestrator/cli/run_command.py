@@ -194,6 +194,9 @@ def _exit_on_spend_cap(prepared: PreparedCampaign, store: RunStore) -> None:
     """One stderr line and exit 5 when a spend cap cancelled planned runs (they resume once it is raised)."""
     from orchestrator.campaign.spend_cap import SPEND_CAP_EXIT_CODE, spend_cap_stop
 
+    spec = prepared.spec
+    if not (spec.spend_cap().capped or any(m.spend_cap().capped for m in spec.models.values())):
+        return  # no cap: no read of the store
     stop = spend_cap_stop(store, prepared.spec.name, {t.run_id for t in prepared.tasks})
     if stop is None:
         return
