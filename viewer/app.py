@@ -194,7 +194,7 @@ class Viewer:
 
     # ------------------------------------------------------------------ pages
     def home(self, request: Request) -> Response:
-        return self.page("home.html", campaigns=self.index.campaigns(),
+        return self.page("home.html", campaigns=self.index.campaigns(), spend=self.index.spend,
                          panels=self.index.panels(), window=self.index.date_window())
 
     def panel(self, request: Request) -> Response:

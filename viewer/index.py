@@ -32,8 +32,10 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from storage.outcomes import call_failed_sql, succeeded_sql
+from storage.prices import SPEND_COLUMNS, read_prices, spend_by_model
 from storage.prompts import PROMPT_SCHEMA, PromptStore
 from storage.records import Outcome
 from storage.runs import RunStore
@@ -82,7 +84,9 @@ class RunIndex:
 
     def __init__(self, chunks: Iterable[pa.Table], outputs: AnalysisOutputs | None = None, *,
                  threads: int = 2, memory_limit_mb: int = 1024,
-                 work_dir: Path | None = None, prompts: pa.Table | None = None) -> None:
+                 work_dir: Path | None = None, prompts: pa.Table | None = None,
+                 spend: list[dict[str, Any]] | None = None) -> None:
+        self.spend = spend or []  # per campaign and model: tokens and cost of every execution (spend_rows)
         self._tmp = tempfile.TemporaryDirectory(prefix="irbench-view-", dir=work_dir)
         self._finalizer = weakref.finalize(self, self._tmp.cleanup)
         db = Path(self._tmp.name) / "index.duckdb"
@@ -138,7 +142,8 @@ class RunIndex:
                   for t in (store.read_table(date_from=day, date_to=day, waves=numbers)
                             for day in store.dataset.partitions()))
         return cls(chunks, outputs, threads=threads, memory_limit_mb=memory_limit_mb,
-                   work_dir=work_dir, prompts=PromptStore(Path(data_dir), fsync=False).read())
+                   work_dir=work_dir, prompts=PromptStore(Path(data_dir), fsync=False).read(),
+                   spend=spend_rows(store, selected))
 
     def close(self) -> None:
         """Close the database and delete its directory."""
@@ -320,3 +325,20 @@ class RunIndex:
     def date_window(self) -> tuple[dt.date, dt.date] | None:
         row = self.rows("SELECT min(measurement_date) AS a, max(measurement_date) AS b FROM runs")
         return (row[0]["a"], row[0]["b"]) if row and row[0]["a"] is not None else None
+
+
+def spend_rows(store: RunStore, selected: Any) -> list[dict[str, Any]]:
+    """Per campaign and model, tokens and cost (at the prices recorded when it ran; None: no
+    price) of every stored execution of the selected waves: a run executed twice was paid twice."""
+    table = store.dataset.read(dedupe="executions", columns=["campaign", "wave", *SPEND_COLUMNS[1:]])
+    if selected is not None:
+        table = selected.keep(table)
+    prices = read_prices(store.root)
+    rows = []
+    for campaign in sorted(set(table.column("campaign").to_pylist())):
+        part = table.filter(pc.equal(table.column("campaign"), campaign))
+        for model, t in spend_by_model(part, prices).items():
+            rows.append({"campaign": campaign, "model": model, "executions": t.executions,
+                         "prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens,
+                         "total_tokens": t.total_tokens, "cost_usd": t.cost_usd})
+    return rows

@@ -24,5 +24,6 @@ __all__ = [
     "retry",
     "runtask",
     "secrets",
+    "spend",
     "state",
 ]

@@ -26,6 +26,7 @@ from workers.limits.base import Limiter
 from workers.providers.base import ChatRequest, Provider, Reply
 from workers.retry import decide
 from workers.runtask import ResponseLimits, RunTask
+from workers.spend import Reservation, SpendMeter, reservation_tokens
 
 log = structlog.get_logger("irbench.run")
 
@@ -54,6 +55,7 @@ class RunContext:
     gate: ModelGate
     clock: Clock = field(default_factory=SystemClock)
     settings: ExecuteSettings = field(default_factory=ExecuteSettings)
+    spend: SpendMeter | None = None  # the spend cap's meter (workers.spend), for tasks with ``spend_capped``
 
 
 def _estimate_cost(task: RunTask, settings: ExecuteSettings) -> int:
@@ -185,17 +187,42 @@ class _Run:
         self._rng: random.Random | None = None  # deterministic jitter per run, seeded on a first failure (~4 us)
 
     async def attempt(self, number: int, request: ChatRequest) -> bool:
-        """Make attempt ``number`` under the limiter; True when it failed (a retry may follow)."""
+        """Make attempt ``number`` under the spend cap and the limiter; True when it failed (a
+        retry may follow)."""
         task, ctx = self.task, self.ctx
         self.cancel_reason = ctx.gate.closed_reason(task.model)
         if self.cancel_reason is not None:
             return False
+        reservation = await self._reserve()
+        if isinstance(reservation, str):
+            self.cancel_reason = reservation
+            return False
+        used = (0, 0)
+        try:
+            failed, used = await self._permitted(number, request)
+            return failed
+        finally:
+            if reservation is not None:
+                assert ctx.spend is not None
+                await ctx.spend.settle(reservation, *used)
+
+    async def _reserve(self) -> Reservation | str | None:
+        """The spend reservation of this attempt (None: not capped), or the reason it is refused."""
+        task, ctx = self.task, self.ctx
+        if ctx.spend is None or not task.spend_capped:
+            return None
+        s = ctx.settings
+        return await ctx.spend.reserve(task, *reservation_tokens(task, s.chars_per_token, s.assumed_completion_tokens))
+
+    async def _permitted(self, number: int, request: ChatRequest) -> tuple[bool, tuple[int, int]]:
+        """The attempt under its permit: (failed, (prompt, completion) tokens the reply reported)."""
+        task, ctx = self.task, self.ctx
         started = ctx.clock.now()
         try:
             permit = await ctx.limiter.acquire(task.model, task.limits, task.run_id, _estimate_cost(task, ctx.settings))
         except IrbenchError as exc:  # model disabled while we waited
             self.cancel_reason = str(exc) or "disabled"
-            return False
+            return False, (0, 0)
         actual_tokens: int | None = None
         t0 = ctx.clock.monotonic()
         try:
@@ -208,10 +235,10 @@ class _Run:
                 status_code=reply.status_code, bytes_received=reply.bytes_received,
             ))
             ctx.gate.observe(task.model, reply.outcome)
-            return False
+            return False, (reply.prompt_tokens or 0, reply.completion_tokens or 0)
         except ProviderError as exc:
             await self._failed(number, started, exc, exc.latency_ms or (ctx.clock.monotonic() - t0) * 1000.0)
-            return True
+            return True, (0, 0)
         finally:
             await ctx.limiter.release(permit, actual_tokens)
 

@@ -125,3 +125,4 @@ class RunTask(BaseModel):
     )
     wave: int = Field(default=1, ge=1, description="the campaign's measurement wave this run belongs to")
     wave_started_at: dt.datetime | None = Field(default=None, description="UTC start of that wave (None: wave 1 undeclared)")
+    spend_capped: bool = Field(default=False, description="a spend cap covers this run: each attempt reserves spend first (workers.spend)")

@@ -14,6 +14,7 @@ __all__ = [
     "retry",
     "spec",
     "spec_checks",
+    "spend_cap",
     "status",
     "tokens",
     "waves",

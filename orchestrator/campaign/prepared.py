@@ -41,6 +41,11 @@ def prepare(
     built (``runs = 10**20`` must not hang planning); ``None`` = no bound. ``source``: the
     campaign file's name, for messages. ``wave``: the wave planned (its run ids; default wave 1).
     """
+    from orchestrator.campaign.spend_cap import spend_cap_problems
+
+    problems = spend_cap_problems(source or spec.name, spec)
+    if problems:
+        raise ConfigError(problems[0] if len(problems) == 1 else f"{len(problems)} spend cap problems", problems)
     corpus = load_corpus(spec.corpus, spec.base_dir)
     check_plan_size(spec, len(corpus.prompts), max_planned_runs, source)
     instruction = load_instruction(spec.instruction)

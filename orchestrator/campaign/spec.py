@@ -14,6 +14,8 @@ Layout of the file (unknown keys anywhere are errors, so typos never pass silent
                                   # and a budget overrides the model's max_tokens
     instruction = "my.txt"        # optional custom template (default: built-in irbench-v1)
     prices = "prices.toml"        # optional shared price file (orchestrator.campaign.prices)
+    max_cost_usd = 5.0            # optional spend cap of the campaign (workers.spend; per model too,
+    max_total_tokens = 2000000    #   in [models.X] or [defaults]); a cost cap needs every price
 
     [corpus]                      # paths/manifest relative to this file's directory
     paths = ["prompts"]
@@ -59,6 +61,7 @@ from orchestrator.campaign.spec_checks import (
 from orchestrator.campaign.prices import price_file_problems
 from workers.errors import ConfigError
 from workers.runtask import EndpointRef, ModelLimits, ResponseLimits, RetryPolicy, TimeoutPolicy, WireFormat
+from workers.spend import SpendCap
 
 
 DEFAULT_GLOBS = ("**/*.prompt.rtpl", "**/*.md", "**/*.txt")
@@ -146,11 +149,18 @@ class ModelDefaults(_Strict):
     # prices, US dollars per million prompt / completion tokens (orchestrator.campaign.prices)
     input_usd_per_mtok: NonNegFloatOrNone = None
     output_usd_per_mtok: NonNegFloatOrNone = None
+    # this model's spend cap (workers.spend): its calls stop before passing either
+    max_cost_usd: PosFloatOrNone = None
+    max_total_tokens: PosIntOrNone = None
+
+    def spend_cap(self) -> SpendCap:
+        return SpendCap(max_total_tokens=self.max_total_tokens, max_cost_usd=self.max_cost_usd)
 
 
 NONE_ABLE = frozenset(
     {"requests_per_minute", "tokens_per_minute", "max_concurrency", "connect_timeout_s", "read_timeout_s",
-     "total_timeout_s", "max_tokens", "temperature", "input_usd_per_mtok", "output_usd_per_mtok"}
+     "total_timeout_s", "max_tokens", "temperature", "input_usd_per_mtok", "output_usd_per_mtok",
+     "max_cost_usd", "max_total_tokens"}
 )
 
 
@@ -216,6 +226,8 @@ class CampaignSpec(_Strict):
     budgets: list[Annotated[int, Field(ge=1)]] | None = None
     instruction: Path | None = None
     prices: Path | None = None
+    max_cost_usd: PosFloatOrNone = None  # the campaign's spend cap (workers.spend)
+    max_total_tokens: PosIntOrNone = None
     retry: RetrySpec = RetrySpec()
     executor: ExecutorSpec = ExecutorSpec()
     base_dir: Path = Field(default=Path("."), description="directory of the campaign file; relative paths resolve here")
@@ -253,6 +265,9 @@ class CampaignSpec(_Strict):
         if isinstance(data, dict) and not data.get("panel") and isinstance(data.get("name"), str) and SLUG_RE.match(data["name"]):
             data = {**data, "panel": data["name"]}
         return data
+
+    def spend_cap(self) -> SpendCap:
+        return SpendCap(max_total_tokens=self.max_total_tokens, max_cost_usd=self.max_cost_usd)
 
     def endpoint_ref(self, model: ModelSpec) -> EndpointRef:
         return self.endpoints[model.endpoint].to_ref(model.endpoint)

@@ -110,6 +110,7 @@ def run_request(req: RunRequest) -> None:
     except IrbenchError as exc:
         fail(exc)
     _print_summary(req, _Ran(prepared, skipped, summary, again))
+    _exit_on_spend_cap(prepared, store)
     _exit_on_failed_runs(prepared, store)
 
 
@@ -190,6 +191,22 @@ def _executed(summary: ExecutionSummary) -> str:
     called = summary.executed - cancelled
     text = f"{called} executed now" + (f" (ok {ok}, failed {called - ok})" if called else "")
     return text + (f", {cancelled} cancelled" if cancelled else "")
+
+
+def _exit_on_spend_cap(prepared: PreparedCampaign, store: RunStore) -> None:
+    """One stderr line and exit 5 when a spend cap cancelled planned runs (they resume once it is raised)."""
+    from orchestrator.campaign.spend_cap import SPEND_CAP_EXIT_CODE, spend_cap_stop
+
+    spec = prepared.spec
+    if not (spec.spend_cap().capped or any(m.spend_cap().capped for m in spec.models.values())):
+        return  # no cap: no read of the store
+    stop = spend_cap_stop(store, prepared.spec.name, {t.run_id for t in prepared.tasks})
+    if stop is None:
+        return
+    reason, runs = stop
+    sys.stderr.write(f"{reason} ({runs} runs cancelled, not sent)\n")
+    sys.stderr.flush()
+    raise typer.Exit(code=SPEND_CAP_EXIT_CODE)
 
 
 def _exit_on_failed_runs(prepared: PreparedCampaign, store: RunStore) -> None:

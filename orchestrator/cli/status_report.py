@@ -6,6 +6,11 @@ under at-least-once delivery or retried), ``attempts`` (every HTTP attempt of ev
 execution) and ``outcomes`` (the latest execution of each stored run,
 ``storage.runs.EXECUTION_RULE``). Only runs of the current plan count: the campaign's latest
 ``wave``, which the object names.
+
+``spend``: tokens and cost (at the prices recorded when the campaign ran; ``cost_usd`` null when
+a model has none) of every stored execution, per model and in total, for the latest wave and
+under ``waves`` for each wave; ``caps``: the campaign's spend caps (``workers.spend``), by scope
+(``"campaign"`` or a model id).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, Field
 
 from orchestrator.campaign.prepared import PreparedCampaign
+from storage.prices import TokenTotals, spend_total
 from storage.runs import RunStore, latest_executions
 from storage.parquet.unreadable import RowSelection, read_checked
 
@@ -28,12 +34,31 @@ class StatusCounts(BaseModel):
     outcomes: dict[str, int] = Field(default_factory=dict)
 
 
+class SpendFigures(BaseModel):
+    executions: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    cost_usd: float | None = None
+
+
+class WaveSpend(BaseModel):
+    total: SpendFigures = SpendFigures()
+    models: dict[str, SpendFigures] = Field(default_factory=dict)
+
+
+class SpendReport(WaveSpend):
+    waves: dict[int, WaveSpend] = Field(default_factory=dict)
+    caps: dict[str, dict[str, float | int]] = Field(default_factory=dict)
+
+
 class CampaignStatusReport(BaseModel):
     campaign: str
     wave: int = 1  # the wave counted (the campaign's latest)
     total: StatusCounts
     models: dict[str, StatusCounts]
     skipped_files: list[str] = Field(default_factory=list)  # unreadable files left out (--skip-corrupt)
+    spend: SpendReport = SpendReport()
 
 
 def status_report(prepared: PreparedCampaign, store: RunStore, *, skip_corrupt: bool = False) -> CampaignStatusReport:
@@ -72,8 +97,34 @@ def status_report(prepared: PreparedCampaign, store: RunStore, *, skip_corrupt: 
             total.outcomes[k] = total.outcomes.get(k, 0) + v
     total.outcomes = dict(sorted(total.outcomes.items()))
     return CampaignStatusReport(
-        campaign=name, wave=prepared.wave.number, total=total, models=models, skipped_files=[str(p) for p in skipped]
+        campaign=name, wave=prepared.wave.number, total=total, models=models, skipped_files=[str(p) for p in skipped],
+        spend=spend_report(prepared, store, skip_corrupt=skip_corrupt),
     )
+
+
+def _figures(t: TokenTotals) -> SpendFigures:
+    return SpendFigures(executions=t.executions, prompt_tokens=t.prompt_tokens, completion_tokens=t.completion_tokens,
+                        total_tokens=t.total_tokens, cost_usd=t.cost_usd)
+
+
+def _wave_spend(by_model: dict[str, TokenTotals]) -> WaveSpend:
+    return WaveSpend(total=_figures(spend_total(by_model)), models={m: _figures(t) for m, t in by_model.items()})
+
+
+def spend_report(prepared: PreparedCampaign, store: RunStore, *, skip_corrupt: bool = False) -> SpendReport:
+    """Tokens and cost per model and in total, of the latest wave and of each wave, and the caps."""
+    from orchestrator.campaign.spend_cap import spend_plan
+    from orchestrator.cli.spend_table import campaign_spend
+    from storage.waves import list_waves
+
+    name = prepared.spec.name
+    waves = {w.wave: _wave_spend(campaign_spend(store, name, w.wave, skip_corrupt=skip_corrupt))
+             for w in list_waves(store.root, name)}
+    latest = waves.get(prepared.wave.number, WaveSpend())
+    caps = {scope or "campaign": {k: v for k, v in (("max_cost_usd", cap.max_cost_usd),
+                                                   ("max_total_tokens", cap.max_total_tokens)) if v is not None}
+            for scope, cap in spend_plan(prepared.spec, prepared.wave.number, store).caps.items()}
+    return SpendReport(total=latest.total, models=latest.models, waves=waves, caps=caps)
 
 
 def _ids(ids: set[str]):

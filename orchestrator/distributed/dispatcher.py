@@ -24,6 +24,7 @@ from storage.records import RunRecord
 from storage.runs import RunStore
 from workers.execute import worker_error_record
 from workers.runtask import RunTask
+from workers.spend import CAMPAIGN_SCOPE
 
 log = structlog.get_logger("irbench.celery")
 
@@ -47,6 +48,7 @@ class Dispatcher:
         self._closed_records = closed_records
         self._unavailable = unavailable
         self._to_send: list[RunTask] = []
+        self._spend_capped = any(t.spend_capped for t in ctx.by_id.values())
         self.poisoned: list[str] = []
 
     def start(self) -> None:
@@ -62,17 +64,28 @@ class Dispatcher:
         return self._to_send
 
     def close_unsendable(self) -> None:
-        """Never-dispatched runs of a cancelled campaign or an unavailable model: recorded here
-        (``cancelled`` with the reason, no call) so every planned run has a record."""
+        """Never-dispatched runs of a cancelled campaign, an unavailable model or a spend cap
+        reached: recorded here (``cancelled`` with the reason, no call) so every planned run has
+        a record."""
         reason = self._ctx.call(self._ctx.state.flags.cancel_reason, "reading the cancel flag")
         if reason is not None and self._to_send:
             self._store_closed(self._to_send, reason)
             self._to_send = []
-        if self._unavailable and self._to_send:
-            skip = [t for t in self._to_send if t.model in self._unavailable]
+        self._close_models(self._unavailable)
+        if self._spend_capped and self._to_send:
+            closed = self._ctx.call(self._ctx.state.spend.closed, "reading the spend cap")
+            if CAMPAIGN_SCOPE in closed:
+                self._store_closed(self._to_send, closed[CAMPAIGN_SCOPE])
+                self._to_send = []
+            self._close_models(closed)
+
+    def _close_models(self, closed: dict[str, str]) -> None:
+        """Record the never-dispatched runs of the models in ``closed`` (model -> reason)."""
+        if closed and self._to_send:
+            skip = [t for t in self._to_send if t.model in closed]
             if skip:
-                self._store_closed(skip, "", {m: self._unavailable[m] for m in {t.model for t in skip}})
-                self._to_send = [t for t in self._to_send if t.model not in self._unavailable]
+                self._store_closed(skip, "", {m: closed[m] for m in {t.model for t in skip}})
+                self._to_send = [t for t in self._to_send if t.model not in closed]
 
     def dispatch(self) -> int:
         """Publish due deferred runs, then pending runs up to the outstanding window; returns runs sent."""

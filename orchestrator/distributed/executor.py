@@ -33,6 +33,7 @@ from celery import Celery
 from orchestrator.campaign.status import CampaignStatus, campaign_status
 
 from orchestrator.campaign.prepared import PreparedCampaign, record_campaign
+from orchestrator.campaign.spend_cap import spend_plan
 from orchestrator.distributed.bucket_follower import BucketFollower
 from orchestrator.distributed.options import CeleryOptions
 from orchestrator.distributed.campaign import Bundle, DistributedCampaign
@@ -180,6 +181,8 @@ def run_campaign_celery(prepared: PreparedCampaign, store: RunStore, broker_url:
                         store_url=run_as.bucket.url if run_as.bucket else None, follow_store=follow)
         budget = timeout_s
         state = CampaignState(client, campaign)
+        plan = spend_plan(prepared.spec, prepared.wave.number, store)  # what the store holds: a resume starts there
+        with_retry(lambda: state.spend.configure(plan), "writing the spend cap", budget_s=budget)
         models = {t.model for t in prepared.tasks}
         unavailable = (with_retry(lambda: _close_unavailable(state, store, models), "closing unavailable models",
                                   budget_s=budget) if options.honour_availability else {})

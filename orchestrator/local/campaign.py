@@ -10,6 +10,7 @@ import structlog
 from orchestrator.campaign.plan import pending
 from orchestrator.campaign.prepared import PreparedCampaign, record_campaign
 from orchestrator.campaign.retry import latest_outcomes, retryable_tasks
+from orchestrator.campaign.spend_cap import spend_plan
 from orchestrator.local.executor import (
     ExecutionSummary, LocalOptions, ProgressCallback, RunServices, run_event_loop, run_local,
 )
@@ -17,6 +18,7 @@ from storage.availability import AvailabilityRecord, AvailabilityStore
 from storage.records import Outcome
 from storage.runs import RunStore
 from workers.gate import MemoryGate
+from workers.spend import MemorySpendMeter
 
 log = structlog.get_logger("irbench.campaign")
 
@@ -47,8 +49,10 @@ def run_campaign_local(
     for model, timeline in availability.unavailable_models().items():
         # a model an availability check found gone is not called; its runs are recorded cancelled
         gate.close(model, f"{timeline.latest_status.value} (availability check {timeline.latest_check})")
+    plan = spend_plan(prepared.spec, prepared.wave.number, store)
+    services = RunServices(gate=gate, spend=MemorySpendMeter(plan) if plan.capped else None)
     summary = run_event_loop(
-        run_local(todo, store, secrets=secrets, options=options, services=RunServices(gate=gate), on_progress=on_progress)
+        run_local(todo, store, secrets=secrets, options=options, services=services, on_progress=on_progress)
     )
     _record_retirements(summary, prepared, availability)
     return skipped, summary

@@ -44,6 +44,7 @@ from workers.providers.base import Provider
 from workers.providers.pooled import PooledProvider
 from workers.providers.registry import make_provider, make_tls_context
 from workers.runtask import RunTask
+from workers.spend import SpendMeter
 
 log = structlog.get_logger("irbench.local")
 T = TypeVar("T")
@@ -86,13 +87,14 @@ class LocalOptions:
 class RunServices:
     """What every run of one execution shares besides its provider (``workers.execute.RunContext``):
     the ``limiter`` and model ``gate`` (``None``: in-memory ones, the gate closing a model after
-    its tasks' ``disable_after_consecutive``), the ``clock`` (``None``: the system's) and the
-    execute ``settings``."""
+    its tasks' ``disable_after_consecutive``), the ``clock`` (``None``: the system's), the
+    execute ``settings`` and the spend cap's meter (``None``: no cap, ``workers.spend``)."""
 
     limiter: Limiter | None = None
     gate: ModelGate | None = None
     clock: Clock | None = None
     settings: ExecuteSettings = ExecuteSettings()
+    spend: SpendMeter | None = None
 
 
 @dataclass
@@ -295,7 +297,7 @@ async def run_local(
     ctx = RunContext(
         provider_for=providers, limiter=services.limiter or MemoryLimiter(),
         gate=services.gate or MemoryGate(tasks[0].retry.disable_after_consecutive if tasks else 3),
-        clock=services.clock or SystemClock(), settings=services.settings,
+        clock=services.clock or SystemClock(), settings=services.settings, spend=services.spend,
     )
     pools = _ModelPools(tasks, options, on_progress)
     min_runs = options.writer_process_min_runs

@@ -15,6 +15,7 @@ from urllib.parse import quote
 import httpx
 import numpy as np
 import re
+from html import escape as html_escape
 
 import pytest
 
@@ -262,3 +263,46 @@ def test_index_shows_the_latest_execution_of_a_run_across_dates(tmp_path) -> Non
         assert index.run(first.run_id)["response_text"] == "the later answer"
     finally:
         index.close()
+
+
+def test_home_shows_spend_per_model_of_every_execution(tmp_path) -> None:
+    """The spend table counts every execution (a run executed twice was paid twice), at the
+    prices recorded for its campaign, and says 'unknown' without them."""
+    from storage.prices import TokenPrice, write_prices
+    from storage.runs import RunStore
+    from tests.support.viewer_store import build_records
+    from viewer.index import RunIndex
+
+    first = build_records()[0].model_copy(update={"prompt_tokens": 1000, "completion_tokens": 200})
+    later = first.model_copy(update={
+        "execution_id": "e-later", "prompt_tokens": 3000, "completion_tokens": 400,
+        "finished_at": first.measured_at + dt.timedelta(seconds=5),
+    })
+    store = RunStore(tmp_path / "data", fsync=False)
+    store.write([first])
+    store.write([later])
+    write_prices(tmp_path / "data", first.campaign, {first.model: TokenPrice(input_usd_per_mtok=1.0,
+                                                                              output_usd_per_mtok=10.0)})
+    index = RunIndex.load(tmp_path / "data")
+    try:
+        assert index.n_runs == 1
+        [row] = index.spend
+        assert (row["model"], row["executions"], row["prompt_tokens"], row["completion_tokens"]) == (
+            first.model, 2, 4000, 600)
+        assert row["cost_usd"] == pytest.approx((4000 * 1.0 + 600 * 10.0) / 1e6)
+    finally:
+        index.close()
+
+
+def test_home_page_has_the_spend_table(viewer) -> None:
+    client, records = viewer
+    html = client.get("/").text
+    assert '<table id="spend">' in html
+    section = html[html.index('<table id="spend">'):html.index("<h2>Panels</h2>")]
+    rows = re.findall(r"<tr><td>(.*?)</td><td>(.*?)</td><td class=\"num\">(\d+)</td><td class=\"num\">(\d+)</td>", section)
+    expected: dict[tuple[str, str], list[int]] = {}
+    for r in records:
+        e = expected.setdefault((html_escape(r.campaign), html_escape(r.model)), [0, 0])
+        e[0] += 1
+        e[1] += r.prompt_tokens or 0
+    assert {(c, m): [int(n), int(p)] for c, m, n, p in rows} == expected

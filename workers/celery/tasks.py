@@ -57,6 +57,7 @@ from workers.state.claim_permit import Claimed
 from workers.celery.coalesce import Coalescer
 from workers.celery.deferring import Deferred, DeferringLimiter
 from workers.state.gate import RedisGate
+from workers.state.spend_counters import RedisSpendMeter
 from workers.celery.message import decode_runs
 from workers.state.redis_retry import TRANSIENT, awith_retry
 from workers.celery.runtime import RuntimeHolder, WorkerRuntime
@@ -182,7 +183,9 @@ async def _call(rt: WorkerRuntime, run: _Run, claimed: Claimed) -> None:
     gate.prime(task.model, claimed.view)  # read with the claim: execute_run's first check is answered here
     limiter = DeferringLimiter(rt.limiter, gate, rt, first=claimed.permit, release_later=True)
     try:
-        run.record = await execute_run(task, RunContext(provider_for=rt.provider_for, limiter=limiter, gate=gate))
+        spend = RedisSpendMeter(run.state.base, rt.aredis) if task.spend_capped else None
+        run.record = await execute_run(task, RunContext(provider_for=rt.provider_for, limiter=limiter, gate=gate,
+                                                        spend=spend))
     except (Deferred, *TRANSIENT) as exc:
         run.countdown_s = _countdown(rt, exc)
         run.defer_reason = exc.reason if isinstance(exc, Deferred) else "redis unavailable"

@@ -1,4 +1,4 @@
-"""The Redis state workers and the orchestrator share: campaign state (claims, queues, done log, gate flags), limiter, gate, claim permits, wave schedules, a bucket store's upload log."""
+"""The Redis state workers and the orchestrator share: campaign state (claims, queues, done log, gate flags), limiter, gate, claim permits, spend cap counters, wave schedules, a bucket store's upload log."""
 
 __all__ = [
     "broker_view",
@@ -18,5 +18,6 @@ __all__ = [
     "run_claims",
     "run_queues",
     "script_batch",
+    "spend_counters",
     "wave_schedules",
 ]

@@ -21,12 +21,15 @@ Keys (one hash tag per campaign, so a cluster keeps them on one slot), ``P = {pr
 * ``P:cancel``      STRING reason: the campaign is cancelled
 * ``P:gate`` / ``P:streak`` HASH model -> closed reason / consecutive disabling outcomes
   (``workers.state.gate``)
+* ``P:spend``       HASH the spend cap's caps, prices, spent and reserved amounts, closed scopes
+  (``workers.state.spend_counters``)
 
 :class:`CampaignState` is the campaign's view, one object per concern over those keys:
 ``claims`` (``run_claims.RunClaims``: claim, renew, defer, running runs, dead claims, failure
 counts), ``queued`` and ``delayed`` (``run_queues``: published and deferred runs), ``done``
 (``done_runs.DoneRuns``: done markers, the done log, counts, the plan) and ``flags``
-(``gate_flags.GateFlags``: the cancel flag and closed models). The scripts are
+(``gate_flags.GateFlags``: the cancel flag and closed models) and ``spend``
+(``spend_counters.SpendCounters``: the spend cap). The scripts are
 ``campaign_lua``'s.
 
 Every time is Redis ``TIME`` (inside scripts), so machines' clocks never matter. Redis is a
@@ -47,6 +50,7 @@ from workers.state.done_runs import DoneRuns
 from workers.state.gate_flags import GateFlags
 from workers.state.run_claims import RunClaims
 from workers.state.run_queues import DelayedRuns, QueuedRuns
+from workers.state.spend_counters import SpendCounters
 
 
 class CampaignState:
@@ -70,6 +74,7 @@ class CampaignState:
         self.delayed = DelayedRuns(keys)
         self.done = DoneRuns(keys)
         self.flags = GateFlags(keys)
+        self.spend = SpendCounters(keys)
 
     def key(self, name: str) -> str:
         """The key ``P:<name>`` (see the module docstring for the names)."""
