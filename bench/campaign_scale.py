@@ -29,7 +29,7 @@ the distributed one is ``run_campaign_celery`` with ``--workers`` ``celery worke
 printed before and after each phase: run it when the machine is as quiet as possible.
 
     python bench/campaign_scale.py [--models 50] [--prompts 400] [--runs 5]
-        [--executors local,celery] [--workers 4] [--threads 8] [--runs-per-message 0]
+        [--executors local,celery,celery-s3] [--workers 4] [--threads 8] [--runs-per-message 0]
         [--local-concurrency 64]
         [--model-concurrency 4] [--sample-s 10] [--replicates 2000] [--no-analysis]
 """
@@ -259,12 +259,48 @@ def run_celery_phase(args: argparse.Namespace, tmp: Path, models: list[str]) -> 
     return figures
 
 
+def run_bucket_phase(args: argparse.Namespace, tmp: Path, models: list[str]) -> Figures:
+    """The distributed phase on an S3 bucket (SeaweedFS on loopback): each worker's spool on local
+    disk, uploads announced in Redis, the orchestrator on a mirror (``--data s3://…``)."""
+    from deploy.seaweed_server import SeaweedServer
+    from orchestrator.distributed.executor import CeleryOptions, CeleryRun, run_campaign_celery
+    from storage.objectstore.location import parse_store_url
+    from storage.objectstore.session import BucketOptions, BucketSession
+
+    (tmp / "sim-s3.toml").write_text(sim_toml(models))
+    label = f"celery-s3 {args.workers}x{args.threads}"
+    with SeaweedServer() as s3:
+        os.environ.update(s3.env())
+        url = f"s3://{s3.bucket}/scale"
+        env = {"IRBENCH_LOG_LEVEL": "WARNING", **s3.env(), "IRBENCH_DATA": url, "IRBENCH_SPOOL_DIR": str(tmp / "spool-s3")}
+        with BenchCluster(tmp / "sim-s3.toml", workers=args.workers, concurrency=args.threads, worker_env=env) as c:
+            prepared = scale_campaign(tmp / "celery-s3", "scale-s3", c.sim.base_url, models, args.prompts, args.runs,
+                                      args.model_concurrency, args.local_concurrency)
+            session = BucketSession(parse_store_url(url), BucketOptions(cache_dir=tmp / "cache-s3")).open()
+            store = RunStore(session.root)
+            n = len(prepared.tasks)
+            print(f"\n== {label}: {n} runs; {load()}", flush=True)
+            opts = CeleryOptions(analyze_on_complete=False, runs_per_message=args.runs_per_message)
+            summary, seconds, returned = watched(store, args, n, lambda: run_campaign_celery(
+                prepared, store, c.url, CeleryRun(options=opts, timeout_s=args.timeout_s, bucket=session)))
+            figures = account(label, prepared, store, seconds, returned, sum(m["requests"] for m in c.sim_stats().values()))
+            session.close()
+        if not args.no_analysis:
+            print(f"analysing {url} from a fresh cache; {load()}", flush=True)
+            os.environ["IRBENCH_S3_CACHE"] = str(tmp / "cache-analyze")
+            wall, rss = analyze(url, tmp / "out-celery-s3", args.replicates)  # type: ignore[arg-type]  (a URL is a --data too)
+            figures = Figures(**{**figures.__dict__, "analysis_s": wall, "analysis_rss_mib": rss})
+    print(f"{label} done in {seconds:.1f} s; {load()}", flush=True)
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", type=int, default=50)
     parser.add_argument("--prompts", type=int, default=400)
     parser.add_argument("--runs", type=int, default=5, help="runs per (model, prompt)")
-    parser.add_argument("--executors", default="local,celery", help="comma-separated: local, celery")
+    parser.add_argument("--executors", default="local,celery", help="comma-separated: local, celery, celery-s3 "
+                        "(the distributed executor on an S3 bucket: SeaweedFS on loopback)")
     parser.add_argument("--workers", type=int, default=4, help="celery worker processes")
     parser.add_argument("--threads", type=int, default=8, help="threads per worker (-c)")
     parser.add_argument("--runs-per-message", type=int, default=0, help="runs per broker message (celery; 0: auto, the default)")
@@ -280,14 +316,14 @@ def main() -> None:
 
     configure_logging(level="WARNING")
     models = [f"m{i:02d}" for i in range(args.models)]
-    phases = {"local": run_local_phase, "celery": run_celery_phase}
+    phases = {"local": run_local_phase, "celery": run_celery_phase, "celery-s3": run_bucket_phase}
     rows: list[Figures] = []
     with tempfile.TemporaryDirectory(prefix="irbench-scale-") as tmp, interrupt_as_keyboard():
         tmp_path = Path(tmp) if args.keep is None else args.keep
         tmp_path.mkdir(parents=True, exist_ok=True)
         for name in args.executors.split(","):
             figures = phases[name](args, tmp_path, models)
-            if not args.no_analysis:
+            if not args.no_analysis and name != "celery-s3":  # that phase analyses from the bucket itself
                 data = tmp_path / f"data-{name}"
                 print(f"analysing {data.name} ({args.replicates} replicates); {load()}", flush=True)
                 wall, rss = analyze(data, tmp_path / f"out-{name}", args.replicates)
