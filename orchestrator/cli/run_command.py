@@ -131,12 +131,14 @@ def _run_celery(req: RunRequest, prepared: PreparedCampaign, store: RunStore, re
     from orchestrator.cli.distributed import celery_options
     from orchestrator.distributed.executor import CeleryRun, run_campaign_celery
     from orchestrator.local.progress import ModelBars
+    from workers.state.broker_watch import BrokerWatch, broker_warn_after_s
 
     flags = req.celery
     url = broker_url(req.broker, prepared.spec.executor.broker)
     options = celery_options(flags.analyze, flags.claim_ttl_s, flags.reconcile_interval_s, flags.max_task_failures,
                              flags.runs_per_message, flags.visibility_timeout_s)
     watch = _start_worker_watch(url, req.data, options.queue, flags.broker_wait_s)
+    broker = BrokerWatch(url, warn, warn_after_s=broker_warn_after_s()).start()  # a stalled broker is said
     done_before = len(store.completed_run_ids(prepared.spec.name) & {t.run_id for t in prepared.tasks})
     try:
         with ModelBars(enabled=req.progress) as bars:
@@ -145,6 +147,7 @@ def _run_celery(req: RunRequest, prepared: PreparedCampaign, store: RunStore, re
                 on_analysis=lambda job: console.print(f"analysis enqueued; outputs will land in {job.out_dir}"))
             summary = run_campaign_celery(prepared, store, url, run_as)
     finally:
+        broker.stop()
         watch.stop()
     return done_before, summary
 
