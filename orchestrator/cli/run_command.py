@@ -177,8 +177,10 @@ def _print_summary(req: RunRequest, ran: _Ran) -> None:
 
 
 def _executed(summary: ExecutionSummary) -> str:
-    """``N executed now (ok A, failed F)``, then ``, C cancelled`` for the runs stored during this
-    command that never reached the endpoint: a cancel or a closed model is not work done."""
+    """``N executed now (ok A, failed F)`` for the runs this command executed, then ``, O executed
+    by another orchestrator`` for those another ``irbench run`` on the same campaign executed
+    meanwhile, then ``, C cancelled`` for the runs stored during this command that never reached
+    the endpoint: a cancel or a closed model is not work done."""
     from collections import Counter
 
     from storage.outcomes import Outcome
@@ -186,9 +188,12 @@ def _executed(summary: ExecutionSummary) -> str:
     counts: Counter[str] = Counter()
     for outcomes in summary.by_model.values():
         counts.update(outcomes)
+    counts.subtract(summary.by_others)
+    others = sum(summary.by_others.values())
     cancelled, ok = counts[Outcome.CANCELLED.value], counts[Outcome.OK.value]
-    called = summary.executed - cancelled
+    called = summary.executed - cancelled - others
     text = f"{called} executed now" + (f" (ok {ok}, failed {called - ok})" if called else "")
+    text += f", {others} executed by another orchestrator" if others else ""
     return text + (f", {cancelled} cancelled" if cancelled else "")
 
 
