@@ -109,6 +109,12 @@ class RedisServer:
         self.stop(kill=kill)
         self.start()
 
+    def send_signal(self, sig: int) -> None:
+        """Send ``sig`` to the server (SIGSTOP / SIGCONT: a stalled broker, not a closed one)."""
+        if self._proc is None:
+            raise RedisServerError("redis-server is not running")
+        self._proc.send_signal(sig)
+
     @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None

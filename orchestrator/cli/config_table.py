@@ -19,6 +19,8 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 #: Variables read outside the settings objects and the typer options: (name, read by, default, meaning).
 _OTHERS = (
     ("IRBENCH_REDIS_URL", "worker", "the broker URL", "the Redis of the limiter and the campaign state, when not the broker's"),
+    ("IRBENCH_BROKER_WARN_S", "run (celery), worker", "3",
+     "say on stderr (the worker: in its log) when the broker has not answered for this long (s), and when it answers again"),
     ("IRBENCH_NO_WORKER_WARN_S", "run (celery)", "10", "warn on stderr when no worker consumes the queue for this long (s)"),
     ("IRBENCH_AVAILABILITY_TARGETS", "worker (beat)", "unset", "JSON file of availability-check targets; set, the check joins the beat schedule"),
     ("IRBENCH_AVAILABILITY_INTERVAL_S", "worker (beat)", "86400", "seconds between scheduled availability checks"),

@@ -133,12 +133,14 @@ def _run_celery(req: RunRequest, prepared: PreparedCampaign, store: RunStore, re
     from orchestrator.cli.distributed import celery_options
     from orchestrator.distributed.executor import CeleryRun, run_campaign_celery
     from orchestrator.local.progress import ModelBars
+    from workers.state.broker_watch import BrokerWatch, broker_warn_after_s
 
     flags = req.celery
     url = broker_url(req.broker, prepared.spec.executor.broker)
     options = celery_options(flags.analyze, flags.claim_ttl_s, flags.reconcile_interval_s, flags.max_task_failures,
                              flags.runs_per_message, flags.visibility_timeout_s)
     watch = _start_worker_watch(url, req.data, options.queue, flags.broker_wait_s)
+    broker = BrokerWatch(url, warn, warn_after_s=broker_warn_after_s()).start()  # a stalled broker is said
     done_before = len(store.completed_run_ids(prepared.spec.name) & {t.run_id for t in prepared.tasks})
     try:
         with ModelBars(enabled=req.progress) as bars:
@@ -147,6 +149,7 @@ def _run_celery(req: RunRequest, prepared: PreparedCampaign, store: RunStore, re
                 on_analysis=lambda job: console.print(f"analysis enqueued; outputs will land in {job.out_dir}"))
             summary = run_campaign_celery(prepared, store, url, run_as)
     finally:
+        broker.stop()
         watch.stop()
     return done_before, summary
 
@@ -178,8 +181,10 @@ def _print_summary(req: RunRequest, ran: _Ran) -> None:
 
 
 def _executed(summary: ExecutionSummary) -> str:
-    """``N executed now (ok A, failed F)``, then ``, C cancelled`` for the runs stored during this
-    command that never reached the endpoint: a cancel or a closed model is not work done."""
+    """``N executed now (ok A, failed F)`` for the runs this command executed, then ``, O executed
+    by another orchestrator`` for those another ``irbench run`` on the same campaign executed
+    meanwhile, then ``, C cancelled`` for the runs stored during this command that never reached
+    the endpoint: a cancel or a closed model is not work done."""
     from collections import Counter
 
     from storage.outcomes import Outcome
@@ -187,9 +192,12 @@ def _executed(summary: ExecutionSummary) -> str:
     counts: Counter[str] = Counter()
     for outcomes in summary.by_model.values():
         counts.update(outcomes)
+    counts.subtract(summary.by_others)
+    others = sum(summary.by_others.values())
     cancelled, ok = counts[Outcome.CANCELLED.value], counts[Outcome.OK.value]
-    called = summary.executed - cancelled
+    called = summary.executed - cancelled - others
     text = f"{called} executed now" + (f" (ok {ok}, failed {called - ok})" if called else "")
+    text += f", {others} executed by another orchestrator" if others else ""
     return text + (f", {cancelled} cancelled" if cancelled else "")
 
 

@@ -138,8 +138,21 @@ class DistributedCampaign:
     def summary(self, interrupted: bool) -> ExecutionSummary:
         """Runs stored during this call, per model and outcome; logs what was sent again."""
         executed, by_model = self.completion.executed()
+        by_others = self._by_others(by_model)
         log.info("celery_campaign_end", campaign=self.campaign, executed=executed, interrupted=interrupted,
+                 by_others=sum(by_others.values()),
                  resent=dict(self.publisher.resent), poisoned=len(self.dispatcher.poisoned),
                  files_read=self.completion.cursor.files_read,
                  runs_per_message={str(k): n for k, n in sorted(self.publisher.message_sizes.items())})
-        return ExecutionSummary(executed=executed, by_model=by_model, interrupted=interrupted)
+        return ExecutionSummary(executed=executed, by_model=by_model, interrupted=interrupted, by_others=by_others)
+
+    def _by_others(self, by_model: dict[str, dict[str, int]]) -> dict[str, int]:
+        """outcome -> runs stored during this call that another orchestrator's messages executed:
+        what the store gained, less what Redis counted for this run's dispatch token (its workers'
+        executions and the records it stored itself). Cancelled runs are nobody's work."""
+        stored: Counter[str] = Counter()
+        for outcomes in by_model.values():
+            stored.update(outcomes)
+        mine = Counter(self.ctx.call(lambda: self.ctx.state.done.by_dispatch(self.ctx.dispatch), "reading own counts"))
+        others = {o: n - mine[o] for o, n in stored.items() if o != "cancelled" and n > mine[o]}
+        return others

@@ -4,7 +4,8 @@ options, the clock, and Redis calls retried until the campaign's deadline."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from orchestrator.distributed.options import CeleryOptions
@@ -28,6 +29,8 @@ class CampaignContext:
     clock: Callable[[], float]
     sleep: Callable[[float], None]
     deadline: float | None = None
+    # rides in every message this run sends and counts its executions apart from another orchestrator's
+    dispatch: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 
     def call(self, fn: Callable[[], T], what: str) -> T:
         """``fn()``, retried with backoff on a transient Redis error until the deadline;

@@ -141,5 +141,6 @@ class Dispatcher:
         self._store.write(records)
         state = self._ctx.state
         for r in records:
-            self._ctx.call(partial(state.done.mark, r.run_id, r.model, r.outcome.value, True, len(r.attempts)),
+            self._ctx.call(partial(state.done.mark, r.run_id, r.model, r.outcome.value, True, len(r.attempts),
+                                   self._ctx.dispatch),
                            "marking done")

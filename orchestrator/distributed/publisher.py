@@ -90,7 +90,8 @@ class Publisher:
         # dispatch CPU; the run ids say enough
         ids = [t.run_id for t in group]
         common = {"queue": self._ctx.options.queue, "producer": producer,
-                  "countdown": wait_s if wait_s > _NO_WAIT_S else None, "argsrepr": repr(ids), "kwargsrepr": "{}"}
+                  "countdown": wait_s if wait_s > _NO_WAIT_S else None, "argsrepr": repr(ids), "kwargsrepr": "{}",
+                  "kwargs": {"dispatch": self._ctx.dispatch}}
         if len(group) == 1:
             self._broker.send_task(RUN_TASK_NAME, args=(group[0].model_dump(mode="json"), self._root),
                                    task_id=group[0].run_id, **common)

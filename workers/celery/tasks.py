@@ -86,6 +86,7 @@ class _Run:
     reserved: bool = False  # deferred to a rate slot reserved for it
     failure: str | None = None  # the execution raised: the failure's text
     held: list[tuple[Permit, int | None]] = field(default_factory=list)  # permits still to release
+    dispatch: str = ""  # the token of the orchestrator run that sent the message
 
     @property
     def result(self) -> str:
@@ -264,7 +265,8 @@ async def _execute_all(rt: WorkerRuntime, runs: Sequence[_Run], data_dir: str | 
             raise result
 
 
-def run_message(holder: RuntimeHolder, hostname: str, tasks: Sequence[RunTask], data_dir: str | None) -> list[str]:
+def run_message(holder: RuntimeHolder, hostname: str, tasks: Sequence[RunTask], data_dir: str | None,
+                dispatch: str = "") -> list[str]:
     """Execute the runs of one delivered message; returns what happened to each (for logs and
     tests): an outcome, ``done``/``busy`` (nothing to do), ``deferred`` or ``failed``. Never
     raises for a run's own sake: a run whose execution raised is counted as a failure of it."""
@@ -275,7 +277,7 @@ def run_message(holder: RuntimeHolder, hostname: str, tasks: Sequence[RunTask], 
     for i, task in enumerate(tasks):
         if task.campaign not in states:
             states[task.campaign] = CampaignState(rt.redis, task.campaign, prefix=f"{rt.settings.key_prefix}:camp")
-        runs.append(_Run(task, states[task.campaign], f"{hostname}:{token}.{i}"))
+        runs.append(_Run(task, states[task.campaign], f"{hostname}:{token}.{i}", dispatch=dispatch))
     try:
         rt.spool(data_dir)  # a data dir problem raises here, before anything is claimed or called
     except Exception as exc:
@@ -299,7 +301,8 @@ def _finish_calls(rt: WorkerRuntime, r: _Run) -> list[Call]:
     still holds; the first call's reply is the done flag or the failure count."""
     if r.record is not None:
         rec = r.record
-        first = r.state.done.mark_call(rec.run_id, rec.model, rec.outcome.value, rec.failed, len(rec.attempts))
+        first = r.state.done.mark_call(rec.run_id, rec.model, rec.outcome.value, rec.failed, len(rec.attempts),
+                                       r.dispatch)
     elif r.countdown_s is not None:
         first = r.state.claims.defer_call(r.task.run_id, r.owner, r.countdown_s)
     else:
@@ -330,15 +333,16 @@ def register_tasks(app: Celery, holder: RuntimeHolder) -> Any:
     orchestrator's ``runs_per_message``) on ``app``; returns the ``irbench.run`` task object."""
 
     @app.task(name=RUN_TASK_NAME, bind=True, acks_late=True, ignore_result=True)
-    def run(self: Any, task_json: dict[str, Any], data_dir: str | None = None) -> str:
-        return run_message(holder, self.request.hostname, [RunTask.model_validate(task_json)], data_dir)[0]
+    def run(self: Any, task_json: dict[str, Any], data_dir: str | None = None, dispatch: str = "") -> str:
+        return run_message(holder, self.request.hostname, [RunTask.model_validate(task_json)], data_dir, dispatch)[0]
 
     @app.task(name=RUNS_TASK_NAME, bind=True, acks_late=True, ignore_result=True)
-    def runs(self: Any, body: dict[str, Any] | list[dict[str, Any]], data_dir: str | None = None) -> list[str]:
+    def runs(self: Any, body: dict[str, Any] | list[dict[str, Any]], data_dir: str | None = None,
+             dispatch: str = "") -> list[str]:
         """``body``: ``workers.celery.message.encode_runs`` of the runs. They execute
         concurrently, each in one of the worker's run slots; a worker that dies part-way leaves
         the claims of its running runs to expire and the rest queued: the reconciler re-sends
         both, one run per message."""
-        return run_message(holder, self.request.hostname, decode_runs(body), data_dir)
+        return run_message(holder, self.request.hostname, decode_runs(body), data_dir, dispatch)
 
     return run

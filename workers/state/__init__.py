@@ -2,6 +2,7 @@
 
 __all__ = [
     "broker_view",
+    "broker_watch",
     "campaign_keys",
     "campaign_lua",
     "campaign_state",

@@ -82,6 +82,7 @@ if not new then return 0 end
 redis.call('RPUSH', p .. ':donelog', ARGV[1])
 redis.call('HINCRBY', p .. ':counts', ARGV[2] .. '|' .. ARGV[3], 1)
 if ARGV[4] == '1' then redis.call('HINCRBY', p .. ':counts', ARGV[2] .. '|_failed', 1) end
+if ARGV[6] and ARGV[6] ~= '' then redis.call('HINCRBY', p .. ':bydispatch', ARGV[6] .. '|' .. ARGV[3], 1) end
 return 1
 """
 

@@ -9,6 +9,8 @@ Keys (one hash tag per campaign, so a cluster keeps them on one slot), ``P = {pr
 * ``P:donelog``     LIST run_ids in the order they were first marked done (and re-announced by
   a claim that finds them done): the orchestrator reads it with a cursor, so completion costs
   O(runs finished since its last look), never a scan of the store
+* ``P:bydispatch``  HASH ``<dispatch>|<outcome>`` -> runs first marked done for the messages of
+  one orchestrator run (its dispatch token): what that run executed, apart from another's
 * ``P:claim:<run>`` STRING owner, with a TTL renewed by the executing worker's heartbeat:
   at most one live execution per run (a duplicate delivery sees it and steps aside)
 * ``P:queued``      ZSET run_id -> dispatch time: published to the broker, not yet claimed

@@ -44,15 +44,23 @@ class DoneRuns:
         """model -> planned runs, as :meth:`set_planned` wrote it."""
         return {as_text(k): int(v) for k, v in self._keys.client.hgetall(self._keys.key("planned")).items()}
 
-    def mark(self, run_id: str, model: str, outcome: str, failed: bool, attempts: int = 0) -> bool:
+    def mark(self, run_id: str, model: str, outcome: str, failed: bool, attempts: int = 0, dispatch: str = "") -> bool:
         """Record that an execution of ``run_id`` is durable; True the first time only."""
-        script, keys, args = self.mark_call(run_id, model, outcome, failed, attempts)
+        script, keys, args = self.mark_call(run_id, model, outcome, failed, attempts, dispatch)
         return int(script(keys=keys, args=args)) == 1
 
-    def mark_call(self, run_id: str, model: str, outcome: str, failed: bool, attempts: int = 0) -> Call:
+    def mark_call(self, run_id: str, model: str, outcome: str, failed: bool, attempts: int = 0,
+                  dispatch: str = "") -> Call:
         """The script, KEYS and ARGV :meth:`mark` runs (to pipeline it with other calls);
-        its reply is 1 if the run is newly done."""
-        return self._done, [self._keys.base], [run_id, model, outcome, "1" if failed else "0", int(attempts)]
+        its reply is 1 if the run is newly done. ``dispatch``: the token of the orchestrator run
+        whose message this execution came from; a newly done run counts for it (:meth:`by_dispatch`)."""
+        return self._done, [self._keys.base], [run_id, model, outcome, "1" if failed else "0", int(attempts), dispatch]
+
+    def by_dispatch(self, dispatch: str) -> dict[str, int]:
+        """outcome -> runs first marked done for the messages of ``dispatch`` (an orchestrator run)."""
+        head = f"{dispatch}|"
+        raw = self._keys.client.hgetall(self._keys.key("bydispatch"))
+        return {k[len(head):]: int(v) for k, v in ((as_text(k), v) for k, v in raw.items()) if k.startswith(head)}
 
     def is_done(self, run_id: str) -> bool:
         """Whether ``run_id`` has a done marker."""

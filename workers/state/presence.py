@@ -25,6 +25,7 @@ from typing import Any
 import redis
 
 from workers.state.connect import RedisTimeouts, sync_redis
+from workers.state.broker_watch import BrokerWatch, broker_warn_after_s
 import structlog
 from redis.exceptions import RedisError
 
@@ -172,7 +173,7 @@ def install(signals: Any, data_dir_for: Any, slots_for: Any, interval_for: Any) 
     ``slots_for(app) -> (threads, run_slots)``: how many messages and runs it takes at once;
     ``interval_for(app) -> float``: seconds between publications.
     """
-    running: list[PresencePublisher] = []
+    running: list[PresencePublisher | BrokerWatch] = []
 
     def on_ready(sender: Any = None, **_: Any) -> None:
         app = sender.app
@@ -183,6 +184,9 @@ def install(signals: Any, data_dir_for: Any, slots_for: Any, interval_for: Any) 
         running.append(PresencePublisher(client, sender.hostname, _queues_of(sender),
                                          _absolute(data_dir) if data_dir else None,
                                          slots=WorkerSlots(threads, run_slots), interval_s=interval).start())
+        # the worker's Redis calls retry a stalled broker silently: its log says so within seconds
+        running.append(BrokerWatch(app.conf.broker_url, lambda text: log.warning("broker_watch", message=text),
+                                   who=f"worker {sender.hostname}", warn_after_s=broker_warn_after_s()).start())
 
     def on_shutdown(**_: Any) -> None:
         while running:
