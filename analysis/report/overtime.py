@@ -70,7 +70,7 @@ def load_over_time(data_dir: Path | None, options: WaveOptions | None = None) ->
         if len(numbers) < 2:
             continue
         table = store.read_table(campaigns=[campaign], waves=list(numbers), columns=columns)
-        comps = []
+        comps: list[CampaignWaves] = []
         for a, b in zip(numbers, numbers[1:]):
             comps.extend(compare_waves(table, a, b, options).campaigns)
         if comps:
