@@ -30,6 +30,7 @@ from analysis.report.doc import Document, Section
 from analysis.report.html import render_html
 from analysis.report.md import render_md
 from analysis.report.health import health_blocks, load_runs
+from analysis.report.overtime import CampaignOverTime, load_over_time, over_time_blocks
 from analysis.report.spend import load_spend, spend_blocks
 from analysis.report.provenance import CELL_KEY, availability_blocks, provenance_blocks
 from analysis.report.sections import (
@@ -46,8 +47,10 @@ SECTION_TITLES = (
     ("partition", "Headline partition"), ("leaderboard", "Leaderboard"), ("plots", "Plots"),
     ("sensitivity", "Sensitivity"), ("pairs", "Pairs"),
     ("correctness", "Correctness versus stability"), ("availability", "Availability"),
-    ("health", "Run health"), ("provenance", "Provenance"),
+    ("overtime", "Over time"), ("health", "Run health"), ("provenance", "Provenance"),
 )
+#: sections left out when they have nothing to show (a store measured in one wave has no "Over time")
+OPTIONAL_SECTIONS = frozenset({"overtime"})
 
 
 @dataclass(frozen=True)
@@ -171,10 +174,12 @@ def measurement_window(panels: list[PanelData]) -> tuple[str | None, str | None]
 
 def build_document(panels: list[PanelData], avail: Availability, opts: ReportOptions,
                    made_on: dt.datetime, runs: pa.Table | None = None,
-                   spend: dict[str, Any] | None = None) -> Document:
+                   spend: dict[str, Any] | None = None,
+                   over_time: list[CampaignOverTime] | None = None) -> Document:
     """All sections, in order, from loaded outputs (``runs``: raw-run columns for the health
     section, :func:`analysis.report.health.load_runs`; ``spend``: panel → its tokens and cost,
-    :func:`analysis.report.spend.load_spend`, shown after the health tables)."""
+    :func:`analysis.report.spend.load_spend`, shown after the health tables; ``over_time``: the
+    campaigns of two or more waves, :func:`analysis.report.overtime.load_over_time`)."""
     first, last = measurement_window(panels)
     window = f"{first} to {last}" if first else "unknown measurement window"
     if any((pd.manifest.get("data_window") or {}).get("includes_windows") for pd in panels):
@@ -191,12 +196,15 @@ def build_document(panels: list[PanelData], avail: Availability, opts: ReportOpt
         "pairs": lambda: _per_panel(panels, lambda p: _pairs(p, opts)),
         "correctness": lambda: _per_panel(panels, lambda p: _correctness(p, opts)),
         "availability": lambda: availability_blocks(panels, avail, opts),
+        "overtime": lambda: over_time_blocks(over_time or [], opts.plot_style),
         "health": lambda: _per_panel(panels, lambda p: health_blocks(p.name, runs) + (
             spend_blocks(p.name, spend.get(p.name)) if spend is not None else [])),
         "provenance": lambda: _per_panel(panels, lambda p: provenance_blocks(p, opts)),
     }
-    sections = tuple(Section(anchor, f"{i}. {title_}", tuple(builders[anchor]()))
-                     for i, (anchor, title_) in enumerate(SECTION_TITLES, start=1))
+    built = [(anchor, title_, tuple(builders[anchor]())) for anchor, title_ in SECTION_TITLES]
+    shown = [b for b in built if b[2] or b[0] not in OPTIONAL_SECTIONS]
+    sections = tuple(Section(anchor, f"{i}. {title_}", blocks)
+                     for i, (anchor, title_, blocks) in enumerate(shown, start=1))
     return Document(title, subtitle, sections)
 
 
@@ -228,7 +236,8 @@ def build_report(analysis_dir: Path, out_dir: Path, *, data_dir: Path | None = N
         panels.append(PanelData(p.name, p.directory, p.manifest, p.tables, p.problems, prov))
     progress(Stage("document", index=2, total=total, count=len(panels), unit="panels"))
     spend = {p.name: load_spend(data_dir, p.name) for p in panels} if data_dir is not None else None
-    doc = build_document(panels, load_availability(data_dir), opts, now(), load_runs(data_dir, opts.waves), spend)
+    doc = build_document(panels, load_availability(data_dir), opts, now(), load_runs(data_dir, opts.waves), spend,
+                         load_over_time(data_dir))
     progress(Stage("render", index=3, total=total, count=2, unit="files (HTML, Markdown)"))
     out_dir.mkdir(parents=True, exist_ok=True)
     html_path, md_path, fig_dir = out_dir / "report.html", out_dir / "report.md", out_dir / "figures"

@@ -4,8 +4,9 @@
 * ``mmd``       — one model's test: node-set Jaccard kernel MMD, within-prompt permutation
   p-value, the Jaccard effect with its bootstrap interval (:class:`mmd.WaveRuns` in);
 * ``fdr``       — Benjamini–Hochberg q-values across models;
+* ``availability`` — each model's availability status around the two waves;
 * ``compare``   — a runs table → :class:`compare.WaveComparison` (every campaign and model), and
   its JSON form.
 """
 
-__all__ = ["compare", "fdr", "mmd", "options"]
+__all__ = ["availability", "compare", "fdr", "mmd", "options"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import zlib
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from analysis.errors import AnalysisError
 from analysis.stats.bootstrap import Interval
+from analysis.waves.availability import AvailabilityChange
 from analysis.stats.ranks import min_ranks
 from analysis.waves.fdr import bh_qvalues
 from analysis.waves.mmd import DrawSettings, WaveRuns, WaveTest, wave_test
@@ -57,7 +58,8 @@ class WaveSide:
 class ModelWaves:
     """One model's comparison. ``changed``: q ≤ alpha; ``rank_change``: to-rank − from-rank
     (positive = fell behind); ``served_identity_changed``: None when no served-identity column
-    has values in both waves."""
+    has values in both waves; ``availability``: what the availability dataset says around the
+    waves (None until :meth:`WaveComparison.with_availability` attaches it)."""
 
     model: str
     test: WaveTest
@@ -67,6 +69,12 @@ class ModelWaves:
     to_side: WaveSide
     rank_change: int | None
     served_identity_changed: bool | None
+    availability: AvailabilityChange | None = None
+
+    @property
+    def newly_retired(self) -> bool:
+        """The later wave met 410s and the earlier one none: the model was retired between them."""
+        return self.from_side.runs_retired == 0 and self.to_side.runs_retired > 0
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,14 @@ class WaveComparison:
     def to_json(self) -> str:
         """``{"campaigns": [{"campaign", "from_wave", "to_wave", "models": [...]}]}``."""
         return json.dumps({"campaigns": [_campaign_json(c) for c in self.campaigns]}, indent=2)
+
+    def with_availability(self, campaign: str,
+                          changes: dict[str, AvailabilityChange]) -> WaveComparison:
+        """This comparison with ``changes`` (by model) attached to ``campaign``'s models."""
+        return WaveComparison(tuple(
+            replace(c, models=tuple(replace(m, availability=changes.get(m.model, m.availability))
+                                    for m in c.models)) if c.campaign == campaign else c
+            for c in self.campaigns))
 
 
 def _interval(iv: Interval | None) -> list[float] | None:
@@ -105,6 +121,9 @@ def _campaign_json(c: CampaignWaves) -> dict[str, object]:
         "p_jaccard": m.test.p_jaccard, "mmd": m.test.mmd, "prompts": m.test.prompts,
         "prompts_skipped": m.test.prompts_skipped, "permutations": m.test.permutations,
         "from": _side_json(m.from_side), "to": _side_json(m.to_side), "rank_change": m.rank_change,
+        "retired": {"from": m.from_side.runs_retired, "to": m.to_side.runs_retired,
+                    "newly_retired": m.newly_retired},
+        "availability": None if m.availability is None else m.availability.to_json(),
     } for m in c.models]
     return {"campaign": c.campaign, "from_wave": c.from_wave, "to_wave": c.to_wave,
             "alpha": c.alpha, "models": models}

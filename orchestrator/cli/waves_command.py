@@ -8,6 +8,7 @@ comparison as JSON with ``--json``.
 
 from __future__ import annotations
 
+import datetime as dt
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,11 +34,14 @@ _COLUMNS = ("campaign", "model", "prompt_sha256", "run_id", "parse_outcome", "ir
 
 @dataclass(frozen=True)
 class WavePair:
-    """The two waves of one campaign to compare."""
+    """The two waves of one campaign to compare; ``to_started_at`` and ``to_ends_at`` (the start
+    of the wave after ``to_wave``, None when it is the latest) bound the availability windows."""
 
     campaign: str
     from_wave: int
     to_wave: int
+    to_started_at: dt.datetime | None = None
+    to_ends_at: dt.datetime | None = None
 
 
 def choose_pairs(data: Path, campaign: str | None, from_wave: int | None, to_wave: int | None) -> list[WavePair]:
@@ -63,7 +67,9 @@ def choose_pairs(data: Path, campaign: str | None, from_wave: int | None, to_wav
             if w not in numbers:
                 raise ConfigError(f"campaign {name!r} has waves {', '.join(map(str, numbers))}, not {w}")
         assert frm is not None
-        pairs.append(WavePair(name, frm, to))
+        starts = {w.wave: w.started_at for w in held[name]}
+        later = [w for w in numbers if w > to]
+        pairs.append(WavePair(name, frm, to, starts.get(to), starts.get(later[0]) if later else None))
     if not pairs:
         raise ConfigError("no campaign in the store has two waves: measure one again with irbench run CAMPAIGN --new-wave")
     return pairs
@@ -84,11 +90,30 @@ def _check_complete(table, pair: WavePair) -> None:
                               f"wave {pair.to_wave} {b}; finish the wave with irbench run CAMPAIGN first")
 
 
+def _availability(m) -> str:
+    a = m.availability
+    if a is None or (a.from_status is None and a.to_status is None):
+        return "—"
+    text = f"{a.from_status or '?'} -> {a.to_status or '?'}"
+    return f"[bold red]{text}[/]" if a.changed else text
+
+
+def _with_availability(data: Path, pair: WavePair, comparison):
+    """``comparison`` with each model's availability status around the two waves attached."""
+    from analysis.waves.availability import availability_changes
+    from storage.availability import AvailabilityStore
+
+    models = sorted({m.model for c in comparison.campaigns for m in c.models})
+    rows = AvailabilityStore(data, fsync=False).read(models=models)
+    return comparison.with_availability(pair.campaign, availability_changes(
+        rows, models, pair.to_started_at, pair.to_ends_at))
+
+
 def _table(c: CampaignWaves) -> Table:
     t = Table(title=f"{c.campaign}: wave {c.from_wave} -> wave {c.to_wave} (changed: BH q <= {c.alpha:g})",
               title_justify="left")
     for col in ("model", "changed", "p", "q", "Jaccard change [interval]", f"wave {c.from_wave} (rank)",
-                f"wave {c.to_wave} (rank)", "served identity", "retired (410)"):
+                f"wave {c.to_wave} (rank)", "served identity", "retired (410)", "availability"):
         t.add_column(col)
     for m in c.models:
         iv = m.test.effect_interval
@@ -99,10 +124,12 @@ def _table(c: CampaignWaves) -> Table:
             return "—" if s.jaccard is None else f"{s.jaccard.point:.3f} ({s.rank})"
 
         served = {None: "unknown", True: "changed", False: "same"}[m.served_identity_changed]
+        retired = f"{m.from_side.runs_retired} -> {m.to_side.runs_retired}" + (
+            " [bold red]retired[/]" if m.newly_retired else "")
         t.add_row(m.model, "[bold red]yes[/]" if m.changed else "no",
                   "—" if m.test.p_value is None else f"{m.test.p_value:.3g}",
                   "—" if m.q_value is None else f"{m.q_value:.3g}", effect, side(m.from_side), side(m.to_side), served,
-                  f"{m.from_side.runs_retired} -> {m.to_side.runs_retired}")
+                  retired, _availability(m))
     return t
 
 
@@ -138,7 +165,8 @@ def waves_command(
             table = store.read_table(campaigns=[pair.campaign], waves=[pair.from_wave, pair.to_wave],
                                      columns=[c for c in _COLUMNS if c in store.dataset.spec.schema.names])
             _check_complete(table, pair)
-            results.extend(compare_waves(table, pair.from_wave, pair.to_wave, options).campaigns)
+            compared = compare_waves(table, pair.from_wave, pair.to_wave, options)
+            results.extend(_with_availability(data, pair, compared).campaigns)
     except (IrbenchError, AnalysisError) as exc:
         fail(exc)
     if as_json:

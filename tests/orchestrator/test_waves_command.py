@@ -85,3 +85,39 @@ def test_an_unfinished_wave_is_refused(tmp_path: Path) -> None:
     store.write(table_to_records(wave1) + table_to_records(wave2.slice(1)))
     assert store.read_table(waves=[2]).num_rows == wave2.num_rows - 1
     _one_error(run_irbench("waves", "--data", str(data), "--campaign", "wc"), "finish the wave")
+
+
+@pytest.mark.timeout(240)
+def test_waves_reports_a_retirement_and_the_availability_change(tmp_path: Path) -> None:
+    import datetime as dt
+
+    from storage.availability import Availability, AvailabilityRecord, AvailabilityStore
+
+    port, data = free_port(), str(tmp_path / "data")
+    campaign = _campaign(tmp_path, port)
+    campaign.write_text(campaign.read_text().replace("runs = 3", "runs = 2"))
+    with start_background(_sim(1, SimModel()), port=port):
+        assert run_irbench("run", str(campaign), "--data", data, "--no-progress").returncode == 0
+    checked = AvailabilityRecord(checked_at=dt.datetime.now(dt.UTC), endpoint="sim", model="revised",
+                                 status=Availability.AVAILABLE)  # a scheduled check between the waves
+    AvailabilityStore(Path(data)).write([checked])
+    gone = SimModel(retired_after_requests=0, retired_on="2026-05-01")  # every call of wave 2 is a 410
+    with start_background(_sim(2, gone), port=port):
+        new = run_irbench("run", str(campaign), "--data", data, "--new-wave", "--no-progress")
+        assert new.returncode == 3 and "revised: 24/24 runs failed" in new.stderr, new.stderr  # the rest cancelled
+    held = AvailabilityStore(Path(data)).read(models=["revised"])
+    assert set(held["status"].to_pylist()) == {"available", "retired"}  # what the campaign's 410s left in the store
+    out = run_irbench("waves", "--data", data, "--json", "--permutations", "99")
+    assert out.returncode == 0, out.stderr
+    models = {m["model"]: m for m in json.loads(out.stdout)["campaigns"][0]["models"]}
+    revised, steady = models["revised"], models["steady"]
+    assert revised["retired"]["from"] == 0 and revised["retired"]["to"] > 0 and revised["retired"]["newly_retired"]
+    assert revised["to"]["runs_ok"] == 0 and revised["p_value"] is None  # nothing left to test
+    assert revised["availability"] == {"from": "available", "to": "retired", "changed": True,
+                                       "retired_on": "2026-05-01"}
+    assert steady["retired"] == {"from": 0, "to": 0, "newly_retired": False}
+    assert steady["availability"] == {"from": None, "to": None, "changed": None, "retired_on": None}
+    table = run_irbench("waves", "--data", data, "--permutations", "99")
+    assert table.returncode == 0, table.stderr
+    row = next(line for line in table.stdout.splitlines() if "revised" in line)
+    assert "retired" in row and "available -> retired" in row
