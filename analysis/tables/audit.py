@@ -20,7 +20,7 @@ Outputs (:class:`PanelAudit`), written by :mod:`analysis.pipeline`:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,9 @@ from storage.outcomes import run_succeeded
 
 
 # ---------------------------------------------------------------- run-level tables
+
+# runs converted to Python rows at once by the correctness table (bounds its IR-text copies)
+_CHUNK_ROWS = 20_000
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,14 @@ def _head(c: _RawCell) -> dict[str, Any]:
 
 def drift_table(cells: list[_RawCell]) -> tuple[pa.Table, dict[str, Any]]:
     """One row per raw cell (pair counts per drift class) and the three aggregate views."""
-    rows, drifts = [], []
+    rows, drifts = _drift_rows(cells)
+    return _drift_assembled(rows, drifts)
+
+
+def _drift_rows(cells: list[_RawCell]) -> tuple[list[dict], list[Any]]:
+    """(one row per raw cell, the cell's drift) — a group's share of :func:`drift_table`."""
+    rows: list[dict] = []
+    drifts: list[Any] = []
     parsed: dict[str, Any] = {}  # identical IR texts (common for stable models) parse once
     for c in cells:
         irs = []
@@ -108,6 +118,10 @@ def drift_table(cells: list[_RawCell]) -> tuple[pa.Table, dict[str, Any]]:
         rows.append({**_head(c), "pairs": d.n_pairs, "count_drift": int(d.counts[0]),
                      "id_drift": int(d.counts[1]), "metadata_drift": int(d.counts[2]),
                      "agree": d.agree, "label_only": d.label_only})
+    return rows, drifts
+
+
+def _drift_assembled(rows: list[dict], drifts: list[Any]) -> tuple[pa.Table, dict[str, Any]]:
     s = summarise_drift(drifts)
     summary = {"classes": list(CLASSES), "macro_all_cells": s.macro_all.tolist(),
                "pooled_pairs": s.pooled.tolist(),
@@ -232,36 +246,49 @@ def _truth(sha: str, source: str | None, index: dict[str, Path],
     return cache[sha]
 
 
+_CORRECTNESS_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("campaign", pa.string()), ("model", pa.string()), ("prompt", pa.string()),
+    ("prompt_sha256", pa.string()), ("run", pa.int64()), ("n_truth", pa.int64()),
+    ("n_emitted", pa.int64()), ("n_explicit", pa.int64()), ("recall", pa.float64()),
+    ("precision_all", pa.float64()), ("precision_explicit", pa.float64()), ("f1", pa.float64()),
+    ("no_explicit", pa.bool_())])
+
+
+def _correctness_rows(chunk: pa.Table, index: dict[str, Path],
+                      cache: dict[str, frozenset | None]) -> pa.Table:
+    rows = []
+    for r in chunk.to_pylist():
+        if not run_succeeded(r["parse_outcome"], r["ir_json"]):
+            continue
+        truth = _truth(r["prompt_sha256"], r["prompt_source"], index, cache)
+        if truth is None:
+            continue
+        s = score_run(truth, *emitted_from_json(r["ir_json"]))
+        rows.append({"run_id": r["run_id"], "campaign": r["campaign"], "model": r["model"],
+                     "prompt": r["prompt_name"], "prompt_sha256": r["prompt_sha256"],
+                     "run": r["run_index"], "n_truth": s.n_truth,
+                     "n_emitted": s.n_emitted, "n_explicit": s.n_explicit,
+                     "recall": s.recall, "precision_all": s.all_precision,
+                     "precision_explicit": s.explicit_precision, "f1": s.f1,
+                     "no_explicit": s.no_explicit})
+    return pa.Table.from_pylist(rows, schema=_CORRECTNESS_SCHEMA)
+
+
 def correctness_table(runs: pa.Table, index: dict[str, Path]) -> tuple[pa.Table, int]:
     """One row per successful run on an annotated prompt; returns (table, prompts not found)."""
     cache: dict[str, frozenset | None] = {}
-    rows = []
+    parts = [_CORRECTNESS_SCHEMA.empty_table()]
     if runs.num_rows:
         cols = ["run_id", "campaign", "model", "prompt_name", "prompt_sha256", "run_index",
                 "parse_outcome", "ir_json", "prompt_source"]
-        # rows in run_id order whatever order the store returned them in
-        for r in sorted(runs.select(cols).to_pylist(), key=lambda r: r["run_id"]):
-            if not run_succeeded(r["parse_outcome"], r["ir_json"]):
-                continue
-            truth = _truth(r["prompt_sha256"], r["prompt_source"], index, cache)
-            if truth is None:
-                continue
-            s = score_run(truth, *emitted_from_json(r["ir_json"]))
-            rows.append({"campaign": r["campaign"], "model": r["model"],
-                         "prompt": r["prompt_name"], "prompt_sha256": r["prompt_sha256"],
-                         "run": r["run_index"], "n_truth": s.n_truth,
-                         "n_emitted": s.n_emitted, "n_explicit": s.n_explicit,
-                         "recall": s.recall, "precision_all": s.all_precision,
-                         "precision_explicit": s.explicit_precision, "f1": s.f1,
-                         "no_explicit": s.no_explicit})
-    schema = pa.schema([("campaign", pa.string()), ("model", pa.string()), ("prompt", pa.string()),
-                        ("prompt_sha256", pa.string()), ("run", pa.int64()),
-                        ("n_truth", pa.int64()), ("n_emitted", pa.int64()),
-                        ("n_explicit", pa.int64()), ("recall", pa.float64()),
-                        ("precision_all", pa.float64()), ("precision_explicit", pa.float64()),
-                        ("f1", pa.float64()), ("no_explicit", pa.bool_())])
+        # scored a record batch at a time in store order (no copy of the IR texts beyond one
+        # batch's Python strings), then put in run_id order whatever order the store had
+        for batch in runs.select(cols).to_batches(max_chunksize=_CHUNK_ROWS):
+            parts.append(_correctness_rows(batch, index, cache))
     unresolved = sum(v is None for v in cache.values())
-    return pa.Table.from_pylist(rows, schema=schema), unresolved
+    table = pa.concat_tables(parts)
+    table = table.take(pc.sort_indices(table.column("run_id"))).drop_columns(["run_id"])
+    return table.combine_chunks(), unresolved
 
 
 CORRECTNESS_METRICS = ("recall", "precision_explicit", "precision_all", "f1")
@@ -317,16 +344,43 @@ class RunLevel:
     prompts_without_truth: int
 
 
+def _groups(runs: pa.Table) -> Iterator[pa.Table]:
+    """The runs of each (campaign, model) in that sorted order, store order kept within: the
+    raw cells of one group never span two, so each group's IR texts are parsed and freed on
+    their own."""
+    if runs.num_rows == 0:
+        return
+    keys = runs.select(["campaign", "model"]).group_by(["campaign", "model"]).aggregate([])
+    for campaign, model in sorted(zip(keys.column("campaign").to_pylist(),
+                                      keys.column("model").to_pylist())):
+        yield runs.filter(pc.and_(pc.equal(runs.column("campaign"), campaign),
+                                  pc.equal(runs.column("model"), model)))
+
+
 def run_level(runs: pa.Table, options: AnalysisOptions, index: dict[str, Path]) -> RunLevel:
     """Drift, stabilisation, normalised and correctness tables from one panel's raw runs."""
     # correctness first: its per-run Python rows are freed before the cells' copies are made
     # (both at once would be the memory peak of a 100k-run analysis)
     corr, missing = correctness_table(runs, index)
-    cells = _raw_cells(runs, options.min_runs)
-    drift, dsum = drift_table(cells)
-    for c in cells:  # the IR texts (most of the cells' memory) are not needed past drift
-        for r in c.runs:
-            r.pop("ir_json", None)
+    release_freed_memory()
+    cells: list[_RawCell] = []
+    rows: list[dict] = []
+    drifts: list[Any] = []
+    normalised: list[pa.Table] = []
+    for group in _groups(runs):
+        part = _raw_cells(group, options.min_runs)
+        if not part:
+            continue
+        r, d = _drift_rows(part)
+        rows += r
+        drifts += d
+        normalised.append(normalised_table(part))
+        # past drift and normalised only the node counts are needed (stabilisation); the
+        # IR texts and id lists are most of the cells' memory
+        cells += [_RawCell(c.campaign, c.model, c.prompt, c.sha,
+                           [{"node_count": run["node_count"]} for run in c.runs]) for c in part]
+    drift, dsum = _drift_assembled(rows, drifts)
     release_freed_memory()
     stab, ssum = stabilisation_table(cells, options)
-    return RunLevel(drift, dsum, stab, ssum, normalised_table(cells), corr, missing)
+    norm = pa.concat_tables(normalised) if normalised else normalised_table([])
+    return RunLevel(drift, dsum, stab, ssum, norm, corr, missing)
