@@ -14,7 +14,9 @@ decode turns ``RecursionError``/``MemoryError`` (a deeply nested or huge documen
 ``protocol_error`` too: nothing an endpoint sends can raise out of a provider.
 
 Every httpx exception is translated here into the ``workers.errors`` tree, so httpx types never
-leave ``workers/``. Non-2xx statuses are mapped by ``raise_for_status``. Error messages name the
+leave ``workers/``. Non-2xx statuses are mapped by ``raise_for_status`` (``_status``); the text
+helpers (``clip``, ``storable``, ...) live in ``_text``; both are re-exported here, the one
+module the clients import. Error messages name the
 method, URL, model and what went wrong; secrets passed in ``secrets`` are replaced by ``***``
 and headers are never included.
 """
@@ -22,9 +24,6 @@ and headers are never included.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
-import json
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -32,23 +31,30 @@ from typing import Any, Protocol
 import httpx
 
 from storage.clock import WallClock, utc_now  # noqa: F401  utc_now: the providers' default clock
-from storage.records import ERROR_TEXT_MAX_CHARS, SERVED_IDENTITY_MAX_CHARS, Outcome
 from workers.errors import (
-    AuthFailed,
-    ClientFailed,
     ConfigError,
     ConnectFailed,
     ConnectTimeout,
-    ContextExceeded,
-    ModelNotFound,
-    ModelRetired,
     ProtocolFailed,
     ProviderError,
-    RateLimited,
     ReadTimeout,
-    ServerFailed,
     TotalTimeout,
-    UnknownModel,
+)
+from workers.providers._status import (  # noqa: F401 - re-export: the clients use them as _http.*
+    RawResponse,
+    body_message,
+    decode_json_body,
+    parse_retirement,
+    protocol_error,
+    raise_for_status,
+)
+from workers.providers._text import (  # noqa: F401 - re-export: the clients use them as _http.*
+    answer_outcome,
+    clip,
+    identity_text,
+    int_or_none,
+    split_think,
+    storable,
 )
 from workers.providers.aio import AioClient
 from workers.providers.direct import DirectClient
@@ -62,38 +68,6 @@ Clock = Callable[[], float]  # monotonic seconds
 #: underneath, the default: 0.18-0.22 ms of CPU per call on the simulator) or ``DirectClient``
 #: (httpx's transport, 0.31-0.41 ms; bench/http_clients.py). All three raise httpx exceptions.
 HttpClient = httpx.AsyncClient | AioClient | DirectClient
-
-_RETIRED_ON_RE = re.compile(r"retire[ds]?\s+(?:on|at|since)?\s*:?\s*(\d{4}-\d{2}-\d{2})", re.I)
-# How servers word a request longer than the context window: OpenAI / vLLM / llama-cpp-python
-# ("maximum context length", code context_length_exceeded), llama.cpp's own server ("exceeds
-# the available context size"), TGI ("must have less than N tokens"), Anthropic-style gateways.
-_CONTEXT_RE = re.compile(
-    r"context[ _]length[ _]exceeded|maximum context length|exceeds? (?:the )?(?:available )?context"
-    r"|context window|context size|prompt is too long|input is too long|must have less than \d+ (?:input )?tokens",
-    re.I,
-)
-# How gateways word a model name they do not route (LiteLLM, OpenRouter, Portkey-like).
-_GATEWAY_UNKNOWN_MODEL_RE = re.compile(
-    r"invalid model|unknown model|not a valid model|no (?:healthy )?deployments?|model[ _]group"
-    r"|no endpoints? found|model_not_found",
-    re.I,
-)
-# A 400 naming the model as not there (any server).
-_MODEL_MISSING_RE = re.compile(r"model\b.{0,120}\b(?:not found|does not exist|not supported|not available)", re.I | re.S)
-_REFERENCE_RE = re.compile(r"\b(?:ref(?:erence)?)\b\s*(?:id)?\s*[:#=]?\s*([A-Za-z0-9][A-Za-z0-9_.:-]*[A-Za-z0-9])", re.I)
-
-
-@dataclass(frozen=True)
-class RawResponse:
-    """A complete HTTP response; ``latency_ms`` from request start to the last body byte."""
-
-    status_code: int
-    headers: httpx.Headers
-    body: bytes
-    latency_ms: float
-    url: str
-    bytes_received: int = 0  # bytes on the wire (before content decoding)
-    first_token_ms: float | None = None  # streamed 2xx: request start to the first token
 
 
 class BodyReader(Protocol):
@@ -133,36 +107,6 @@ def check_base_url(base_url: str) -> str:
     if parsed.port is not None and not 1 <= parsed.port <= 65535:  # httpx accepts 99999 until connect
         raise ConfigError(f"endpoint base_url {base_url!r}: port {parsed.port} is not in 1-65535")
     return url
-
-
-def storable(text: str) -> str:
-    """``text`` as valid Unicode: a lone UTF-16 surrogate (a JSON ``\\ud800`` escape without its
-    pair, which ``json`` decodes as is) becomes U+FFFD. No UTF-8 store can hold one: a single
-    such answer would fail the whole Parquet batch it is written in, and again on every resume."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return text
-
-
-def clip(text: str, secrets: Iterable[str | None] = ()) -> str:
-    """Redact secrets, then bound the text to ``ERROR_TEXT_MAX_CHARS`` (valid Unicode, ``storable``)."""
-    text = storable(mask_secrets(text, secrets))
-    if len(text) > ERROR_TEXT_MAX_CHARS:
-        text = text[: ERROR_TEXT_MAX_CHARS - 1] + "…"
-    return text
-
-
-def identity_text(value: Any, secrets: Iterable[str | None] = ()) -> str | None:
-    """A served-identity field as stored: a string only (anything else is None), secrets masked,
-    valid Unicode, control characters dropped, at most ``SERVED_IDENTITY_MAX_CHARS``; "" -> None."""
-    if not isinstance(value, str):
-        return None
-    # masked whole first: a cut could leave part of a key unmasked
-    masked = mask_secrets(value, secrets)[: 4 * SERVED_IDENTITY_MAX_CHARS]
-    text = "".join(ch for ch in storable(masked) if ch.isprintable())
-    return text[:SERVED_IDENTITY_MAX_CHARS] or None
 
 
 @dataclass(frozen=True)
@@ -323,99 +267,6 @@ async def _read_bounded(response: httpx.Response, max_bytes: int | None) -> byte
     return b"".join(chunks)
 
 
-def body_message(body: bytes) -> str:
-    """The human message in an error body: ``{"error": {"message": ...}}``, ``{"error": "..."}``,
-    ``{"message"|"detail": ...}``, or the text itself (only the first ``ERROR_TEXT_MAX_CHARS``
-    are read: it ends up clipped to that anyway)."""
-    text = body[: ERROR_TEXT_MAX_CHARS * 4].decode("utf-8", errors="replace").strip()
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):
-        return text
-    if isinstance(data, dict):
-        err = data.get("error", data)
-        if isinstance(err, dict):
-            for key in ("message", "detail", "error"):
-                if isinstance(err.get(key), str):
-                    return err[key]
-        elif isinstance(err, str):
-            return err
-        for key in ("message", "detail"):
-            if isinstance(data.get(key), str):
-                return data[key]
-    return text
-
-
-def parse_retirement(message: str) -> tuple[str | None, str | None]:
-    """``(retired_on ISO date, reference id)`` from a 410 message such as
-    ``"x was retired at YYYY-MM-DD hh:mm:ss -0700 PDT (ref: 9a2b…)"``; ``None`` when absent."""
-    date = _RETIRED_ON_RE.search(message)
-    ref = _REFERENCE_RE.search(message)
-    return (date.group(1) if date else None, ref.group(1) if ref else None)
-
-
-def raise_for_status(raw: RawResponse, *, model: str, now: dt.datetime, secrets: Iterable[str | None] = ()) -> None:
-    """Raise the ``workers.errors`` class for a non-2xx response; return for 2xx."""
-    status = raw.status_code
-    if 200 <= status < 300:
-        return
-    secrets = tuple(secrets)
-    message = body_message(raw.body)
-    retry_after = retry_after_from_headers(raw.headers, now)
-    common: dict[str, Any] = {"status_code": status, "latency_ms": raw.latency_ms, "bytes_received": raw.bytes_received}
-
-    def text(what: str) -> str:
-        return clip(f"POST {raw.url} model={model}: HTTP {status} {what}: {message}", secrets)
-
-    if status == 429:
-        raise RateLimited(text("rate limited"), retry_after_s=retry_after, **common)
-    if status == 410:
-        retired_on, reference = parse_retirement(message)
-        raise ModelRetired(text("model retired"), retired_on=retired_on, reference=reference, **common)
-    if status in (400, 404, 413, 422) and _CONTEXT_RE.search(message):
-        raise ContextExceeded(text("prompt does not fit the model's context window"), **common)
-    if status in (400, 404, 422) and (
-        _GATEWAY_UNKNOWN_MODEL_RE.search(message) or (status != 404 and _MODEL_MISSING_RE.search(message))
-    ):
-        raise UnknownModel(text("model unknown to the endpoint (a gateway routes no such model); check the name "
-                                "against its /v1/models"), **common)
-    if status == 404:
-        raise ModelNotFound(text("model or route not found; check the model name and base_url"), **common)
-    if status in (401, 403):
-        raise AuthFailed(text("authentication failed; check the API key variable (api_key_env)"), **common)
-    if 400 <= status < 500:
-        raise ClientFailed(text("request rejected"), **common)
-    if status >= 500:
-        raise ServerFailed(text("server error"), retry_after_s=retry_after, **common)
-    raise ProtocolFailed(text("unexpected status"), **common)
-
-
-def decode_json_body(raw: RawResponse, *, model: str, secrets: Iterable[str | None] = ()) -> Any:
-    """The 2xx body as JSON; ``ProtocolFailed`` when it is not JSON, nested deeper than the
-    parser's recursion guard, or too big to hold in memory."""
-    try:
-        return json.loads(raw.body)
-    except (ValueError, RecursionError, MemoryError) as exc:
-        what = {RecursionError: "nested too deeply", MemoryError: "too large to decode"}.get(type(exc), str(exc))
-        snippet = raw.body[:200].decode("utf-8", errors="replace")
-        raise ProtocolFailed(
-            clip(f"POST {raw.url} model={model}: HTTP {raw.status_code} body is not JSON ({what}): {snippet!r}", secrets),
-            status_code=raw.status_code,
-            latency_ms=raw.latency_ms,
-            bytes_received=raw.bytes_received,
-        ) from None
-
-
-def protocol_error(raw: RawResponse, *, model: str, what: str, secrets: Iterable[str | None] = ()) -> ProtocolFailed:
-    """A ``ProtocolFailed`` for a 2xx body that is JSON but not the provider's format."""
-    return ProtocolFailed(
-        clip(f"POST {raw.url} model={model}: HTTP {raw.status_code} {what}", secrets),
-        status_code=raw.status_code,
-        latency_ms=raw.latency_ms,
-        bytes_received=raw.bytes_received,
-    )
-
-
 @dataclass(frozen=True)
 class ExchangeLimits:
     """How one exchange is bounded: ``timeouts`` (connect/read/total deadlines, seconds) and
@@ -453,26 +304,3 @@ def chat_call(url: str, body: dict[str, Any], headers: dict[str, str], model: st
     return HttpCall("POST", url, json_body=body, headers=headers, context=f"model={model}")
 
 
-def answer_outcome(finish_reason: str | None, answer: str) -> Outcome:
-    """Classify a 2xx answer (failures.md): the provider saying the budget ran out wins, even
-    over empty content; otherwise no answer text is ``empty``."""
-    if finish_reason == "length":
-        return Outcome.TRUNCATED
-    return Outcome.EMPTY if not answer.strip() else Outcome.OK
-
-
-def split_think(content: str) -> tuple[str, str]:
-    """Split a leading ``<think>…</think>`` block out of ``content``: ``(answer, reasoning)``.
-    An unterminated leading ``<think>`` makes the whole content reasoning."""
-    stripped = content.lstrip()
-    if not stripped.startswith("<think>"):
-        return content, ""
-    inner = stripped[len("<think>") :]
-    end = inner.find("</think>")
-    if end < 0:
-        return "", inner.strip()
-    return inner[end + len("</think>") :].lstrip(), inner[:end].strip()
-
-
-def int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
