@@ -115,11 +115,10 @@ def spend_report(prepared: PreparedCampaign, store: RunStore, *, skip_corrupt: b
     """Tokens and cost per model and in total, of the latest wave and of each wave, and the caps."""
     from orchestrator.campaign.spend_cap import spend_plan
     from orchestrator.cli.spend_table import campaign_spend
-    from storage.waves import list_waves
-
     name = prepared.spec.name
-    waves = {w.wave: _wave_spend(campaign_spend(store, name, w.wave, skip_corrupt=skip_corrupt))
-             for w in list_waves(store.root, name)}
+    # waves are numbered 1..latest (``--new-wave`` adds one): no extra read of the store to list them
+    waves = {w: _wave_spend(campaign_spend(store, name, w, skip_corrupt=skip_corrupt))
+             for w in range(1, prepared.wave.number + 1)}
     latest = waves.get(prepared.wave.number, WaveSpend())
     caps = {scope or "campaign": {k: v for k, v in (("max_cost_usd", cap.max_cost_usd),
                                                    ("max_total_tokens", cap.max_total_tokens)) if v is not None}

@@ -16,7 +16,7 @@ PINNED = {
     "RENEW": "f32f7327f18943a74868e08eb20c44e745cb7166",
     "REFRESH_QUEUED": "50ac195187ef2ded114e0ed57e83e294de53b3b2",
     "DEFER": "3ef7945c791f9cf5b9ebcb9ca144aa10bcec646e",
-    "DONE": "5c7c87e138cbd22ac54db3015b0904e657e33d77",
+    "DONE": "4c61649a2ccc8222b85ca77e2f894e0e64d8b006",  # counts a newly done run for its dispatch token
     "REOPEN": "1ee89026e3f43662d76f23f0ab7918a9df269b00",
     "POP_DUE": "edb7858ead181540b50bd8a7c2e330b2d0ad96d5",
     "LOST": "360eb1cae7e4158683e8bf778e7eb46ac5fb6f73",
