@@ -118,6 +118,19 @@ def stop_processes(procs: Sequence[ProcInfo], grace_s: float, out=sys.stderr) ->
 # ------------------------------------------------------------------------------------------ network
 
 
+def stop_child(proc: subprocess.Popen[bytes], *, kill: bool = False, grace_s: float = 5.0) -> None:
+    """Stop a child process: SIGKILL if ``kill``, else SIGTERM and SIGKILL after ``grace_s``."""
+    if kill:
+        proc.kill()
+    else:
+        proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port the OS reports free right now (it may be taken later; the caller retries)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

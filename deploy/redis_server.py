@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from deploy.processes import free_port, redis_ping
+from deploy.processes import free_port, redis_ping, stop_child
 
 __all__ = ["RedisServer", "RedisServerError", "free_port"]
 
@@ -92,15 +92,7 @@ class RedisServer:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        if kill:
-            proc.kill()
-        else:
-            proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        stop_child(proc, kill=kill)
         if proc.stderr:
             proc.stderr.close()
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from deploy.processes import free_port
+from deploy.processes import free_port, stop_child
 
 __all__ = ["SeaweedServer", "SeaweedServerError"]
 
@@ -122,15 +122,7 @@ class SeaweedServer:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        if kill:
-            proc.kill()
-        else:
-            proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        stop_child(proc, kill=kill, grace_s=10.0)
         self._log.close()
 
     @property
