@@ -3,8 +3,14 @@ the store, fetch the files the workers announced since the last one (no bucket l
 
 from __future__ import annotations
 
+import structlog
+
+from storage.errors import StorageError
 from storage.objectstore.session import BucketSession
 from workers.state.published_objects import PublishedObjects
+
+
+log = structlog.get_logger("irbench.celery")
 
 
 class BucketFollower:
@@ -20,6 +26,12 @@ class BucketFollower:
         self.files_fetched = 0
 
     def __call__(self) -> None:
-        paths, self._offset = self.objects.since(self._offset)
-        if paths:
+        paths, offset = self.objects.since(self._offset)
+        if not paths:
+            return
+        try:
             self.files_fetched += self.session.mirror.pull_keys(paths).files_moved
+        except StorageError as exc:  # the object store is down or restarting: the next look tries again
+            log.warning("bucket_fetch_failed", store=self.session.url, files=len(paths), error=str(exc))
+            return
+        self._offset = offset

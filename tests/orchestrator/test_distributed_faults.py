@@ -63,7 +63,8 @@ def up(faults: Cluster) -> Iterator[Cluster]:
     yield faults
 
 
-@pytest.mark.parametrize("per_message", [1, 4])
+# one run per message is the soak lane here: test_distributed.py covers that path under a kill
+@pytest.mark.parametrize("per_message", [pytest.param(1, marks=pytest.mark.soak), 4])
 def test_worker_stopped_past_its_claim_keeps_both_executions(up: Cluster, tmp_path: Path, per_message: int) -> None:
     name = "f1" if per_message == 1 else f"f1k{per_message}"
     model = "f1-a" if per_message == 1 else f"f1-a-k{per_message}"  # fresh limiter state
@@ -141,7 +142,8 @@ def test_poison_run_ends_as_worker_error_and_others_carry_on(up: Cluster, tmp_pa
     assert report["models"][victim.model]["outcomes"].get("worker_error") == 1
 
 
-@pytest.mark.parametrize("per_message", [1, 4])
+# one run per message is the soak lane here: test_distributed.py covers that path under a kill
+@pytest.mark.parametrize("per_message", [pytest.param(1, marks=pytest.mark.soak), 4])
 def test_deferred_runs_survive_their_worker(up: Cluster, tmp_path: Path, per_message: int) -> None:
     name = "f3" if per_message == 1 else f"f3k{per_message}"
     model = "f3-rl" if per_message == 1 else f"f3-rl-k{per_message}"  # fresh limiter state
