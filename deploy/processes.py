@@ -13,10 +13,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
+from typing import Self
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,35 @@ def stop_child(proc: subprocess.Popen[bytes], *, kill: bool = False, grace_s: fl
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=5)
+
+
+class ChildServer:
+    """What a test server wrapping one child process shares: ``running``, ``close()`` (stop, then
+    drop the temporary directory) and the context manager. Subclasses set ``_proc`` and
+    ``_tmp`` and define ``start()`` and ``stop()``."""
+
+    _proc: subprocess.Popen[bytes] | None
+    _tmp: tempfile.TemporaryDirectory[str]
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self, *, kill: bool = False) -> None:
+        raise NotImplementedError
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def close(self) -> None:
+        self.stop()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -15,9 +15,8 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 
-from deploy.processes import free_port, redis_ping, stop_child
+from deploy.processes import ChildServer, free_port, redis_ping, stop_child
 
 __all__ = ["RedisServer", "RedisServerError", "free_port"]
 
@@ -26,7 +25,7 @@ class RedisServerError(RuntimeError):
     pass
 
 
-class RedisServer:
+class RedisServer(ChildServer):
     """One redis-server subprocess. ``aof=True`` enables append-only persistence (fsync always)
     in a temp dir so ``restart()`` keeps data; ``extra_args`` are passed through verbatim."""
 
@@ -106,17 +105,3 @@ class RedisServer:
         if self._proc is None:
             raise RedisServerError("redis-server is not running")
         self._proc.send_signal(sig)
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def close(self) -> None:
-        self.stop()
-        self._tmp.cleanup()
-
-    def __enter__(self) -> RedisServer:
-        return self.start()
-
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()

@@ -20,9 +20,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 
-from deploy.processes import free_port, stop_child
+from deploy.processes import ChildServer, free_port, stop_child
 
 __all__ = ["SeaweedServer", "SeaweedServerError"]
 
@@ -52,7 +51,7 @@ def _port_open(port: int) -> bool:
         return False
 
 
-class SeaweedServer:
+class SeaweedServer(ChildServer):
     """One ``weed mini`` subprocess serving S3 on ``127.0.0.1:s3_port`` with bucket ``bucket``."""
 
     def __init__(self, *, bucket: str = "irbench", access_key: str | None = None, secret_key: str | None = None,
@@ -124,17 +123,3 @@ class SeaweedServer:
             return
         stop_child(proc, kill=kill, grace_s=10.0)
         self._log.close()
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def close(self) -> None:
-        self.stop()
-        self._tmp.cleanup()
-
-    def __enter__(self) -> SeaweedServer:
-        return self.start()
-
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
