@@ -218,13 +218,14 @@ class LimiterMachine(RuleBasedStateMachine):
 
 
 @pytest.mark.timeout(120)
-def test_state_machine_against_real_redis(redis_srv: RedisServer) -> None:
+@pytest.mark.parametrize("examples", [6, pytest.param(12, marks=pytest.mark.soak)])  # the soak lane walks twice as far
+def test_state_machine_against_real_redis(redis_srv: RedisServer, examples: int) -> None:
     loop = asyncio.new_event_loop()
     try:
         run_state_machine_as_test(
             lambda: LimiterMachine(loop, redis_srv.url),
             settings=settings(
-                max_examples=12,
+                max_examples=examples,
                 stateful_step_count=25,
                 deadline=None,
                 suppress_health_check=[HealthCheck.too_slow],
