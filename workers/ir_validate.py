@@ -128,8 +128,11 @@ def validate_ir(value: Any, repairs: list[str], outcome: ParseOutcome, max_nodes
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()[:5]
         )
         return IRExtraction(ParseOutcome.SCHEMA_INVALID, tuple(repairs), error=clip_error(f"IR schema: {problems}"))
-    ir_json = document.canonical_json()
-    if not _is_unicode(ir_json):  # the strict path refuses these: only the lenient one gets here
+    try:
+        ir_json: str | None = document.canonical_json()
+    except UnicodeEncodeError:  # a surrogate in a kept field's key: pydantic's serializer refuses it
+        ir_json = None
+    if ir_json is None or not _is_unicode(ir_json):  # the strict path refuses these: only the lenient one gets here
         # a "\ud800" escape without its pair decodes to a lone surrogate, which no UTF-8 store
         # can hold (it failed the whole Parquet batch): not an IR we can keep
         return IRExtraction(ParseOutcome.SCHEMA_INVALID, tuple(repairs),

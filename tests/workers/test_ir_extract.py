@@ -321,3 +321,11 @@ def test_non_finite_numbers_are_stored_as_null_valid_json(token: str, where: str
         raise AssertionError(f"{constant} in stored ir_json")
 
     json.loads(got.ir_json, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("value", [{"extra": {"\ud800": None}, "nodes": []}, {"extra": ["a\udfff"], "nodes": []}])
+def test_an_unpaired_surrogate_in_a_kept_field_is_schema_invalid_not_a_crash(value: dict) -> None:
+    # json.dumps escapes the surrogate as \ud800: valid JSON, but no UTF-8 text can hold it
+    got = extract_ir(json.dumps(value))
+    assert got.parse_outcome is ParseOutcome.SCHEMA_INVALID
+    assert got.error is not None and "lone UTF-16 surrogate" in got.error
