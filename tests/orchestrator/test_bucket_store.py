@@ -60,8 +60,10 @@ def test_a_campaign_on_a_bucket_survives_a_worker_kill_and_an_object_store_crash
         b = CeleryWorkers(redis_srv.url, count=1, concurrency=4, env={**base, "IRBENCH_SPOOL_DIR": str(tmp_path / "spool-b")})
         with a, b:
             camp = make_campaign(tmp_path, "bucketc", server.base_url, {"slow": {}}, prompts=10, runs=12)
-            env = {**os.environ, **s3.env(), "IRBENCH_S3_CACHE": str(tmp_path / "cache-orch"),
-                   "IRBENCH_S3_PUSH_S": "1"}
+            # the workers' claim TTL, and a reconciler that looks every second: a killed worker's
+            # runs are sent again within seconds rather than the defaults' half minute
+            env = {**os.environ, **WORKER_ENV, **s3.env(), "IRBENCH_S3_CACHE": str(tmp_path / "cache-orch"),
+                   "IRBENCH_S3_PUSH_S": "1", "IRBENCH_RECONCILE_INTERVAL_S": "1"}
             orch = _irbench("run", str(camp), "--executor", "celery", "--broker", redis_srv.url, "--data", url,
                             "--no-progress", env=env)
             def under_way() -> bool:
