@@ -52,8 +52,9 @@ lint: $(STAMP)
 test: $(STAMP) $(if $(WITH_REAL),$(REAL_STAMP)) lint
 	$(BIN)/python -m pytest -m "not soak" -q -n 3 --dist loadfile --durations=25
 
+## The soak tests, and the property tests with every example they define (CI draws a fifth).
 soak: $(STAMP)
-	$(BIN)/python -m pytest -m soak -q
+	IRBENCH_FULL_EXAMPLES=1 $(BIN)/python -m pytest -m "soak or property" -q
 
 bench: $(STAMP)
 	$(BIN)/python bench/local_throughput.py

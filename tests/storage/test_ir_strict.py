@@ -28,6 +28,9 @@ from storage.ir_strict import TWINS, strict_ir
 from workers.ir_extract import extract_ir
 from tests.workers.test_hostile_property import jsonish
 from tests.workers.test_ir_extract import ARTIFACT_IRS, needs_artifact
+from tests.support.examples import examples
+
+pytestmark = pytest.mark.property
 
 # every code point, lone surrogates and control characters included
 ANY_TEXT = st.text(st.characters(blacklist_categories=()), max_size=12)
@@ -105,7 +108,7 @@ def _lenient(value: dict[str, Any]) -> tuple[str, list[str], int] | None:
     return document.canonical_json(), document.node_ids(), len(document.nodes)
 
 
-@settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(2000), deadline=None, suppress_health_check=list(HealthCheck))
 @given(value=DOCUMENT)
 @example(value=CLEAN)
 @example(value={"meta": {"confidence": 1e16}})
@@ -150,7 +153,7 @@ JSON_TEXTS = jsonish() | DOCUMENT.map(json.dumps) | st.builds(
 ) | st.text(st.sampled_from(list('{}[]":,0123456789.eE+-tru\\ nlfsaNI\ud800\x00\u00e9')), max_size=60).map(lambda t: "{" + t)
 
 
-@settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(2000), deadline=None, suppress_health_check=list(HealthCheck))
 @given(text=JSON_TEXTS, data=st.data())
 @example(text='{"a":"\\ud800"}', data=None)
 @example(text='{"a":1,"a":2,"b":1e400}', data=None)
@@ -205,7 +208,7 @@ def _same(fast: Any, slow: Any) -> None:
     assert fast.document == slow.document
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(1000), deadline=None, suppress_health_check=list(HealthCheck))
 @given(value=DOCUMENT, shape=st.sampled_from(["plain", "fence", "prose", "cut", "comma", "list"]), budget=st.booleans(),
        data=st.data())
 def test_extract_ir_gives_the_same_result_with_and_without_the_fast_path(
@@ -225,7 +228,7 @@ def test_extract_ir_gives_the_same_result_with_and_without_the_fast_path(
     _same(fast, slow)
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(500), deadline=None, suppress_health_check=list(HealthCheck))
 @given(text=jsonish(), budget=st.booleans())
 def test_extract_ir_on_hostile_answers_is_the_same_with_and_without_the_fast_path(
     text: str, budget: bool, monkeypatch: pytest.MonkeyPatch

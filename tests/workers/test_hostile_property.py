@@ -12,6 +12,7 @@ import asyncio
 import json
 
 import httpx
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +23,9 @@ from workers.providers.base import ChatRequest
 from workers.providers.ollama import OllamaProvider
 from workers.providers.openai_compat import OpenAIProvider
 from workers.runtask import TimeoutPolicy
+from tests.support.examples import examples
+
+pytestmark = pytest.mark.property
 
 TIMEOUTS = TimeoutPolicy(connect_timeout_s=5, read_timeout_s=5, total_timeout_s=5)
 KEY = "sk-propertyTEST-1234567890abcdef"
@@ -87,20 +91,20 @@ def _check(result: set[str]) -> None:
     assert all(r.removeprefix("parse:") in OUTCOMES | {p.value for p in ParseOutcome} for r in result)
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(1000), deadline=None, suppress_health_check=list(HealthCheck))
 @given(body=st.binary(max_size=2048), status=st.sampled_from([200, 200, 200, 201, 400, 404, 410, 429, 500]),
        wire=st.sampled_from(["openai", "ollama"]))
 def test_arbitrary_bytes_always_end_in_a_class(body: bytes, status: int, wire: str) -> None:
     _check(_through_provider(body, status, wire))
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(1000), deadline=None, suppress_health_check=list(HealthCheck))
 @given(text=jsonish(), wire=st.sampled_from(["openai", "ollama"]))
 def test_arbitrary_jsonish_bodies_always_end_in_a_class(text: str, wire: str) -> None:
     _check(_through_provider(text.encode("utf-8", errors="surrogatepass"), 200, wire))
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(1000), deadline=None, suppress_health_check=list(HealthCheck))
 @given(text=jsonish() | st.text(max_size=500), budget=st.booleans())
 def test_arbitrary_answers_always_extract_to_a_parse_outcome(text: str, budget: bool) -> None:
     result = extract_ir(text, budget_exhausted=budget)
