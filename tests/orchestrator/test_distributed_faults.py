@@ -293,7 +293,8 @@ def test_deferred_runs_wait_while_the_orchestrator_is_down(up: Cluster, tmp_path
         wait_for(drained, 30, "published runs drained")
         calls = stats(s.base_url)["f6-rl"]["requests"]
         parked = state.delayed.count()
-        time.sleep(3 * FAST.claim_ttl_s)  # ... then nothing moves: every deferred run waits
+        # ... then nothing moves for a claim TTL and a reconcile pass (what could move a run): it waits
+        time.sleep(FAST.claim_ttl_s + FAST.reconcile_interval_s)
         assert stats(s.base_url)["f6-rl"]["requests"] == calls
         assert state.delayed.count() == parked > 0 and state.delayed.next_due_in_s() < 0  # due, and still parked
         assert calls < len(prepared.tasks)
