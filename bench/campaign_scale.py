@@ -32,6 +32,12 @@ printed before and after each phase: run it when the machine is as quiet as poss
         [--executors local,celery,celery-s3] [--workers 4] [--threads 8] [--runs-per-message 0]
         [--local-concurrency 64]
         [--model-concurrency 4] [--sample-s 10] [--replicates 2000] [--no-analysis]
+        [--total-runs N] [--stop-after-s S]
+
+``--stop-after-s S`` (local, celery) measures a campaign too large to finish: each executor is
+stopped S seconds after it starts planning, then the time to its first call and first stored
+run, its peak RSS and ``irbench status`` time are printed (``bench/_scale_window.py``), e.g.
+``--total-runs 10000000 --runs 50 --executors local --stop-after-s 60``.
 """
 
 from __future__ import annotations
@@ -54,6 +60,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from _cluster import BenchCluster, interrupt_as_keyboard, write_campaign
 
+from _scale_window import FirstEvents, WindowFigures, interrupt_after, print_window_table, status_of, stored_rows
+
 from orchestrator.campaign.prepared import PreparedCampaign, prepare
 
 from orchestrator.local.campaign import run_campaign_local
@@ -73,15 +81,24 @@ def sim_toml(models: list[str]) -> str:
     return "seed = 1\n" + "".join(f"[models.{m}]\n" for m in models)
 
 
-def scale_campaign(
+def scale_campaign_file(
     directory: Path, name: str, base_url: str, models: list[str], prompts: int, runs: int,
     model_concurrency: int, executor_concurrency: int,
-) -> PreparedCampaign:
+) -> Path:
     """Every model × every generated prompt × ``runs``, unlimited, ``model_concurrency`` each."""
     fields = {m: {"max_concurrency": model_concurrency} for m in models}
     path = write_campaign(directory, name, base_url, fields, prompts=prompts, runs=runs)
     path.write_text(path.read_text() + f"[executor]\nconcurrency = {executor_concurrency}\n")
-    return prepare(load_campaign(path))
+    return path
+
+
+def scale_campaign(
+    directory: Path, name: str, base_url: str, models: list[str], prompts: int, runs: int,
+    model_concurrency: int, executor_concurrency: int,
+) -> PreparedCampaign:
+    return prepare(load_campaign(scale_campaign_file(directory, name, base_url, models, prompts, runs,
+                                                     model_concurrency, executor_concurrency)),
+                   max_planned_runs=None)
 
 
 class StoreWatcher:
@@ -294,11 +311,66 @@ def run_bucket_phase(args: argparse.Namespace, tmp: Path, models: list[str]) -> 
     return figures
 
 
+def run_local_window(args: argparse.Namespace, tmp: Path, models: list[str]) -> WindowFigures:
+    """The local executor from planning on, stopped after ``--stop-after-s`` (SIGINT, as Ctrl-C)."""
+    (tmp / "sim-local.toml").write_text(sim_toml(models))
+    planned = len(models) * args.prompts * args.runs
+    with start_subprocess(tmp / "sim-local.toml") as sim:
+        path = scale_campaign_file(tmp / "local", "scale-local", sim.base_url, models, args.prompts, args.runs,
+                                   args.model_concurrency, args.local_concurrency)
+        store = RunStore(tmp / "data-local")
+        print(f"\n== local executor: {planned} runs planned, stop after {args.stop_after_s:.0f} s; {load()}", flush=True)
+        t0 = time.perf_counter()
+        timer = interrupt_after(args.stop_after_s)
+        with FirstEvents(lambda: sim_calls(sim.base_url), store, t0) as first:
+            try:
+                run_campaign_local(prepare(load_campaign(path), max_planned_runs=None), store, secrets={})
+            except KeyboardInterrupt:  # the stop came before the executor's loop started
+                print(f"local: stopped before the executor started ({time.perf_counter() - t0:.1f} s)", flush=True)
+            finally:
+                timer.cancel()
+        rss = self_rss_mib()
+    print(f"local stopped at {time.perf_counter() - t0:.1f} s; {load()}", flush=True)
+    status_s, status_rss = status_of(path, store.root, planned)
+    return WindowFigures("local", planned, args.stop_after_s, first.first_call_s, first.first_stored_s,
+                         stored_rows(store), rss, status_s, status_rss)
+
+
+def run_celery_window(args: argparse.Namespace, tmp: Path, models: list[str]) -> WindowFigures:
+    """The distributed executor from planning on, given up after ``--stop-after-s``."""
+    from orchestrator.distributed.executor import CeleryOptions, CeleryRun, run_campaign_celery
+
+    (tmp / "sim-celery.toml").write_text(sim_toml(models))
+    planned = len(models) * args.prompts * args.runs
+    label = f"celery {args.workers}x{args.threads}"
+    env = {"IRBENCH_LOG_LEVEL": "WARNING"}
+    with BenchCluster(tmp / "sim-celery.toml", workers=args.workers, concurrency=args.threads, worker_env=env) as c:
+        path = scale_campaign_file(tmp / "celery", "scale-celery", c.sim.base_url, models, args.prompts, args.runs,
+                                   args.model_concurrency, args.local_concurrency)
+        store = RunStore(tmp / "data-celery")
+        print(f"\n== {label}: {planned} runs planned, stop after {args.stop_after_s:.0f} s; {load()}", flush=True)
+        t0 = time.perf_counter()
+        with FirstEvents(lambda: sum(m["requests"] for m in c.sim_stats().values()), store, t0) as first:
+            prepared = prepare(load_campaign(path), max_planned_runs=None)
+            left_s = max(args.stop_after_s - (time.perf_counter() - t0), 0.1)
+            opts = CeleryOptions(analyze_on_complete=False, runs_per_message=args.runs_per_message)
+            run_campaign_celery(prepared, store, c.url, CeleryRun(options=opts, timeout_s=left_s))
+        rss = self_rss_mib()
+    print(f"{label} stopped at {time.perf_counter() - t0:.1f} s; {load()}", flush=True)
+    status_s, status_rss = status_of(path, store.root, planned)
+    return WindowFigures(label, planned, args.stop_after_s, first.first_call_s, first.first_stored_s,
+                         stored_rows(store), rss, status_s, status_rss)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", type=int, default=50)
     parser.add_argument("--prompts", type=int, default=400)
     parser.add_argument("--runs", type=int, default=5, help="runs per (model, prompt)")
+    parser.add_argument("--total-runs", type=int, default=None, help="runs in all: sets --prompts to this ÷ "
+                        "(models × runs), e.g. --total-runs 10000000 --runs 50 is 50 × 4000 × 50")
+    parser.add_argument("--stop-after-s", type=float, default=None, help="stop each executor this long after it "
+                        "starts planning and print time to first call, orchestrator RSS and status time (no analysis)")
     parser.add_argument("--executors", default="local,celery", help="comma-separated: local, celery, celery-s3 "
                         "(the distributed executor on an S3 bucket: SeaweedFS on loopback)")
     parser.add_argument("--workers", type=int, default=4, help="celery worker processes")
@@ -316,6 +388,22 @@ def main() -> None:
 
     configure_logging(level="WARNING")
     models = [f"m{i:02d}" for i in range(args.models)]
+    if args.total_runs is not None:
+        args.prompts, rest = divmod(args.total_runs, args.models * args.runs)
+        if rest or not args.prompts:
+            raise SystemExit(f"--total-runs {args.total_runs} is not a multiple of models × runs")
+    if args.stop_after_s is not None:
+        window_rows = []
+        with tempfile.TemporaryDirectory(prefix="irbench-scale-") as tmp, interrupt_as_keyboard():
+            tmp_path = Path(tmp) if args.keep is None else args.keep
+            tmp_path.mkdir(parents=True, exist_ok=True)
+            for name in args.executors.split(","):
+                window = {"local": run_local_window, "celery": run_celery_window}[name]
+                window_rows.append(window(args, tmp_path, models))
+                print_window_table(window_rows[-1:])
+        print(f"\n{args.models} models x {args.prompts} prompts x {args.runs} runs; {load()}")
+        print_window_table(window_rows)
+        return
     phases = {"local": run_local_phase, "celery": run_celery_phase, "celery-s3": run_bucket_phase}
     rows: list[Figures] = []
     with tempfile.TemporaryDirectory(prefix="irbench-scale-") as tmp, interrupt_as_keyboard():
