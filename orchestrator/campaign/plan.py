@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from orchestrator.campaign.corpus import Corpus
 from orchestrator.campaign.instruction import Instruction
-from orchestrator.campaign.spec import CampaignSpec, ModelSpec
+from orchestrator.campaign.spec import CampaignSpec
 from workers.runtask import RunTask
 
 RUN_ID_SCHEME = "irbench-run-v1"
@@ -53,7 +53,8 @@ def plan_runs(
     spec: CampaignSpec, corpus: Corpus, instruction: Instruction, measured_on: dt.date | None = None,
     wave: WaveStart = WaveStart(),
 ) -> list[RunTask]:
-    """Every run of the campaign, models interleaved round-robin.
+    """Every run of the campaign, models interleaved round-robin, as a list (small plans; a
+    prepared campaign holds the same plan as ``orchestrator.campaign.lazy_plan.LazyPlan``).
 
     Within one model the order is prompt (corpus order), then budget (as listed), then run
     index; the output takes the first task of each model (in spec order), then the second of
@@ -62,53 +63,11 @@ def plan_runs(
     present, replaces the model's ``max_tokens``. ``wave``: every task is of that wave (its run ids
     and its ``wave``/``wave_started_at`` fields).
     """
-    budgets: list[int | None] = list(spec.budgets) if spec.budgets else [None]
-    messages = {p.sha256: instruction.render(p.name, p.text) for p in corpus.prompts}
-    per_model = [_model_tasks(spec, m, corpus, instruction, _Shared(budgets, messages, measured_on, wave))
-                 for m in spec.models.values()]
-    out: list[RunTask] = []
-    for i in range(max((len(t) for t in per_model), default=0)):
-        out.extend(t[i] for t in per_model if i < len(t))
-    return out
+    from orchestrator.campaign.lazy_plan import LazyPlan
+
+    return list(LazyPlan(spec, corpus, instruction, measured_on, wave))
 
 
 def pending(tasks: Iterable[RunTask], completed_ids: set[str]) -> list[RunTask]:
     """The tasks whose run_id is not yet completed, in planned order (resume)."""
     return [t for t in tasks if t.run_id not in completed_ids]
-
-
-@dataclass(frozen=True)
-class _Shared:
-    """What every model's tasks share: the budgets axis, the rendered messages, the date, the wave."""
-
-    budgets: list[int | None]
-    messages: dict[str, str]
-    measured_on: dt.date | None
-    wave: WaveStart
-
-
-def _model_tasks(spec: CampaignSpec, m: ModelSpec, corpus: Corpus, instruction: Instruction, shared: _Shared
-                 ) -> list[RunTask]:
-    """One model's tasks: prompt (corpus order), then budget, then run index."""
-    retry, endpoint = spec.retry.to_policy(), spec.endpoint_ref(m)
-    limits, timeouts, response = m.to_limits(), m.to_timeouts(), m.to_response_limits()
-    capped = spec.spend_cap().capped or m.spend_cap().capped
-    wave = shared.wave
-    return [
-        RunTask(
-            run_id=run_id(spec.name, p.sha256, m.name, budget, k, wave.number),
-            campaign=spec.name, panel=spec.panel, model=m.name, endpoint=endpoint,
-            limits=limits, timeouts=timeouts, retry=retry, response=response,
-            max_tokens=budget if budget is not None else m.max_tokens, budget_max_tokens=budget,
-            temperature=m.temperature, reasoning=m.reasoning, structured_output=m.structured_output,
-            stream=m.stream, options=dict(m.options),
-            prompt_sha256=p.sha256, prompt_name=p.name, prompt_license=p.license, prompt_source=p.source,
-            run_index=k, user_message=shared.messages[p.sha256],
-            instruction_version=instruction.version, instruction_sha256=instruction.sha256,
-            measured_on=shared.measured_on, wave=wave.number, wave_started_at=wave.started_at,
-            spend_capped=capped,
-        )
-        for p in corpus.prompts
-        for budget in shared.budgets
-        for k in range(spec.runs)
-    ]

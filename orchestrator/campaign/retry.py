@@ -107,7 +107,15 @@ def retryable(
     prepared: PreparedCampaign, store: RunStore, outcomes: frozenset[Outcome] = RERUN_BY_DEFAULT, *,
     skip_corrupt: bool = False,
 ) -> Retryable:
-    """Counts of the planned runs whose latest execution ended in ``outcomes``."""
+    """Counts of the planned runs whose latest execution ended in ``outcomes`` (a prepared plan's
+    from its indices; a hand-made task list's from its run ids)."""
+    from orchestrator.campaign.lazy_plan import LazyPlan
+    from orchestrator.campaign.plan_state import latest_runs, retryable_mask
+
+    if isinstance(prepared.tasks, LazyPlan):
+        runs = latest_runs(prepared.tasks, store, skip_corrupt=skip_corrupt)
+        chosen = runs.outcomes[retryable_mask(prepared.tasks, runs, outcomes)]
+        return Retryable(dict(Counter(str(o) for o in chosen.tolist())))
     latest = latest_outcomes(prepared, store, skip_corrupt=skip_corrupt)
     return Retryable(dict(Counter(latest[t.run_id] for t in retryable_tasks(prepared.tasks, latest, outcomes))))
 

@@ -7,6 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
+
+from orchestrator.campaign.lazy_plan import LOCATE_COLUMNS
 from orchestrator.campaign.prepared import PreparedCampaign
 from storage.parquet.unreadable import RowSelection, read_checked
 from storage.runs import RunStore
@@ -32,18 +35,16 @@ def campaign_status(prepared: PreparedCampaign, store: RunStore, *, skip_corrupt
 
     An unreadable Parquet file is a ``StorageError`` naming it, unless ``skip_corrupt``: then
     the other files are counted and the skipped ones listed in ``skipped_files``."""
-    planned_ids = {t.run_id for t in prepared.tasks}
+    plan = prepared.plan
     table, skipped = read_checked(store.dataset, skip=skip_corrupt, selection=RowSelection(
-        filters={"campaign": [prepared.spec.name]}, columns=["run_id", "model", "outcome"],
+        filters={"campaign": [prepared.spec.name]}, columns=[*LOCATE_COLUMNS, "outcome"],
     ))
+    table = table.filter(pa.array(plan.locate(table) >= 0)).select(["model", "outcome"])
     stored: dict[str, Counter[str]] = {}
-    for run_id, model, outcome in zip(
-        table.column("run_id").to_pylist(), table.column("model").to_pylist(), table.column("outcome").to_pylist()
-    ):
-        if run_id in planned_ids:
-            stored.setdefault(model, Counter())[outcome] += 1
+    for row in table.group_by(["model", "outcome"]).aggregate([([], "count_all")]).to_pylist():
+        stored.setdefault(row["model"], Counter())[row["outcome"]] = row["count_all"]
     return CampaignStatus(
-        planned_by_model=dict(Counter(t.model for t in prepared.tasks)),
+        planned_by_model=plan.planned_by_model(),
         stored_by_model={m: dict(c) for m, c in stored.items()},
         skipped_files=tuple(skipped),
     )
