@@ -74,7 +74,7 @@ def campaign_outcome(prepared: PreparedCampaign, store: RunStore) -> CampaignOut
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from orchestrator.campaign.lazy_plan import LOCATE_COLUMNS
+    from orchestrator.campaign.plan import LOCATE_COLUMNS
 
     plan = prepared.plan
     planned_by_model = plan.planned_by_model()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from orchestrator.campaign.lazy_plan import LOCATE_COLUMNS, LazyPlan
+from orchestrator.campaign.plan import LOCATE_COLUMNS, LazyPlan
 from orchestrator.campaign.run_bitmap import RunBitmap
 from storage.outcomes import CLOSES_MODEL
 from storage.parquet.unreadable import RowSelection, read_checked

@@ -109,7 +109,7 @@ def retryable(
 ) -> Retryable:
     """Counts of the planned runs whose latest execution ended in ``outcomes`` (a prepared plan's
     from its indices; a hand-made task list's from its run ids)."""
-    from orchestrator.campaign.lazy_plan import LazyPlan
+    from orchestrator.campaign.plan import LazyPlan
     from orchestrator.campaign.plan_state import latest_runs, retryable_mask
 
     if isinstance(prepared.tasks, LazyPlan):

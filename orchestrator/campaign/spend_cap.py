@@ -23,7 +23,7 @@ from storage.runs import RunStore
 from workers.spend import CAMPAIGN_SCOPE, SPEND_CAP_REASON, SpendCap, SpendPlan, Spent, UsdPerToken
 
 if TYPE_CHECKING:
-    from orchestrator.campaign.lazy_plan import LazyPlan
+    from orchestrator.campaign.plan import LazyPlan
 
 #: A refused reservation's exit code for ``irbench run`` (``orchestrator.cli.run_command``).
 SPEND_CAP_EXIT_CODE = 5
@@ -87,7 +87,7 @@ def stored_spend(store: RunStore, campaign: str, wave: int, prices: dict[str, Us
 
 def spend_cap_stop(store: RunStore, plan: LazyPlan) -> tuple[str, int] | None:
     """(a reason, runs) when some planned runs' latest execution was cancelled by a spend cap."""
-    from orchestrator.campaign.lazy_plan import LOCATE_COLUMNS
+    from orchestrator.campaign.plan import LOCATE_COLUMNS
 
     table = store.read_table(campaigns=[plan.campaign], columns=list(dict.fromkeys([*LOCATE_COLUMNS, "outcome",
                                                                                     "cancel_reason"])))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from orchestrator.campaign.lazy_plan import LOCATE_COLUMNS
+from orchestrator.campaign.plan import LOCATE_COLUMNS
 from orchestrator.campaign.prepared import PreparedCampaign
 from storage.parquet.unreadable import RowSelection, read_checked
 from storage.runs import RunStore

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, Field
 
-from orchestrator.campaign.lazy_plan import LOCATE_COLUMNS
+from orchestrator.campaign.plan import LOCATE_COLUMNS
 from orchestrator.campaign.prepared import PreparedCampaign
 from storage.prices import TokenTotals, spend_total
 from storage.runs import RunStore, latest_executions

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 import structlog
 from celery import Celery
 
-from orchestrator.campaign.lazy_plan import planned_models
+from orchestrator.campaign.plan import planned_models
 from orchestrator.campaign.plan_state import stored_count
 from orchestrator.campaign.status import CampaignStatus, campaign_status
 

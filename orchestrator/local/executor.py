@@ -1,7 +1,7 @@
 """The in-process executor: asyncio, per-model worker pools, one HTTP connection per call in flight.
 
-Each model gets its own pool of ``max_concurrency`` coroutines pulling from its own queue, so a
-model waiting on its rate limit never holds up another model. Each endpoint's calls go through a
+Each model gets its own pool of ``max_concurrency`` coroutines taking from its own task stream
+(each task built as it is taken), so a model waiting on its rate limit never holds up another model. Each endpoint's calls go through a
 ``PooledProvider``: a call borrows an idle single-connection client of that endpoint (or makes
 one), so a client's per-request walk over its pool is one connection long (a shared httpx pool
 of 64 costs more CPU per call at 64 coroutines than the call itself; bench/local_throughput.py
@@ -197,7 +197,7 @@ class _ModelPools:
             self._report(run.model)
 
     def start(self, execute: Execute, ctx: RunContext, writer: BatchWriter | ProcessWriter) -> list[asyncio.Task[None]]:
-        """One task per coroutine slot of each model (no more than its queued runs)."""
+        """One task per coroutine slot of each model (no more than its runs)."""
         return [
             asyncio.create_task(self._drain(model, execute, ctx, writer))
             for model in self.streams

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from orchestrator.campaign.corpus import Corpus, load_corpus
 from orchestrator.campaign.instruction import Instruction, load_instruction
-from orchestrator.campaign.lazy_plan import LazyPlan
+from orchestrator.campaign.plan import LazyPlan
 from orchestrator.campaign.plan import WaveStart, run_id
 from orchestrator.campaign.plan_state import LatestRuns, PlanSelection, retryable_mask
 from orchestrator.campaign.retry import retryable_tasks
@@ -156,3 +156,32 @@ def test_retryable_indices_are_the_retryable_tasks(tmp_path: Path, outcomes: lis
         old = [t.run_id for t in retryable_tasks(tasks, latest, chosen | {Outcome.CANCELLED})]
         mask = retryable_mask(plan, runs, chosen | {Outcome.CANCELLED})
         assert [plan.run_id(int(i)) for i in runs.indices[mask]] == old
+
+
+def test_a_ten_million_run_plan_is_prepared_resumed_and_counted_without_its_tasks(tmp_path: Path) -> None:
+    """What a 10**7-run campaign costs before its first call: its axes, a bitmap, one task."""
+    import time
+    import tracemalloc
+
+    from orchestrator.campaign.plan_state import stored_bitmap
+    from orchestrator.campaign.prepared import prepare
+    from orchestrator.campaign.status import campaign_status
+    from storage.runs import RunStore
+
+    spec, _, _ = campaign(tmp_path, 4, 5, 2, 250_000)
+    store = RunStore(tmp_path / "data")
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    try:
+        prepared = prepare(spec, max_planned_runs=None)
+        selection = PlanSelection.pending(prepared.plan, stored_bitmap(prepared.plan, store))
+        first = next(selection.tasks_of("m-3"))
+        status = campaign_status(prepared, store)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    seconds = time.perf_counter() - t0
+    assert len(prepared.tasks) == len(selection) == status.planned == 10_000_000
+    assert first == prepared.tasks[3] and status.stored == 0
+    assert peak < 64 * 2**20, f"{peak / 2**20:.0f} MiB traced"  # a materialised plan: about 32 GiB
+    assert seconds < 30, f"{seconds:.1f} s"
