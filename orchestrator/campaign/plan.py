@@ -88,6 +88,7 @@ def pending(tasks: Iterable[RunTask], completed_ids: set[str]) -> list[RunTask]:
 
 #: The columns of a stored row that :meth:`LazyPlan.locate` reads.
 LOCATE_COLUMNS = ("run_id", "model", "prompt_sha256", "budget_max_tokens", "run_index")
+_LOCATE_SLICE_ROWS = 65536
 
 
 def _json(value: object) -> str:
@@ -221,12 +222,15 @@ class LazyPlan(Sequence[RunTask]):
         k = np.asarray(pc.fill_null(table.column("run_index"), -1).to_numpy(zero_copy_only=False), dtype=np.int64)
         on_axes = (m >= 0) & (p >= 0) & (b >= 0) & (k >= 0) & (k < self.runs)
         out = np.full(n, -1, dtype=np.int64)
-        rows = np.flatnonzero(on_axes)
-        ids = table.column("run_id").take(pa.array(rows)).to_pylist()
-        for row, rid, mi, pi, bi, ki in zip(rows.tolist(), ids, m[rows].tolist(), p[rows].tolist(), b[rows].tolist(),
-                                            k[rows].tolist()):
-            if rid == self._run_id(mi, pi, bi, ki):
-                out[row] = self.index_of(mi, pi, bi, ki)
+        on = np.flatnonzero(on_axes)
+        run_ids = table.column("run_id")
+        for start in range(0, on.size, _LOCATE_SLICE_ROWS):  # the ids as Python strings a slice at a time
+            rows = on[start:start + _LOCATE_SLICE_ROWS]
+            ids = run_ids.take(pa.array(rows)).to_pylist()
+            for row, rid, mi, pi, bi, ki in zip(rows.tolist(), ids, m[rows].tolist(), p[rows].tolist(),
+                                                b[rows].tolist(), k[rows].tolist()):
+                if rid == self._run_id(mi, pi, bi, ki):
+                    out[row] = self.index_of(mi, pi, bi, ki)
         return out
 
     def model_positions(self, indices: np.ndarray) -> np.ndarray:

@@ -28,7 +28,8 @@ WINDOW_RUNS = 4096  # plan positions per model read from the bitmap at a time
 def stored_rows(plan: LazyPlan, store: RunStore) -> tuple[RunBitmap, int]:
     """(the runs of ``plan`` with at least one stored execution, any outcome; the rows of its
     campaign read, of any wave or plan)."""
-    table = store.dataset.read(filters={"campaign": [plan.campaign]}, columns=list(LOCATE_COLUMNS), dedupe=False)
+    table = store.dataset.read(filters={"campaign": [plan.campaign]}, columns=list(LOCATE_COLUMNS), dedupe=False,
+                               dictionary_columns=("model", "prompt_sha256"))  # 4 bytes a row, not the strings
     found = plan.locate(table)
     return RunBitmap.of(len(plan), found[found >= 0]), table.num_rows
 
