@@ -6,22 +6,32 @@ count and the store's file list. Figures: seconds to the first call the simulato
 the first stored run, runs stored by the stop, the orchestrator's peak RSS (this process: the
 local executor runs here, and so does the distributed executor's orchestrator) and then
 ``irbench status`` of the campaign in a child process (wall seconds and that child's peak RSS).
+Also the helpers both modes share: the simulator's configuration and call count, the campaign
+file, this process's peak RSS and a child measured by a launcher.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
+from _cluster import BenchCluster, write_campaign
 
+from orchestrator.campaign.prepared import prepare
+from orchestrator.campaign.spec import load_campaign
+from orchestrator.local.campaign import run_campaign_local
+from simulator.server import start_subprocess
 from storage.runs import RunStore
 
 # Runs the command and prints "<wall s> <peak RSS KiB of its child>". A launcher because Linux
@@ -43,8 +53,34 @@ def measured_child(cmd: list[str]) -> tuple[float, float]:
     return float(wall), float(rss_kib) / 1024  # Linux: KiB
 
 
+def load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def sim_toml(models: list[str]) -> str:
+    """Zero latency, no failures: the simulator's defaults for every model."""
+    return "seed = 1\n" + "".join(f"[models.{m}]\n" for m in models)
+
+
+def scale_campaign_file(
+    directory: Path, name: str, base_url: str, models: list[str], prompts: int, runs: int,
+    model_concurrency: int, executor_concurrency: int,
+) -> Path:
+    """Every model × every generated prompt × ``runs``, unlimited, ``model_concurrency`` each."""
+    fields = {m: {"max_concurrency": model_concurrency} for m in models}
+    path = write_campaign(directory, name, base_url, fields, prompts=prompts, runs=runs)
+    path.write_text(path.read_text() + f"[executor]\nconcurrency = {executor_concurrency}\n")
+    return path
+
+
+def sim_calls(base_url: str) -> int:
+    with urllib.request.urlopen(f"{base_url}/_stats", timeout=30) as resp:
+        return sum(m["requests"] for m in json.load(resp)["models"].values())
+
+
 def self_rss_mib() -> float:
-    """Peak RSS of this process so far (MiB)."""
+    """Peak RSS of this process so far (MiB): the orchestrator side (and, for local, the executor)."""
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
@@ -129,3 +165,54 @@ def print_window_table(rows: list[WindowFigures]) -> None:
         print(f"{f.label:>14} {f.planned:>10} {f.stop_after_s:>6.0f} {f.first_call_s:>10.1f} {f.first_stored_s:>11.1f} "
               f"{f.stored:>8} {f.orchestrator_rss_mib:>8.0f} {f.status_s:>8.1f} {f.status_rss_mib:>10.0f}")
     sys.stdout.flush()
+
+
+def run_local_window(args: argparse.Namespace, tmp: Path, models: list[str]) -> WindowFigures:
+    """The local executor from planning on, stopped after ``--stop-after-s`` (SIGINT, as Ctrl-C)."""
+    (tmp / "sim-local.toml").write_text(sim_toml(models))
+    planned = len(models) * args.prompts * args.runs
+    with start_subprocess(tmp / "sim-local.toml") as sim:
+        path = scale_campaign_file(tmp / "local", "scale-local", sim.base_url, models, args.prompts, args.runs,
+                                   args.model_concurrency, args.local_concurrency)
+        store = RunStore(tmp / "data-local")
+        print(f"\n== local executor: {planned} runs planned, stop after {args.stop_after_s:.0f} s; {load()}", flush=True)
+        t0 = time.perf_counter()
+        timer = interrupt_after(args.stop_after_s)
+        with FirstEvents(lambda: sim_calls(sim.base_url), store, t0) as first:
+            try:
+                run_campaign_local(prepare(load_campaign(path), max_planned_runs=None), store, secrets={})
+            except KeyboardInterrupt:  # the stop came before the executor's loop started
+                print(f"local: stopped before the executor started ({time.perf_counter() - t0:.1f} s)", flush=True)
+            finally:
+                timer.cancel()
+        rss = self_rss_mib()
+    print(f"local stopped at {time.perf_counter() - t0:.1f} s; {load()}", flush=True)
+    status_s, status_rss = status_of(path, store.root, planned)
+    return WindowFigures("local", planned, args.stop_after_s, first.first_call_s, first.first_stored_s,
+                         stored_rows(store), rss, status_s, status_rss)
+
+
+def run_celery_window(args: argparse.Namespace, tmp: Path, models: list[str]) -> WindowFigures:
+    """The distributed executor from planning on, given up after ``--stop-after-s``."""
+    from orchestrator.distributed.executor import CeleryOptions, CeleryRun, run_campaign_celery
+
+    (tmp / "sim-celery.toml").write_text(sim_toml(models))
+    planned = len(models) * args.prompts * args.runs
+    label = f"celery {args.workers}x{args.threads}"
+    env = {"IRBENCH_LOG_LEVEL": "WARNING"}
+    with BenchCluster(tmp / "sim-celery.toml", workers=args.workers, concurrency=args.threads, worker_env=env) as c:
+        path = scale_campaign_file(tmp / "celery", "scale-celery", c.sim.base_url, models, args.prompts, args.runs,
+                                   args.model_concurrency, args.local_concurrency)
+        store = RunStore(tmp / "data-celery")
+        print(f"\n== {label}: {planned} runs planned, stop after {args.stop_after_s:.0f} s; {load()}", flush=True)
+        t0 = time.perf_counter()
+        with FirstEvents(lambda: sum(m["requests"] for m in c.sim_stats().values()), store, t0) as first:
+            prepared = prepare(load_campaign(path), max_planned_runs=None)
+            left_s = max(args.stop_after_s - (time.perf_counter() - t0), 0.1)
+            opts = CeleryOptions(analyze_on_complete=False, runs_per_message=args.runs_per_message)
+            run_campaign_celery(prepared, store, c.url, CeleryRun(options=opts, timeout_s=left_s))
+        rss = self_rss_mib()
+    print(f"{label} stopped at {time.perf_counter() - t0:.1f} s; {load()}", flush=True)
+    status_s, status_rss = status_of(path, store.root, planned)
+    return WindowFigures(label, planned, args.stop_after_s, first.first_call_s, first.first_stored_s,
+                         stored_rows(store), rss, status_s, status_rss)

@@ -44,23 +44,23 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from _cluster import BenchCluster, interrupt_as_keyboard, write_campaign
+from _cluster import BenchCluster, interrupt_as_keyboard
 
-from _scale_window import FirstEvents, WindowFigures, interrupt_after, print_window_table, status_of, stored_rows
+from _scale_window import (
+    load, measured_child, print_window_table, run_celery_window, run_local_window, scale_campaign_file, self_rss_mib,
+    sim_calls, sim_toml,
+)
 
 from orchestrator.campaign.prepared import PreparedCampaign, prepare
 
@@ -69,27 +69,6 @@ from orchestrator.local.executor import ExecutionSummary
 from orchestrator.campaign.spec import load_campaign
 from simulator.server import start_subprocess
 from storage.runs import RunStore
-
-
-def load() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"load average {one:.2f} {five:.2f} {fifteen:.2f}"
-
-
-def sim_toml(models: list[str]) -> str:
-    """Zero latency, no failures: the simulator's defaults for every model."""
-    return "seed = 1\n" + "".join(f"[models.{m}]\n" for m in models)
-
-
-def scale_campaign_file(
-    directory: Path, name: str, base_url: str, models: list[str], prompts: int, runs: int,
-    model_concurrency: int, executor_concurrency: int,
-) -> Path:
-    """Every model × every generated prompt × ``runs``, unlimited, ``model_concurrency`` each."""
-    fields = {m: {"max_concurrency": model_concurrency} for m in models}
-    path = write_campaign(directory, name, base_url, fields, prompts=prompts, runs=runs)
-    path.write_text(path.read_text() + f"[executor]\nconcurrency = {executor_concurrency}\n")
-    return path
 
 
 def scale_campaign(
@@ -192,38 +171,10 @@ def account(label: str, prepared: PreparedCampaign, store: RunStore, seconds: fl
     )
 
 
-def sim_calls(base_url: str) -> int:
-    with urllib.request.urlopen(f"{base_url}/_stats", timeout=30) as resp:
-        return sum(m["requests"] for m in json.load(resp)["models"].values())
-
-
-def self_rss_mib() -> float:
-    """Peak RSS of this process so far (MiB): the orchestrator side (and, for local, the executor)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-
-
-# Runs the command and prints "<wall s> <peak RSS KiB of its child>". Why a launcher: Linux
-# starts a child's ru_maxrss at the RSS of the process it was forked from, so a child of this
-# process (~0.5-1 GiB after a 100k campaign) would report at least that. The launcher is small.
-_MEASURE = """import resource, subprocess, sys, time
-t0 = time.perf_counter()
-rc = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL)
-print(time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, flush=True)
-sys.exit(rc)
-"""
-
-
 def analyze(data: Path, out: Path, replicates: int) -> tuple[float, float]:
     """``irbench analyze`` of ``data`` in a child process: (wall seconds, peak RSS MiB of that child)."""
-    cmd = [sys.executable, "-m", "orchestrator.cli.app", "analyze", "--data", str(data), "--out", str(out),
-           "--replicates", str(replicates)]
-    proc = subprocess.run([sys.executable, "-c", _MEASURE, *cmd], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"irbench analyze failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    wall, rss_kib = proc.stdout.split()[-2:]
-    return float(wall), float(rss_kib) / 1024  # Linux: KiB
+    return measured_child([sys.executable, "-m", "orchestrator.cli.app", "analyze", "--data", str(data), "--out",
+                           str(out), "--replicates", str(replicates)])
 
 
 def watched(store: RunStore, args: argparse.Namespace, n: int, execute: Callable[[], ExecutionSummary]
@@ -309,57 +260,6 @@ def run_bucket_phase(args: argparse.Namespace, tmp: Path, models: list[str]) -> 
             figures = Figures(**{**figures.__dict__, "analysis_s": wall, "analysis_rss_mib": rss})
     print(f"{label} done in {seconds:.1f} s; {load()}", flush=True)
     return figures
-
-
-def run_local_window(args: argparse.Namespace, tmp: Path, models: list[str]) -> WindowFigures:
-    """The local executor from planning on, stopped after ``--stop-after-s`` (SIGINT, as Ctrl-C)."""
-    (tmp / "sim-local.toml").write_text(sim_toml(models))
-    planned = len(models) * args.prompts * args.runs
-    with start_subprocess(tmp / "sim-local.toml") as sim:
-        path = scale_campaign_file(tmp / "local", "scale-local", sim.base_url, models, args.prompts, args.runs,
-                                   args.model_concurrency, args.local_concurrency)
-        store = RunStore(tmp / "data-local")
-        print(f"\n== local executor: {planned} runs planned, stop after {args.stop_after_s:.0f} s; {load()}", flush=True)
-        t0 = time.perf_counter()
-        timer = interrupt_after(args.stop_after_s)
-        with FirstEvents(lambda: sim_calls(sim.base_url), store, t0) as first:
-            try:
-                run_campaign_local(prepare(load_campaign(path), max_planned_runs=None), store, secrets={})
-            except KeyboardInterrupt:  # the stop came before the executor's loop started
-                print(f"local: stopped before the executor started ({time.perf_counter() - t0:.1f} s)", flush=True)
-            finally:
-                timer.cancel()
-        rss = self_rss_mib()
-    print(f"local stopped at {time.perf_counter() - t0:.1f} s; {load()}", flush=True)
-    status_s, status_rss = status_of(path, store.root, planned)
-    return WindowFigures("local", planned, args.stop_after_s, first.first_call_s, first.first_stored_s,
-                         stored_rows(store), rss, status_s, status_rss)
-
-
-def run_celery_window(args: argparse.Namespace, tmp: Path, models: list[str]) -> WindowFigures:
-    """The distributed executor from planning on, given up after ``--stop-after-s``."""
-    from orchestrator.distributed.executor import CeleryOptions, CeleryRun, run_campaign_celery
-
-    (tmp / "sim-celery.toml").write_text(sim_toml(models))
-    planned = len(models) * args.prompts * args.runs
-    label = f"celery {args.workers}x{args.threads}"
-    env = {"IRBENCH_LOG_LEVEL": "WARNING"}
-    with BenchCluster(tmp / "sim-celery.toml", workers=args.workers, concurrency=args.threads, worker_env=env) as c:
-        path = scale_campaign_file(tmp / "celery", "scale-celery", c.sim.base_url, models, args.prompts, args.runs,
-                                   args.model_concurrency, args.local_concurrency)
-        store = RunStore(tmp / "data-celery")
-        print(f"\n== {label}: {planned} runs planned, stop after {args.stop_after_s:.0f} s; {load()}", flush=True)
-        t0 = time.perf_counter()
-        with FirstEvents(lambda: sum(m["requests"] for m in c.sim_stats().values()), store, t0) as first:
-            prepared = prepare(load_campaign(path), max_planned_runs=None)
-            left_s = max(args.stop_after_s - (time.perf_counter() - t0), 0.1)
-            opts = CeleryOptions(analyze_on_complete=False, runs_per_message=args.runs_per_message)
-            run_campaign_celery(prepared, store, c.url, CeleryRun(options=opts, timeout_s=left_s))
-        rss = self_rss_mib()
-    print(f"{label} stopped at {time.perf_counter() - t0:.1f} s; {load()}", flush=True)
-    status_s, status_rss = status_of(path, store.root, planned)
-    return WindowFigures(label, planned, args.stop_after_s, first.first_call_s, first.first_stored_s,
-                         stored_rows(store), rss, status_s, status_rss)
 
 
 def main() -> None:
