@@ -23,15 +23,28 @@ from storage.runs import RunStore
 from workers.runtask import RunTask
 
 WINDOW_RUNS = 4096  # plan positions per model read from the bitmap at a time
+STORED_FILES_PER_READ = 64  # data files per read of the resume scan
 
 
-def stored_rows(plan: LazyPlan, store: RunStore) -> tuple[RunBitmap, int]:
+def stored_rows(plan: LazyPlan, store: RunStore, files_per_read: int = STORED_FILES_PER_READ) -> tuple[RunBitmap, int]:
     """(the runs of ``plan`` with at least one stored execution, any outcome; the rows of its
-    campaign read, of any wave or plan)."""
-    table = store.dataset.read(filters={"campaign": [plan.campaign]}, columns=list(LOCATE_COLUMNS), dedupe=False,
-                               dictionary_columns=("model", "prompt_sha256"))  # 4 bytes a row, not the strings
-    found = plan.locate(table)
-    return RunBitmap.of(len(plan), found[found >= 0]), table.num_rows
+    campaign read, of any wave or plan). Read ``files_per_read`` files at a time: no dedupe is
+    needed for a bit per run, so the scan's memory is one group's columns, whatever the store."""
+    bitmap, rows = RunBitmap(len(plan)), 0
+    columns, filters = list(LOCATE_COLUMNS), {"campaign": [plan.campaign]}
+    files = store.dataset.data_files()
+    try:
+        for start in range(0, len(files), files_per_read):
+            table = store.dataset.read_files(files[start:start + files_per_read], dedupe=False, columns=columns,
+                                             filters=filters)
+            found = plan.locate(table)
+            bitmap.add(found[found >= 0])
+            rows += table.num_rows
+    except FileNotFoundError:  # a compaction replaced files listed above: one read that re-lists
+        table = store.dataset.read(filters=filters, columns=columns, dedupe=False)
+        found = plan.locate(table)
+        return RunBitmap.of(len(plan), found[found >= 0]), table.num_rows
+    return bitmap, rows
 
 
 def stored_bitmap(plan: LazyPlan, store: RunStore) -> RunBitmap:

@@ -185,3 +185,24 @@ def test_a_ten_million_run_plan_is_prepared_resumed_and_counted_without_its_task
     assert first == prepared.tasks[3] and status.stored == 0
     assert peak < 64 * 2**20, f"{peak / 2**20:.0f} MiB traced"  # a materialised plan: about 32 GiB
     assert seconds < 30, f"{seconds:.1f} s"
+
+
+def test_the_resume_scan_finds_the_stored_runs_of_the_plan_whatever_its_read_groups(tmp_path: Path) -> None:
+    from orchestrator.campaign.plan_state import latest_runs, stored_rows
+    from storage.runs import RunStore
+    from workers.execute import worker_error_record
+
+    spec, corpus, ins = campaign(tmp_path, 3, 2, 2, 3)
+    plan, later = LazyPlan(spec, corpus, ins), LazyPlan(spec, corpus, ins, wave=WaveStart(2))
+    store = RunStore(tmp_path / "data", fsync=False)
+    stored = [0, 5, 7, 8, 35, 5]  # 5 twice: two executions, one run
+    for i in stored:
+        store.write([worker_error_record(plan[i], "boom")])  # one file each
+    store.write([worker_error_record(later[3], "another wave"), worker_error_record(
+        plan[4].model_copy(update={"run_id": "0" * 32}), "an id that is not the plan's")])
+    for group in (1, 2, 64):
+        bitmap, rows = stored_rows(plan, store, files_per_read=group)
+        assert bitmap.indices().tolist() == sorted(set(stored)) and rows == len(stored) + 2
+    latest = latest_runs(plan, store)
+    assert latest.indices.tolist() == sorted(set(stored)) and latest.by_outcome() == {"worker_error": 5}
+    assert stored_rows(later, store)[0].indices().tolist() == [3]
