@@ -12,8 +12,7 @@ import structlog
 from orchestrator.campaign.corpus import Corpus, load_corpus
 from orchestrator.campaign.instruction import Instruction, load_instruction
 from orchestrator.campaign.limits import DEFAULT_MAX_PLANNED_RUNS, check_plan_size
-from orchestrator.campaign.plan import LazyPlan
-from orchestrator.campaign.plan import WaveStart
+from orchestrator.campaign.plan import LazyPlan, WaveStart
 from orchestrator.campaign.spec import CampaignSpec
 from storage.errors import StorageError
 from storage.prompts import PromptStore, PromptText
