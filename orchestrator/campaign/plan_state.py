@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -69,7 +70,7 @@ class LatestRuns:
 
     indices: np.ndarray  # int64
     outcomes: np.ndarray  # str objects, one per index
-    skipped_files: tuple[str, ...] = ()
+    skipped_files: tuple[Path, ...] = ()
 
     def by_outcome(self) -> dict[str, int]:
         if not self.outcomes.size:
@@ -86,7 +87,7 @@ def latest_runs(plan: LazyPlan, store: RunStore, *, skip_corrupt: bool = False) 
     keep = np.flatnonzero(found >= 0)
     outcomes = np.asarray(table.column("outcome").to_pylist(), dtype=object)[keep] if keep.size else np.zeros(0, object)
     order = np.argsort(found[keep], kind="stable")
-    return LatestRuns(found[keep][order], outcomes[order], tuple(str(p) for p in skipped))
+    return LatestRuns(found[keep][order], outcomes[order], tuple(skipped))
 
 
 def retryable_mask(plan: LazyPlan, latest: LatestRuns, outcomes: frozenset[Outcome]) -> np.ndarray:
