@@ -32,27 +32,35 @@ printed before and after each phase: run it when the machine is as quiet as poss
         [--executors local,celery,celery-s3] [--workers 4] [--threads 8] [--runs-per-message 0]
         [--local-concurrency 64]
         [--model-concurrency 4] [--sample-s 10] [--replicates 2000] [--no-analysis]
+        [--total-runs N] [--stop-after-s S]
+
+``--stop-after-s S`` (local, celery) measures a campaign too large to finish: each executor is
+stopped S seconds after it starts planning, then the time to its first call and first stored
+run, its peak RSS and ``irbench status`` time are printed (``bench/_scale_window.py``), e.g.
+``--total-runs 10000000 --runs 50 --executors local --stop-after-s 60``.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from _cluster import BenchCluster, interrupt_as_keyboard, write_campaign
+from _cluster import BenchCluster, interrupt_as_keyboard
+
+from _scale_window import (
+    load, measured_child, print_window_table, run_celery_window, run_local_window, scale_campaign_file, self_rss_mib,
+    sim_calls, sim_toml,
+)
 
 from orchestrator.campaign.prepared import PreparedCampaign, prepare
 
@@ -63,25 +71,13 @@ from simulator.server import start_subprocess
 from storage.runs import RunStore
 
 
-def load() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"load average {one:.2f} {five:.2f} {fifteen:.2f}"
-
-
-def sim_toml(models: list[str]) -> str:
-    """Zero latency, no failures: the simulator's defaults for every model."""
-    return "seed = 1\n" + "".join(f"[models.{m}]\n" for m in models)
-
-
 def scale_campaign(
     directory: Path, name: str, base_url: str, models: list[str], prompts: int, runs: int,
     model_concurrency: int, executor_concurrency: int,
 ) -> PreparedCampaign:
-    """Every model × every generated prompt × ``runs``, unlimited, ``model_concurrency`` each."""
-    fields = {m: {"max_concurrency": model_concurrency} for m in models}
-    path = write_campaign(directory, name, base_url, fields, prompts=prompts, runs=runs)
-    path.write_text(path.read_text() + f"[executor]\nconcurrency = {executor_concurrency}\n")
-    return prepare(load_campaign(path))
+    return prepare(load_campaign(scale_campaign_file(directory, name, base_url, models, prompts, runs,
+                                                     model_concurrency, executor_concurrency)),
+                   max_planned_runs=None)
 
 
 class StoreWatcher:
@@ -175,38 +171,10 @@ def account(label: str, prepared: PreparedCampaign, store: RunStore, seconds: fl
     )
 
 
-def sim_calls(base_url: str) -> int:
-    with urllib.request.urlopen(f"{base_url}/_stats", timeout=30) as resp:
-        return sum(m["requests"] for m in json.load(resp)["models"].values())
-
-
-def self_rss_mib() -> float:
-    """Peak RSS of this process so far (MiB): the orchestrator side (and, for local, the executor)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-
-
-# Runs the command and prints "<wall s> <peak RSS KiB of its child>". Why a launcher: Linux
-# starts a child's ru_maxrss at the RSS of the process it was forked from, so a child of this
-# process (~0.5-1 GiB after a 100k campaign) would report at least that. The launcher is small.
-_MEASURE = """import resource, subprocess, sys, time
-t0 = time.perf_counter()
-rc = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL)
-print(time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, flush=True)
-sys.exit(rc)
-"""
-
-
 def analyze(data: Path, out: Path, replicates: int) -> tuple[float, float]:
     """``irbench analyze`` of ``data`` in a child process: (wall seconds, peak RSS MiB of that child)."""
-    cmd = [sys.executable, "-m", "orchestrator.cli.app", "analyze", "--data", str(data), "--out", str(out),
-           "--replicates", str(replicates)]
-    proc = subprocess.run([sys.executable, "-c", _MEASURE, *cmd], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"irbench analyze failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    wall, rss_kib = proc.stdout.split()[-2:]
-    return float(wall), float(rss_kib) / 1024  # Linux: KiB
+    return measured_child([sys.executable, "-m", "orchestrator.cli.app", "analyze", "--data", str(data), "--out",
+                           str(out), "--replicates", str(replicates)])
 
 
 def watched(store: RunStore, args: argparse.Namespace, n: int, execute: Callable[[], ExecutionSummary]
@@ -299,6 +267,10 @@ def main() -> None:
     parser.add_argument("--models", type=int, default=50)
     parser.add_argument("--prompts", type=int, default=400)
     parser.add_argument("--runs", type=int, default=5, help="runs per (model, prompt)")
+    parser.add_argument("--total-runs", type=int, default=None, help="runs in all: sets --prompts to this ÷ "
+                        "(models × runs), e.g. --total-runs 10000000 --runs 50 is 50 × 4000 × 50")
+    parser.add_argument("--stop-after-s", type=float, default=None, help="stop each executor this long after it "
+                        "starts planning and print time to first call, orchestrator RSS and status time (no analysis)")
     parser.add_argument("--executors", default="local,celery", help="comma-separated: local, celery, celery-s3 "
                         "(the distributed executor on an S3 bucket: SeaweedFS on loopback)")
     parser.add_argument("--workers", type=int, default=4, help="celery worker processes")
@@ -316,6 +288,22 @@ def main() -> None:
 
     configure_logging(level="WARNING")
     models = [f"m{i:02d}" for i in range(args.models)]
+    if args.total_runs is not None:
+        args.prompts, rest = divmod(args.total_runs, args.models * args.runs)
+        if rest or not args.prompts:
+            raise SystemExit(f"--total-runs {args.total_runs} is not a multiple of models × runs")
+    if args.stop_after_s is not None:
+        window_rows = []
+        with tempfile.TemporaryDirectory(prefix="irbench-scale-") as tmp, interrupt_as_keyboard():
+            tmp_path = Path(tmp) if args.keep is None else args.keep
+            tmp_path.mkdir(parents=True, exist_ok=True)
+            for name in args.executors.split(","):
+                window = {"local": run_local_window, "celery": run_celery_window}[name]
+                window_rows.append(window(args, tmp_path, models))
+                print_window_table(window_rows[-1:])
+        print(f"\n{args.models} models x {args.prompts} prompts x {args.runs} runs; {load()}")
+        print_window_table(window_rows)
+        return
     phases = {"local": run_local_phase, "celery": run_celery_phase, "celery-s3": run_bucket_phase}
     rows: list[Figures] = []
     with tempfile.TemporaryDirectory(prefix="irbench-scale-") as tmp, interrupt_as_keyboard():

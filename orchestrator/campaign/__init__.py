@@ -1,4 +1,4 @@
-"""What a campaign is: its spec and checks, corpus, plan, ad-hoc campaigns, retry selection, which wave runs, and how it ended."""
+"""What a campaign is: its spec and checks, corpus, plan (lazy, its state a bitmap), ad-hoc campaigns, retry selection, which wave runs, and how it ended."""
 
 __all__ = [
     "adhoc",
@@ -8,10 +8,12 @@ __all__ = [
     "limits",
     "outcome",
     "plan",
+    "plan_state",
     "prepared",
     "preview",
     "prices",
     "retry",
+    "run_bitmap",
     "spec",
     "spec_checks",
     "spend_cap",

@@ -10,7 +10,7 @@ from workers.errors import ConfigError
 if TYPE_CHECKING:
     from orchestrator.campaign.spec import CampaignSpec
 
-DEFAULT_MAX_PLANNED_RUNS = 1_000_000  # 10x the 100k-run yardstick; --max-planned-runs overrides
+DEFAULT_MAX_PLANNED_RUNS = 100_000_000  # 10x the 10M-run yardstick (a plan is axes, its state a bitmap); --max-planned-runs overrides
 
 
 def check_plan_size(spec: CampaignSpec, prompts: int, max_planned_runs: int | None, source: str | None = None) -> int:

@@ -71,18 +71,21 @@ def _shown(error: str | None) -> str | None:
 
 def campaign_outcome(prepared: PreparedCampaign, store: RunStore) -> CampaignOutcome:
     """Read the latest execution of each planned run of ``prepared`` from ``store``."""
-    planned_by_model = Counter(t.model for t in prepared.tasks)
-    planned_ids = {t.run_id for t in prepared.tasks}
-    table = store.read_table(campaigns=[prepared.spec.name], columns=list(_COLUMNS))
-    stored = 0
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from orchestrator.campaign.plan import LOCATE_COLUMNS
+
+    plan = prepared.plan
+    planned_by_model = plan.planned_by_model()
+    table = store.read_table(campaigns=[prepared.spec.name], columns=list(dict.fromkeys([*LOCATE_COLUMNS, *_COLUMNS])))
+    table = table.filter(pa.array(plan.locate(table) >= 0))  # the planned runs (sorted by run_id still)
+    stored = table.num_rows
+    if stored:
+        table = table.filter(pc.not_equal(table.column("outcome"), Outcome.OK.value))
     failed: dict[str, Counter[str]] = {}
     first_error: dict[str, str | None] = {}
-    for run_id, model, outcome, attempts, cancel_reason in zip(*(table.column(c).to_pylist() for c in _COLUMNS)):
-        if run_id not in planned_ids:
-            continue
-        stored += 1
-        if outcome == Outcome.OK.value:
-            continue
+    for _, model, outcome, attempts, cancel_reason in zip(*(table.column(c).to_pylist() for c in _COLUMNS)):
         failed.setdefault(model, Counter())[outcome] += 1
         if model not in first_error:  # rows come sorted by run_id
             first_error[model] = _shown((attempts[-1].get("error") if attempts else None) or cancel_reason)
@@ -91,4 +94,4 @@ def campaign_outcome(prepared: PreparedCampaign, store: RunStore) -> CampaignOut
                       first_error.get(model))
         for model, counts in sorted(failed.items())
     )
-    return CampaignOutcome(len(planned_ids), stored, sum(m.failed for m in models), models)
+    return CampaignOutcome(len(plan), stored, sum(m.failed for m in models), models)

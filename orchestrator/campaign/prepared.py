@@ -1,9 +1,9 @@
-"""A campaign made ready to run: spec -> corpus -> instruction -> the whole plan, and its secrets."""
+"""A campaign made ready to run: spec -> corpus -> instruction -> the plan (its axes), and its secrets."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +12,7 @@ import structlog
 from orchestrator.campaign.corpus import Corpus, load_corpus
 from orchestrator.campaign.instruction import Instruction, load_instruction
 from orchestrator.campaign.limits import DEFAULT_MAX_PLANNED_RUNS, check_plan_size
-from orchestrator.campaign.plan import WaveStart, plan_runs
+from orchestrator.campaign.plan import LazyPlan, WaveStart
 from orchestrator.campaign.spec import CampaignSpec
 from storage.errors import StorageError
 from storage.prompts import PromptStore, PromptText
@@ -27,15 +27,23 @@ class PreparedCampaign:
     spec: CampaignSpec
     corpus: Corpus
     instruction: Instruction
-    tasks: list[RunTask]  # the whole plan (of one wave)
+    tasks: Sequence[RunTask]  # the whole plan (of one wave): a LazyPlan, built task by task when read
     wave: WaveStart = WaveStart()
+
+    @property
+    def plan(self) -> LazyPlan:
+        """The plan as axes (a prepared campaign's ``tasks``; a list put in their place by hand
+        has no axes, so only the paths that take ``tasks`` accept it)."""
+        if not isinstance(self.tasks, LazyPlan):
+            raise TypeError("this campaign's tasks are a list, not its plan: prepare() it")
+        return self.tasks
 
 
 def prepare(
     spec: CampaignSpec, *, max_planned_runs: int | None = DEFAULT_MAX_PLANNED_RUNS, source: str | None = None,
     wave: WaveStart = WaveStart(),
 ) -> PreparedCampaign:
-    """Load the corpus and instruction and plan every run of ``spec``.
+    """Load the corpus and instruction and plan every run of ``spec`` (a ``LazyPlan``: no task built).
 
     ``max_planned_runs``: a plan larger than this is a ``ConfigError`` raised before any task is
     built (``runs = 10**20`` must not hang planning); ``None`` = no bound. ``source``: the
@@ -49,8 +57,7 @@ def prepare(
     corpus = load_corpus(spec.corpus, spec.base_dir)
     check_plan_size(spec, len(corpus.prompts), max_planned_runs, source)
     instruction = load_instruction(spec.instruction)
-    tasks = plan_runs(spec, corpus, instruction, wave=wave)
-    return PreparedCampaign(spec, corpus, instruction, tasks, wave)
+    return PreparedCampaign(spec, corpus, instruction, LazyPlan(spec, corpus, instruction, wave=wave), wave)
 
 
 def record_prompts(prepared: PreparedCampaign, data_root: Path, *, fsync: bool = True) -> int:

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.campaign.prepared import PreparedCampaign
 from storage.outcomes import CLOSES_MODEL, RERUN_BY_DEFAULT, TIMEOUT_OUTCOMES
@@ -24,6 +25,10 @@ from storage.runs import RunStore
 from storage.parquet.unreadable import RowSelection, read_checked
 from workers.errors import ConfigError
 from workers.runtask import RunTask
+
+if TYPE_CHECKING:
+    from orchestrator.campaign.plan import LazyPlan
+    from orchestrator.campaign.plan_state import LatestRuns
 
 
 #: Names accepted by ``--outcomes`` besides the outcome classes themselves.
@@ -107,9 +112,23 @@ def retryable(
     prepared: PreparedCampaign, store: RunStore, outcomes: frozenset[Outcome] = RERUN_BY_DEFAULT, *,
     skip_corrupt: bool = False,
 ) -> Retryable:
-    """Counts of the planned runs whose latest execution ended in ``outcomes``."""
+    """Counts of the planned runs whose latest execution ended in ``outcomes`` (a prepared plan's
+    from its indices; a hand-made task list's from its run ids)."""
+    from orchestrator.campaign.plan import LazyPlan
+    from orchestrator.campaign.plan_state import latest_runs
+
+    if isinstance(prepared.tasks, LazyPlan):
+        return retryable_of(prepared.tasks, latest_runs(prepared.tasks, store, skip_corrupt=skip_corrupt), outcomes)
     latest = latest_outcomes(prepared, store, skip_corrupt=skip_corrupt)
     return Retryable(dict(Counter(latest[t.run_id] for t in retryable_tasks(prepared.tasks, latest, outcomes))))
+
+
+def retryable_of(plan: LazyPlan, latest: LatestRuns, outcomes: frozenset[Outcome] = RERUN_BY_DEFAULT) -> Retryable:
+    """:func:`retryable` from an earlier read of the latest executions (``status`` reads once)."""
+    from orchestrator.campaign.plan_state import retryable_mask
+
+    chosen = latest.outcomes[retryable_mask(plan, latest, outcomes)]
+    return Retryable(dict(Counter(str(o) for o in chosen.tolist())))
 
 
 def retry_command(campaign_file: Path, data: Path, outcomes: frozenset[Outcome] = RERUN_BY_DEFAULT) -> str:

@@ -10,6 +10,9 @@ the same command resumes, and lowering it below what was spent stops the campaig
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -18,6 +21,9 @@ from orchestrator.campaign.spec import CampaignSpec
 from storage.prices import TOKENS_PER_MTOK, TokenPrice
 from storage.runs import RunStore
 from workers.spend import CAMPAIGN_SCOPE, SPEND_CAP_REASON, SpendCap, SpendPlan, Spent, UsdPerToken
+
+if TYPE_CHECKING:
+    from orchestrator.campaign.plan import LazyPlan
 
 #: A refused reservation's exit code for ``irbench run`` (``orchestrator.cli.run_command``).
 SPEND_CAP_EXIT_CODE = 5
@@ -79,14 +85,16 @@ def stored_spend(store: RunStore, campaign: str, wave: int, prices: dict[str, Us
     return out
 
 
-def spend_cap_stop(store: RunStore, campaign: str, planned_ids: set[str]) -> tuple[str, int] | None:
+def spend_cap_stop(store: RunStore, plan: LazyPlan) -> tuple[str, int] | None:
     """(a reason, runs) when some planned runs' latest execution was cancelled by a spend cap."""
-    table = store.read_table(campaigns=[campaign], columns=["run_id", "outcome", "cancel_reason"])
+    from orchestrator.campaign.plan import LOCATE_COLUMNS
+
+    table = store.read_table(campaigns=[plan.campaign], columns=list(dict.fromkeys([*LOCATE_COLUMNS, "outcome",
+                                                                                    "cancel_reason"])))
     if table.num_rows == 0:
         return None
     capped = table.filter(pc.starts_with(pc.fill_null(table.column("cancel_reason"), ""), SPEND_CAP_REASON))
-    ids = capped.column("run_id").to_pylist()
-    hits = [i for i, rid in enumerate(ids) if rid in planned_ids]
-    if not hits:
+    hits = np.flatnonzero(plan.locate(capped) >= 0)
+    if not hits.size:
         return None
-    return capped.column("cancel_reason")[hits[0]].as_py(), len(hits)
+    return capped.column("cancel_reason")[int(hits[0])].as_py(), int(hits.size)

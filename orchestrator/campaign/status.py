@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrator.campaign.plan_state import LatestRuns, latest_runs
 from orchestrator.campaign.prepared import PreparedCampaign
-from storage.parquet.unreadable import RowSelection, read_checked
 from storage.runs import RunStore
 
 
@@ -17,6 +17,7 @@ class CampaignStatus:
     planned_by_model: Mapping[str, int]
     stored_by_model: Mapping[str, Mapping[str, int]]  # model -> outcome -> count
     skipped_files: tuple[Path, ...] = ()  # unreadable files left out (``skip_corrupt``)
+    latest: LatestRuns | None = field(default=None, compare=False, repr=False)
 
     @property
     def planned(self) -> int:
@@ -31,19 +32,17 @@ def campaign_status(prepared: PreparedCampaign, store: RunStore, *, skip_corrupt
     """Planned vs stored runs per model, by outcome (counts only runs of the current plan).
 
     An unreadable Parquet file is a ``StorageError`` naming it, unless ``skip_corrupt``: then
-    the other files are counted and the skipped ones listed in ``skipped_files``."""
-    planned_ids = {t.run_id for t in prepared.tasks}
-    table, skipped = read_checked(store.dataset, skip=skip_corrupt, selection=RowSelection(
-        filters={"campaign": [prepared.spec.name]}, columns=["run_id", "model", "outcome"],
-    ))
-    stored: dict[str, Counter[str]] = {}
-    for run_id, model, outcome in zip(
-        table.column("run_id").to_pylist(), table.column("model").to_pylist(), table.column("outcome").to_pylist()
-    ):
-        if run_id in planned_ids:
-            stored.setdefault(model, Counter())[outcome] += 1
+    the other files are counted and the skipped ones listed in ``skipped_files``. The latest
+    execution of each stored run rides along (``latest``: what ``--retry-failed`` counts)."""
+    plan = prepared.plan
+    latest = latest_runs(plan, store, skip_corrupt=skip_corrupt)
+    stored: dict[str, dict[str, int]] = {}
+    pairs = Counter(zip(plan.model_positions(latest.indices).tolist(), latest.outcomes.tolist()))
+    for (model, outcome), n in sorted(pairs.items()):
+        stored.setdefault(plan.models[model], {})[outcome] = n
     return CampaignStatus(
-        planned_by_model=dict(Counter(t.model for t in prepared.tasks)),
-        stored_by_model={m: dict(c) for m, c in stored.items()},
-        skipped_files=tuple(skipped),
+        planned_by_model=plan.planned_by_model(),
+        stored_by_model=stored,
+        skipped_files=latest.skipped_files,
+        latest=latest,
     )

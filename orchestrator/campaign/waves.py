@@ -68,16 +68,17 @@ def start_new_wave(
     from storage.clock import utc_now
     from storage.waves import record_wave
 
+    from orchestrator.campaign.plan_state import stored_rows
+
     name = latest.spec.name
-    planned = {t.run_id for t in latest.tasks}
-    every = store.completed_run_ids(name)
-    stored = every & planned
-    if not every:
+    bitmap, rows = stored_rows(latest.plan, store)  # rows: the campaign's, of any wave
+    if not rows:
         raise ConfigError(f"--new-wave: campaign {name} has no stored runs yet; run it first "
                           f"(`irbench run` without --new-wave measures its first wave)")
-    if len(stored) < len(planned):
-        raise ConfigError(f"--new-wave: wave {latest.wave.number} of {name} has {len(planned) - len(stored)} of "
-                          f"{len(planned)} planned runs not stored; finish it first (`irbench run` without "
+    planned, stored = len(latest.plan), bitmap.count()
+    if stored < planned:
+        raise ConfigError(f"--new-wave: wave {latest.wave.number} of {name} has {planned - stored} of "
+                          f"{planned} planned runs not stored; finish it first (`irbench run` without "
                           "--new-wave resumes it)")
     number = latest.wave.number + 1
     info = record_wave(store.root, name, number, label, now or utc_now())

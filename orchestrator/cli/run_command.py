@@ -141,7 +141,9 @@ def _run_celery(req: RunRequest, prepared: PreparedCampaign, store: RunStore, re
                              flags.runs_per_message, flags.visibility_timeout_s)
     watch = _start_worker_watch(url, req.data, options.queue, flags.broker_wait_s)
     broker = BrokerWatch(url, warn, warn_after_s=broker_warn_after_s()).start()  # a stalled broker is said
-    done_before = len(store.completed_run_ids(prepared.spec.name) & {t.run_id for t in prepared.tasks})
+    from orchestrator.campaign.plan_state import stored_bitmap
+
+    done_before = stored_bitmap(prepared.plan, store).count()
     try:
         with ModelBars(enabled=req.progress) as bars:
             run_as = CeleryRun(
@@ -208,7 +210,7 @@ def _exit_on_spend_cap(prepared: PreparedCampaign, store: RunStore) -> None:
     spec = prepared.spec
     if not (spec.spend_cap().capped or any(m.spend_cap().capped for m in spec.models.values())):
         return  # no cap: no read of the store
-    stop = spend_cap_stop(store, prepared.spec.name, {t.run_id for t in prepared.tasks})
+    stop = spend_cap_stop(store, prepared.plan)
     if stop is None:
         return
     reason, runs = stop

@@ -61,7 +61,7 @@ def show_status(req: StatusRequest) -> None:
     for path in st.skipped_files:
         warn(f"skipped unreadable file {path}")
     _print_table(prepared, st)
-    _print_retryable(prepared, store, req)
+    _print_retryable(prepared, store, req, st)
     _print_spent(prepared, store, req)
     if live is not None:
         _print_live(prepared, store, st, live)
@@ -98,10 +98,11 @@ def _print_spent(prepared: PreparedCampaign, store: RunStore, req: StatusRequest
         console.print(line, soft_wrap=True)
 
 
-def _print_retryable(prepared: PreparedCampaign, store: RunStore, req: StatusRequest) -> None:
-    from orchestrator.campaign.retry import retry_command, retryable
+def _print_retryable(prepared: PreparedCampaign, store: RunStore, req: StatusRequest, st: CampaignStatus) -> None:
+    from orchestrator.campaign.retry import retry_command, retryable, retryable_of
 
-    again = retryable(prepared, store, skip_corrupt=req.skip_corrupt)
+    again = (retryable_of(prepared.plan, st.latest) if st.latest is not None
+             else retryable(prepared, store, skip_corrupt=req.skip_corrupt))
     if again.total:
         console.print(f"{again.total} runs retryable (latest execution {again.describe()}): "
                       f"{retry_command(req.campaign, req.data)}", soft_wrap=True)

@@ -15,11 +15,11 @@ under ``waves`` for each wave; ``caps``: the campaign's spend caps (``workers.sp
 
 from __future__ import annotations
 
-from collections import Counter
-
+import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, Field
 
+from orchestrator.campaign.plan import LOCATE_COLUMNS
 from orchestrator.campaign.prepared import PreparedCampaign
 from storage.prices import TokenTotals, spend_total
 from storage.runs import RunStore, latest_executions
@@ -67,14 +67,15 @@ def status_report(prepared: PreparedCampaign, store: RunStore, *, skip_corrupt: 
     An unreadable Parquet file is a ``StorageError`` naming it, unless ``skip_corrupt``: then
     the other files are counted and the skipped ones listed in ``skipped_files``."""
     name = prepared.spec.name
-    planned_ids = {t.run_id for t in prepared.tasks}
-    models = {m: StatusCounts(planned=n) for m, n in sorted(Counter(t.model for t in prepared.tasks).items())}
+    plan = prepared.plan
+    models = {m: StatusCounts(planned=n) for m, n in sorted(plan.planned_by_model().items())}
     execs, skipped = read_checked(store.dataset, skip=skip_corrupt, dedupe="executions", selection=RowSelection(
         filters={"campaign": [name]},
-        columns=["run_id", "model", "outcome", "attempts", "execution_id", "finished_at", "measured_at"],
+        columns=list(dict.fromkeys([*LOCATE_COLUMNS, "outcome", "attempts", "execution_id", "finished_at",
+                                    "measured_at"])),
     ))
     if execs.num_rows:
-        execs = execs.filter(pc.is_in(execs.column("run_id"), value_set=_ids(planned_ids)))
+        execs = execs.filter(pa.array(plan.locate(execs) >= 0))
     n_attempts = pc.fill_null(pc.list_value_length(execs.column("attempts")), 0).to_pylist() if execs.num_rows else []
     for model, n in zip(execs.column("model").to_pylist(), n_attempts):
         c = models.setdefault(model, StatusCounts())
@@ -124,12 +125,6 @@ def spend_report(prepared: PreparedCampaign, store: RunStore, *, skip_corrupt: b
                                                    ("max_total_tokens", cap.max_total_tokens)) if v is not None}
             for scope, cap in spend_plan(prepared.spec, prepared.wave.number, store).caps.items()}
     return SpendReport(total=latest.total, models=latest.models, waves=waves, caps=caps)
-
-
-def _ids(ids: set[str]):
-    import pyarrow as pa
-
-    return pa.array(sorted(ids), pa.string())
 
 
 def print_status_json(campaign_toml, data_dir, *, max_planned_runs: int, skip_corrupt: bool = False) -> None:

@@ -30,6 +30,7 @@ import structlog
 from celery import Celery
 
 from orchestrator.campaign.prepared import PreparedCampaign
+from orchestrator.campaign.plan import planned_models
 from orchestrator.distributed.completion import CompletionTracker
 from orchestrator.distributed.context import CampaignContext
 from orchestrator.distributed.dispatcher import Dispatcher, RecordsFor
@@ -85,7 +86,7 @@ class DistributedCampaign:
         self.campaign = self.prepared.spec.name
         self.ctx = CampaignContext(self.campaign, CampaignState(b.redis, self.campaign), {t.run_id: t for t in tasks},
                                    self.options, b.clock, b.sleep)
-        self.planned = dict(Counter(t.model for t in tasks))
+        self.planned = planned_models(tasks)  # from the axes: no second pass over the tasks
         sizer = MessageSizer(lambda: read_presence(b.redis), self.options.queue, b.clock)
         self.publisher = Publisher(self.ctx, b.broker, b.store_url or str(b.store.root), sizer)
         self.completion = CompletionTracker(self.ctx, b.store, self.publisher, self.retry_outcomes, b.follow_store)

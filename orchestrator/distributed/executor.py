@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -30,6 +29,8 @@ import pyarrow.compute as pc
 import structlog
 from celery import Celery
 
+from orchestrator.campaign.plan import planned_models
+from orchestrator.campaign.plan_state import stored_count
 from orchestrator.campaign.status import CampaignStatus, campaign_status
 
 from orchestrator.campaign.prepared import PreparedCampaign, record_campaign
@@ -183,7 +184,7 @@ def run_campaign_celery(prepared: PreparedCampaign, store: RunStore, broker_url:
         state = CampaignState(client, campaign)
         plan = spend_plan(prepared.spec, prepared.wave.number, store)  # what the store holds: a resume starts there
         with_retry(lambda: state.spend.configure(plan), "writing the spend cap", budget_s=budget)
-        models = {t.model for t in prepared.tasks}
+        models = set(planned_models(prepared.tasks))
         unavailable = (with_retry(lambda: _close_unavailable(state, store, models), "closing unavailable models",
                                   budget_s=budget) if options.honour_availability else {})
         run = DistributedCampaign(prepared, bundle, options, _cancelled_records, unavailable, run_as.on_progress,
@@ -227,7 +228,7 @@ def campaign_status_celery(
     client = sync_redis(broker_url)
     try:
         state = CampaignState(client, prepared.spec.name)
-        planned = dict(Counter(t.model for t in prepared.tasks))
+        planned = planned_models(prepared.tasks)
         progress = progress_from_counts(planned, state.done.counts(), state.claims.running_by_model(), {}, 0.0)
         closed = state.flags.closed_models()
         return CeleryCampaignStatus(stored, progress, state.outstanding(), state.flags.cancel_reason(), closed)
@@ -260,8 +261,7 @@ def celery_execute(
                 retry_outcomes: frozenset[Outcome] = frozenset()) -> tuple[int, ExecutionSummary]:
         from orchestrator.campaign.retry import retryable
 
-        planned = {t.run_id for t in prepared.tasks}
-        skipped = len(store.completed_run_ids(prepared.spec.name) & planned)
+        skipped = stored_count(prepared.tasks, store)
         if retry_outcomes:
             skipped -= retryable(prepared, store, retry_outcomes).total
         summary = run_campaign_celery(prepared, store, broker_url,

@@ -7,9 +7,8 @@ from collections.abc import Mapping
 
 import structlog
 
-from orchestrator.campaign.plan import pending
+from orchestrator.campaign.plan_state import PlanSelection, latest_runs, retryable_bitmap, stored_bitmap
 from orchestrator.campaign.prepared import PreparedCampaign, record_campaign
-from orchestrator.campaign.retry import latest_outcomes, retryable_tasks
 from orchestrator.campaign.spend_cap import spend_plan
 from orchestrator.local.executor import (
     ExecutionSummary, LocalOptions, ProgressCallback, RunServices, run_event_loop, run_local,
@@ -35,22 +34,21 @@ def run_campaign_local(
     """Execute the runs of ``prepared`` that have no stored record, and (``retry_outcomes``,
     i.e. ``--retry-failed``) those whose latest execution ended in one of those classes; the
     earlier executions stay stored. Returns (skipped, summary)."""
-    done = store.completed_run_ids(prepared.spec.name)
-    todo = pending(prepared.tasks, done)
-    if retry_outcomes:
-        again = {t.run_id for t in retryable_tasks(prepared.tasks, latest_outcomes(prepared, store), retry_outcomes)}
-        todo = [t for t in prepared.tasks if t.run_id in again or t.run_id not in done]  # planned order
-    skipped = len(prepared.tasks) - len(todo)
+    plan = prepared.plan
+    done = stored_bitmap(plan, store)
+    again = retryable_bitmap(plan, latest_runs(plan, store), retry_outcomes) if retry_outcomes else None
+    todo = PlanSelection.pending(plan, done, again)  # enumerated model by model as the pools drain it
+    skipped = len(plan) - len(todo)
     record_campaign(prepared, store.root, fsync=store.dataset.fsync)
-    log.info("campaign_start", campaign=prepared.spec.name, planned=len(prepared.tasks), pending=len(todo))
+    log.info("campaign_start", campaign=prepared.spec.name, planned=len(plan), pending=len(todo))
     options = options or LocalOptions(max_in_flight=prepared.spec.executor.concurrency)
     gate = MemoryGate(prepared.spec.retry.disable_after_consecutive)
     availability = AvailabilityStore(store.root)
     for model, timeline in availability.unavailable_models().items():
         # a model an availability check found gone is not called; its runs are recorded cancelled
         gate.close(model, f"{timeline.latest_status.value} (availability check {timeline.latest_check})")
-    plan = spend_plan(prepared.spec, prepared.wave.number, store)
-    services = RunServices(gate=gate, spend=MemorySpendMeter(plan) if plan.capped else None)
+    spend = spend_plan(prepared.spec, prepared.wave.number, store)
+    services = RunServices(gate=gate, spend=MemorySpendMeter(spend) if spend.capped else None)
     summary = run_event_loop(
         run_local(todo, store, secrets=secrets, options=options, services=services, on_progress=on_progress)
     )

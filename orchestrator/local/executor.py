@@ -1,7 +1,7 @@
 """The in-process executor: asyncio, per-model worker pools, one HTTP connection per call in flight.
 
-Each model gets its own pool of ``max_concurrency`` coroutines pulling from its own queue, so a
-model waiting on its rate limit never holds up another model. Each endpoint's calls go through a
+Each model gets its own pool of ``max_concurrency`` coroutines taking from its own task stream
+(each task built as it is taken), so a model waiting on its rate limit never holds up another model. Each endpoint's calls go through a
 ``PooledProvider``: a call borrows an idle single-connection client of that endpoint (or makes
 one), so a client's per-request walk over its pool is one connection long (a shared httpx pool
 of 64 costs more CPU per call at 64 coroutines than the call itself; bench/local_throughput.py
@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import httpx
 import structlog
 
+from orchestrator.campaign.plan_state import PlanSelection
 from storage.records import Outcome, RunRecord
 from storage.runs import RunStore
 from workers.clock import Clock, SystemClock
@@ -161,23 +163,27 @@ Execute = Callable[[RunTask, RunContext], Awaitable[RunRecord | PendingRecord]]
 
 
 class _ModelPools:
-    """Per-model queues and the coroutines that drain them; counts what they finished.
+    """Per-model task streams and the coroutines that drain them; counts what they finished.
 
-    Each model gets ``max_concurrency`` coroutines (or the options' default) pulling from its own
-    queue, all optionally under one ``max_in_flight`` semaphore."""
+    Each model gets ``max_concurrency`` coroutines (or the options' default) taking the next task
+    of its own stream, all optionally under one ``max_in_flight`` semaphore. A stream is an
+    iterator, so a ``PlanSelection``'s tasks are built one at a time as they are taken."""
 
-    def __init__(self, tasks: Sequence[RunTask], options: LocalOptions, on_progress: ProgressCallback | None) -> None:
-        self.queues: dict[str, asyncio.Queue[RunTask]] = defaultdict(asyncio.Queue)
+    def __init__(self, tasks: Sequence[RunTask] | PlanSelection, options: LocalOptions,
+                 on_progress: ProgressCallback | None) -> None:
+        self.streams: dict[str, Iterator[RunTask]] = {}
         self.progress: dict[str, ModelProgress] = {}
         self.caps: dict[str, int] = {}
         self.by_model: dict[str, Counter[str]] = defaultdict(Counter)
         self.retired: list[RunRecord] = []
         self._on_progress = on_progress
         self._in_flight = asyncio.Semaphore(options.max_in_flight) if options.max_in_flight else None
-        for task in tasks:
-            self.queues[task.model].put_nowait(task)
-            self.caps.setdefault(task.model, task.limits.max_concurrency or options.default_model_concurrency)
-            self.progress.setdefault(task.model, ModelProgress(total=0)).total += 1
+        self.first: RunTask | None = None  # the first task of the first model (its retry policy)
+        for model, (count, first, stream) in _streams(tasks).items():
+            self.first = self.first or first
+            self.streams[model] = stream
+            self.caps[model] = first.limits.max_concurrency or options.default_model_concurrency
+            self.progress[model] = ModelProgress(total=count)
 
     def _report(self, model: str) -> None:
         if self._on_progress:
@@ -191,19 +197,18 @@ class _ModelPools:
             self._report(run.model)
 
     def start(self, execute: Execute, ctx: RunContext, writer: BatchWriter | ProcessWriter) -> list[asyncio.Task[None]]:
-        """One task per coroutine slot of each model (no more than its queued runs)."""
+        """One task per coroutine slot of each model (no more than its runs)."""
         return [
             asyncio.create_task(self._drain(model, execute, ctx, writer))
-            for model, queue in self.queues.items()
-            for _ in range(min(self.caps[model], queue.qsize()))
+            for model in self.streams
+            for _ in range(min(self.caps[model], self.progress[model].total))
         ]
 
     async def _drain(self, model: str, execute: Execute, ctx: RunContext, writer: BatchWriter | ProcessWriter) -> None:
-        queue, state = self.queues[model], self.progress[model]
+        stream, state = self.streams[model], self.progress[model]
         while True:
-            try:
-                task = queue.get_nowait()
-            except asyncio.QueueEmpty:
+            task = next(stream, None)  # no await between taking and starting: the pool's coroutines share it
+            if task is None:
                 return
             state.in_flight += 1
             self._report(model)
@@ -235,6 +240,23 @@ class _ModelPools:
         elif record.failed:
             state.failed += 1
         self._report(model)
+
+
+def _streams(tasks: Sequence[RunTask] | PlanSelection) -> dict[str, tuple[int, RunTask, Iterator[RunTask]]]:
+    """Per model with tasks (first-seen order): its task count, first task and a stream that
+    yields all of them in order."""
+    if isinstance(tasks, PlanSelection):
+        out: dict[str, tuple[int, RunTask, Iterator[RunTask]]] = {}
+        for model, count in tasks.counts().items():
+            if count:
+                stream = tasks.tasks_of(model)
+                first = next(stream)
+                out[model] = (count, first, itertools.chain([first], stream))
+        return out
+    grouped: dict[str, list[RunTask]] = {}
+    for task in tasks:
+        grouped.setdefault(task.model, []).append(task)
+    return {model: (len(ts), ts[0], iter(ts)) for model, ts in grouped.items()}
 
 
 async def _open_writer(store: RunStore, options: LocalOptions, n_tasks: int, pools: _ModelPools
@@ -279,7 +301,7 @@ async def _await_workers(workers: list[asyncio.Task[None]], writer: BatchWriter 
 
 
 async def run_local(
-    tasks: Sequence[RunTask],
+    tasks: Sequence[RunTask] | PlanSelection,
     store: RunStore,
     *,
     secrets: Mapping[str, str],
@@ -288,7 +310,8 @@ async def run_local(
     client: httpx.AsyncClient | None = None,
     on_progress: ProgressCallback | None = None,
 ) -> ExecutionSummary:
-    """Execute ``tasks`` (already filtered to the pending ones) and store every record.
+    """Execute ``tasks`` (already filtered to the pending ones: a list, or a ``PlanSelection``
+    enumerated as it runs) and store every record.
 
     ``secrets`` maps environment-variable names to API keys; it is read here and handed to the
     providers in memory only. ``client``: one HTTP client every call shares (None: pooled
@@ -296,12 +319,13 @@ async def run_local(
     when the store refused a write (the runs not stored execute again on the next resume).
     """
     providers = _Providers(secrets, options, client)
+    pools = _ModelPools(tasks, options, on_progress)
+    first = pools.first
     ctx = RunContext(
         provider_for=providers, limiter=services.limiter or MemoryLimiter(),
-        gate=services.gate or MemoryGate(tasks[0].retry.disable_after_consecutive if tasks else 3),
+        gate=services.gate or MemoryGate(first.retry.disable_after_consecutive if first else 3),
         clock=services.clock or SystemClock(), settings=services.settings, spend=services.spend,
     )
-    pools = _ModelPools(tasks, options, on_progress)
     min_runs = options.writer_process_min_runs
     long_run = min_runs is not None and len(tasks) >= min_runs
     # a long execution runs under the workers' collector policy, set before the writer's fork

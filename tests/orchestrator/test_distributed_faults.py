@@ -217,7 +217,7 @@ def test_a_run_that_kills_its_worker_ends_as_worker_error(up: Cluster, tmp_path:
         path = make_campaign(tmp_path, "f5", s.base_url, {m: {} for m in models}, prompts=4, runs=3)
         prepared = prepare(load_campaign(path))
         poison = next(t for t in prepared.tasks if t.model == poison_model)
-        prepared = replace(prepared, tasks=[t for t in prepared.tasks if t.model != poison_model or t is poison])
+        prepared = replace(prepared, tasks=[t for t in prepared.tasks if t.model != poison_model or t.run_id == poison.run_id])
         store = RunStore(tmp_path / "data")
         state = CampaignState(redis.Redis.from_url(up.url), "f5")
         opts = replace(FAST, max_task_failures=deaths)

@@ -47,7 +47,7 @@ from typing import Any
 import redis
 
 from workers.state import campaign_lua as lua
-from workers.state.campaign_keys import CampaignKeys
+from workers.state.campaign_keys import CampaignKeys, as_text
 from workers.state.done_runs import DoneRuns
 from workers.state.gate_flags import GateFlags
 from workers.state.run_claims import RunClaims
@@ -91,20 +91,30 @@ class CampaignState:
         return str(self.client.info("server").get("run_id", ""))
 
     def known(self, run_ids: Iterable[str], chunk: int = 5000) -> set[str]:
-        """Of ``run_ids``, those Redis knows (queued, running, delayed or done; pipelined in
-        chunks of ``chunk`` runs)."""
-        ids = list(run_ids)
-        out: set[str] = set()
-        for start in range(0, len(ids), chunk):
-            part = ids[start : start + chunk]
-            pipe = self.client.pipeline(transaction=False)
-            for r in part:
-                pipe.zscore(self.key("queued"), r)
-                pipe.hexists(self.key("running"), r)
-                pipe.zscore(self.key("delayed"), r)
-                pipe.exists(self.key(f"done:{r}"))
-            res = pipe.execute()
-            out |= {r for i, r in enumerate(part) if any(res[4 * i : 4 * i + 4])}
+        """Of ``run_ids``, those Redis knows (queued, running, delayed or done).
+
+        Read from Redis's side, so the cost is what Redis holds, not ``run_ids``: the queued,
+        running and delayed runs (the outstanding window), then the done log in chunks of
+        ``chunk`` entries, whose ids among ``run_ids`` are checked for their done marker (every
+        marker is set by the DONE script, which logs its run; a marker undone stays logged).
+        A fresh campaign costs four commands however many runs it plans."""
+        wanted = run_ids if isinstance(run_ids, (set, frozenset, dict)) else set(run_ids)
+        client = self.client
+        pipe = client.pipeline(transaction=False)
+        pipe.zrange(self.key("queued"), 0, -1)
+        pipe.hkeys(self.key("running"))
+        pipe.zrange(self.key("delayed"), 0, -1)
+        pipe.llen(self.key("donelog"))
+        queued, running, delayed, logged = pipe.execute()
+        out = {r for r in (as_text(x) for x in [*queued, *running, *delayed]) if r in wanted}
+        for start in range(0, int(logged), chunk):
+            ids = {as_text(x) for x in client.lrange(self.key("donelog"), start, start + chunk - 1)}
+            candidates = [r for r in ids if r in wanted and r not in out]
+            if candidates:
+                check = client.pipeline(transaction=False)
+                for r in candidates:
+                    check.exists(self.key(f"done:{r}"))
+                out |= {r for r, hit in zip(candidates, check.execute()) if hit}
         return out
 
     def outstanding(self) -> int:
