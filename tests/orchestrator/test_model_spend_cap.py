@@ -136,7 +136,19 @@ def _stop_then_resume(tmp_path: Path, sim: RunningSimulator, *flags: str) -> Non
     assert before["runs_to_run"] == PLANNED and before["spent"] == 0 and "cap reached after about" in before["verdict"]
     _check_stopped(_run(campaign, data, *flags), data, sim, cap, reserve, before)
     _check_plan_after(campaign, data, cap)
-    _check_resumed(_run(_campaign(tmp_path, sim.base_url, full * 10), data, *flags), data, sim)
+    raised = _campaign(tmp_path, sim.base_url, full * 10)
+    _check_plan_text(raised, data, f"of model {CAPPED}: wave 1 spent", "within cap (the upper bound reaches")
+    _check_resumed(_run(raised, data, *flags), data, sim)
+    _check_plan_text(raised, data, f"of model {CAPPED}: wave 1 spent {_tokens(_executions(data, CAPPED)):,} tokens",
+                     "within cap (nothing left to run)")
+
+
+def _check_plan_text(campaign: Path, data: Path, *phrases: str) -> None:
+    """The text plan has one cap line, and it has each phrase."""
+    proc = _cli("plan", str(campaign), "--data", str(data))
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("spend cap max_total_tokens")]
+    assert len(lines) == 1 and all(p in lines[0] for p in phrases), proc.stdout
 
 
 def test_local_model_cap_stops_that_model_only_and_resumes_once_raised(tmp_path: Path, sim: RunningSimulator) -> None:
