@@ -121,11 +121,18 @@ def _check_resumed(proc: subprocess.CompletedProcess, data: Path, sim: RunningSi
 
 
 def _check_plan_after(campaign: Path, data: Path, cap: int) -> None:
-    """After the stop the plan counts the capped model's stored spend and its cancelled runs as to run."""
+    """After the stop the plan counts the capped model's stored spend and its cancelled runs as to
+    run; the text status shows the cap against that spend."""
     after = _cap_check(campaign, data)
     called = _called(_executions(data, CAPPED))
     assert after["spent"] == _tokens(called) and after["cap"] == cap
     assert after["runs_to_run"] == PLANNED - len(called) and not after["within_cap"]
+    status = _cli("status", str(campaign), "--data", str(data))
+    assert status.returncode == 0, status.stderr
+    spent = _tokens(called)
+    assert (f"spend cap max_total_tokens {cap:,} tokens of model {CAPPED}: wave 1 spent {spent:,} tokens "
+            f"({spent / cap:.0%} of it)") in status.stdout, status.stdout
+    assert f"spent in wave 1, {CAPPED}: " in status.stdout and f"spent in wave 1, {FREE}: " in status.stdout
 
 
 def _stop_then_resume(tmp_path: Path, sim: RunningSimulator, *flags: str) -> None:
