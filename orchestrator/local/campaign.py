@@ -3,7 +3,9 @@ availability dataset, the run, and the retirements it saw recorded."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 import structlog
 
@@ -11,6 +13,7 @@ from orchestrator.campaign.plan import pending
 from orchestrator.campaign.prepared import PreparedCampaign, record_campaign
 from orchestrator.campaign.retry import latest_outcomes, retryable_tasks
 from orchestrator.campaign.spend_cap import spend_plan
+from orchestrator.local.campaign_lock import campaign_lock
 from orchestrator.local.executor import (
     ExecutionSummary, LocalOptions, ProgressCallback, RunServices, run_event_loop, run_local,
 )
@@ -18,6 +21,7 @@ from storage.availability import AvailabilityRecord, AvailabilityStore
 from storage.records import Outcome
 from storage.runs import RunStore
 from workers.gate import MemoryGate
+from workers.runtask import RunTask
 from workers.spend import MemorySpendMeter
 
 log = structlog.get_logger("irbench.campaign")
@@ -31,16 +35,35 @@ def run_campaign_local(
     options: LocalOptions | None = None,
     on_progress: ProgressCallback | None = None,
     retry_outcomes: frozenset[Outcome] = frozenset(),
+    on_wait: Callable[[str], None] = lambda line: None,
 ) -> tuple[int, ExecutionSummary]:
     """Execute the runs of ``prepared`` that have no stored record, and (``retry_outcomes``,
     i.e. ``--retry-failed``) those whose latest execution ended in one of those classes; the
-    earlier executions stay stored. Returns (skipped, summary)."""
+    earlier executions stay stored. Returns (skipped: runs stored before this call, summary).
+
+    Under the campaign's lock (``campaign_lock``; ``on_wait`` hears a wait for another
+    orchestrator): the runs that one stored meanwhile are not executed again, and the summary
+    counts them in ``by_others``."""
+    at_start = _todo(prepared, store, retry_outcomes)
+    with campaign_lock(store.root, prepared.spec.name, on_wait) as waited:
+        todo = _todo(prepared, store, retry_outcomes) if waited else at_start
+        summary = _execute(prepared, store, secrets, todo, options, on_progress)
+    left = {t.run_id for t in todo}
+    by_others = [t for t in at_start if t.run_id not in left]
+    return len(prepared.tasks) - len(at_start), _with_others(summary, by_others, latest_outcomes(prepared, store)
+                                                             if by_others else {})
+
+
+def _todo(prepared: PreparedCampaign, store: RunStore, retry_outcomes: frozenset[Outcome]) -> list[RunTask]:
     done = store.completed_run_ids(prepared.spec.name)
-    todo = pending(prepared.tasks, done)
-    if retry_outcomes:
-        again = {t.run_id for t in retryable_tasks(prepared.tasks, latest_outcomes(prepared, store), retry_outcomes)}
-        todo = [t for t in prepared.tasks if t.run_id in again or t.run_id not in done]  # planned order
-    skipped = len(prepared.tasks) - len(todo)
+    if not retry_outcomes:
+        return pending(prepared.tasks, done)
+    again = {t.run_id for t in retryable_tasks(prepared.tasks, latest_outcomes(prepared, store), retry_outcomes)}
+    return [t for t in prepared.tasks if t.run_id in again or t.run_id not in done]  # planned order
+
+
+def _execute(prepared: PreparedCampaign, store: RunStore, secrets: Mapping[str, str], todo: list[RunTask],
+             options: LocalOptions | None, on_progress: ProgressCallback | None) -> ExecutionSummary:
     record_campaign(prepared, store.root, fsync=store.dataset.fsync)
     log.info("campaign_start", campaign=prepared.spec.name, planned=len(prepared.tasks), pending=len(todo))
     options = options or LocalOptions(max_in_flight=prepared.spec.executor.concurrency)
@@ -55,7 +78,22 @@ def run_campaign_local(
         run_local(todo, store, secrets=secrets, options=options, services=services, on_progress=on_progress)
     )
     _record_retirements(summary, prepared, availability)
-    return skipped, summary
+    return summary
+
+
+def _with_others(summary: ExecutionSummary, tasks: list[RunTask], latest: Mapping[str, str]) -> ExecutionSummary:
+    """``summary`` with ``tasks`` (stored by another orchestrator while this one waited) counted
+    as ``by_others``, under their latest outcome."""
+    if not tasks:
+        return summary
+    by_model = {m: Counter(o) for m, o in summary.by_model.items()}
+    others: Counter[str] = Counter()
+    for t in tasks:
+        outcome = latest.get(t.run_id, Outcome.CANCELLED.value)
+        by_model.setdefault(t.model, Counter())[outcome] += 1
+        others[outcome] += 1
+    return replace(summary, executed=summary.executed + len(tasks), by_model={m: dict(c) for m, c in by_model.items()},
+                   by_others=dict(others))
 
 
 def _record_retirements(summary: ExecutionSummary, prepared: PreparedCampaign, availability: AvailabilityStore) -> None:
