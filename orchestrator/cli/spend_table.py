@@ -3,16 +3,37 @@ when it ran (``storage.prices``), per model and in total, by wave, for ``irbench
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pydantic import BaseModel, Field
 
 from storage.prices import SPEND_COLUMNS, TokenTotals, read_prices, spend_by_model
 from storage.parquet.unreadable import RowSelection, read_checked
 from storage.runs import RunStore
 
-if TYPE_CHECKING:
-    from orchestrator.cli.status_report import SpendFigures, SpendReport
 
-__all__ = ["campaign_spend", "spend_lines"]
+class SpendFigures(BaseModel):
+    """Tokens of some stored executions and their cost in US dollars (None: a price is missing)."""
+
+    executions: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    cost_usd: float | None = None
+
+
+class WaveSpend(BaseModel):
+    """One wave's spend: in total and per model."""
+
+    total: SpendFigures = SpendFigures()
+    models: dict[str, SpendFigures] = Field(default_factory=dict)
+
+
+class SpendReport(WaveSpend):
+    """The latest wave's spend (the fields inherited), each wave's, and the caps by scope."""
+
+    waves: dict[int, WaveSpend] = Field(default_factory=dict)
+    caps: dict[str, dict[str, float | int]] = Field(default_factory=dict)
+
+__all__ = ["SpendFigures", "SpendReport", "WaveSpend", "campaign_spend", "spend_lines"]
 
 
 def campaign_spend(store: RunStore, campaign: str, wave: int | None = None, *,
@@ -35,8 +56,6 @@ def _line(where: str, name: str, t: SpendFigures) -> str:
 
 
 def _sum(figures: list[SpendFigures]) -> SpendFigures:
-    from orchestrator.cli.status_report import SpendFigures
-
     costs = [f.cost_usd for f in figures]
     return SpendFigures(executions=sum(f.executions for f in figures), prompt_tokens=sum(f.prompt_tokens for f in figures),
                         completion_tokens=sum(f.completion_tokens for f in figures),
@@ -60,8 +79,6 @@ def spend_lines(report: SpendReport) -> list[str]:
 
 def _cap_lines(report: SpendReport) -> list[str]:
     """Each cap against what the latest wave spent in its scope."""
-    from orchestrator.cli.status_report import SpendFigures
-
     latest = max(report.waves) if report.waves else 1
     out = []
     for scope, limits in report.caps.items():
