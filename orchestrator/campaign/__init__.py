@@ -2,6 +2,7 @@
 
 __all__ = [
     "adhoc",
+    "cap_preview",
     "corpus",
     "cost",
     "instruction",

@@ -8,7 +8,8 @@ them); prompt tokens of the planned and of the still-to-run runs; the completion
 bound of the still-to-run runs (the budget, else the model's ``max_tokens``; None = no cap); the
 cost range of the still-to-run runs (lower: their prompt tokens at the input price; upper: plus
 every completion token they may produce at the output price; None without prices or a cap); and
-the makespan's lower bound for them (``makespan_bound_s``).
+the makespan's lower bound for them (``makespan_bound_s``). With spend caps, each cap against
+those bounds (``orchestrator.campaign.cap_preview``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel
 
+from orchestrator.campaign.cap_preview import CapCheck, ScopeFigures, cap_checks
 from orchestrator.campaign.corpus import Corpus
 from orchestrator.campaign.instruction import Instruction
 from orchestrator.campaign.cost import campaign_prices
@@ -31,6 +33,7 @@ from storage.outcomes import Outcome
 from storage.parquet.unreadable import RowSelection, read_checked
 from storage.prices import TokenPrice
 from storage.runs import RunStore
+from workers.spend import CAMPAIGN_SCOPE
 
 _STORED_COLUMNS = ["run_id", "model", "prompt_sha256", "budget_max_tokens", "run_index", "outcome",
                    "measured_at", "execution_id", "finished_at"]
@@ -63,6 +66,7 @@ class PlanPreview(BaseModel):
     token_count: str  # how prompt tokens were counted, with its error bound
     models: dict[str, ModelPreview]
     total: ModelPreview
+    caps: list[CapCheck] = []  # one per spend cap (scope and limit), against the wave planned
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,8 @@ def preview_plan(
     counter: TokenCounter | None = None, wave: int | None = None,
 ) -> PlanPreview:
     """The preview of ``spec`` over ``corpus`` against what ``store`` holds (``wave``: count only
-    that wave's rows as stored; None: every row). Makes no call."""
+    that wave's rows as stored, and its spend against the caps; None: every row, and the spend of
+    wave 1). Makes no call."""
     counter = counter or CharsPerToken()
     messages = [instruction.render(p.name, p.text) for p in corpus.prompts]
     axes = _Axes([p.sha256 for p in corpus.prompts], np.asarray(counter.count_many(messages), dtype=np.int64),
@@ -90,8 +95,16 @@ def preview_plan(
     prices = campaign_prices(spec)
     models = {m.name: _model_preview(m, axes, _rows_of(stored, m.name, axes), prices[m.name], latency.get(m.name))
               for m in spec.models.values()}
-    return PlanPreview(campaign=spec.name, wave=wave, token_count=counter.describe(), models=models,
-                       total=_total(list(models.values())))
+    total = _total(list(models.values()))
+    figures = {name: _figures(m) for name, m in [(CAMPAIGN_SCOPE, total), *models.items()]}
+    return PlanPreview(campaign=spec.name, wave=wave, token_count=counter.describe(), models=models, total=total,
+                       caps=cap_checks(spec, store, wave or 1, figures))
+
+
+def _figures(m: ModelPreview) -> ScopeFigures:
+    return ScopeFigures(runs=m.to_run, prompt_tokens=m.prompt_tokens_to_run,
+                        completion_tokens_max=m.completion_tokens_max_to_run, cost_usd_min=m.cost_usd_min,
+                        cost_usd_max=m.cost_usd_max)
 
 
 def _stored_rows(spec: CampaignSpec, store: RunStore, wave: int | None) -> pa.Table:

@@ -15,9 +15,10 @@ from orchestrator.cli.data_option import store_root
 from orchestrator.cli.user_errors import fail
 
 if TYPE_CHECKING:
+    from orchestrator.campaign.cap_preview import CapCheck
     from orchestrator.campaign.preview import ModelPreview, PlanPreview
 
-__all__ = ["plan_command", "preview_table"]
+__all__ = ["cap_lines", "plan_command", "preview_table"]
 
 
 def plan_command(
@@ -36,6 +37,7 @@ def plan_command(
     from orchestrator.campaign.instruction import load_instruction
     from orchestrator.campaign.preview import preview_plan
     from orchestrator.campaign.spec import load_campaign
+    from orchestrator.campaign.waves import current_wave
     from orchestrator.cli.shell import console, no_store_note, warn
     from storage.runs import RunStore
     from workers.errors import IrbenchError
@@ -43,7 +45,8 @@ def plan_command(
     try:
         spec = load_campaign(campaign)
         corpus = load_corpus(spec.corpus, spec.base_dir)
-        preview = preview_plan(spec, corpus, load_instruction(spec.instruction), RunStore(data))
+        wave = current_wave(data, spec.name).number  # what a plain `irbench run` would run: the latest wave
+        preview = preview_plan(spec, corpus, load_instruction(spec.instruction), RunStore(data), wave=wave)
     except IrbenchError as exc:
         fail(exc)
     if as_json:
@@ -55,6 +58,8 @@ def plan_command(
     console.print(f"prompt tokens: {preview.token_count}", soft_wrap=True)
     console.print("time: the least the still-to-run runs can take under each model's requests_per_minute, "
                   "tokens_per_minute and max_concurrency x median latency (models run side by side)", soft_wrap=True)
+    for line in cap_lines(preview):
+        console.print(line, soft_wrap=True, markup=False)
 
 
 def _num(value: int | None, unit: str = "") -> str:
@@ -100,3 +105,26 @@ def preview_table(preview: PlanPreview):  # -> rich.table.Table
         table.add_row(*_row(m))
     table.add_row(*_row(t), style="bold")
     return table
+
+
+def _dollars(value: float) -> str:
+    return f"${value:,.2f}" if value >= 10 else f"${value:,.4f}"  # a test campaign's cents still show
+
+
+def _amount(check: CapCheck, value: float | None) -> str:
+    if value is None:
+        return "?"
+    return _dollars(value) if check.limit == "max_cost_usd" else f"{value:,.0f} tokens"
+
+
+def cap_lines(preview: PlanPreview) -> list[str]:
+    """One line per spend cap: the cap, what the wave spent, what the runs still to run add, and
+    whether they fit (``orchestrator.campaign.cap_preview``)."""
+    out = []
+    for c in preview.caps:
+        whose = "campaign" if c.scope == "campaign" else f"model {c.scope}"
+        upper = _amount(c, c.to_run_max) if c.to_run_max is not None or c.to_run_min is None else "? (no max_tokens)"
+        adds = f"{_amount(c, c.to_run_min)} - {upper}"
+        out.append(f"spend cap {c.limit} {_amount(c, c.cap)} of {whose}: wave {preview.wave or 1} spent {_amount(c, c.spent)}, "
+                   f"the runs still to run add {adds}: {c.verdict}")
+    return out

@@ -124,7 +124,8 @@ def _run_local(req: RunRequest, prepared: PreparedCampaign, store: RunStore, ret
     for value in secrets.values():
         redactor.add_secret(value)
     with ModelBars(enabled=req.progress) as bars:
-        return run_campaign_local(prepared, store, secrets, on_progress=bars.update, retry_outcomes=retry_outcomes)
+        return run_campaign_local(prepared, store, secrets, on_progress=bars.update, retry_outcomes=retry_outcomes,
+                                  on_wait=warn)
 
 
 def _run_celery(req: RunRequest, prepared: PreparedCampaign, store: RunStore, retry_outcomes: frozenset[Outcome]

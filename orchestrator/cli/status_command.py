@@ -92,10 +92,11 @@ def _print_table(prepared: PreparedCampaign, st: CampaignStatus) -> None:
 
 
 def _print_spent(prepared: PreparedCampaign, store: RunStore, req: StatusRequest) -> None:
-    from orchestrator.cli.spend_table import campaign_spend, spend_lines
+    from orchestrator.cli.spend_table import spend_lines
+    from orchestrator.cli.status_report import spend_report
 
-    for line in spend_lines(campaign_spend(store, prepared.spec.name, skip_corrupt=req.skip_corrupt)):
-        console.print(line, soft_wrap=True)
+    for line in spend_lines(spend_report(prepared, store, skip_corrupt=req.skip_corrupt)):
+        console.print(line, soft_wrap=True, markup=False)
 
 
 def _print_retryable(prepared: PreparedCampaign, store: RunStore, req: StatusRequest, st: CampaignStatus) -> None:

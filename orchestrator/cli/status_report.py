@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 
 from orchestrator.campaign.plan import LOCATE_COLUMNS
 from orchestrator.campaign.prepared import PreparedCampaign
+from orchestrator.cli.spend_table import SpendFigures, SpendReport, WaveSpend, campaign_spend
 from storage.prices import TokenTotals, spend_total
 from storage.runs import RunStore, latest_executions
 from storage.parquet.unreadable import RowSelection, read_checked
@@ -32,24 +33,6 @@ class StatusCounts(BaseModel):
     executions: int = 0
     attempts: int = 0
     outcomes: dict[str, int] = Field(default_factory=dict)
-
-
-class SpendFigures(BaseModel):
-    executions: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
-    cost_usd: float | None = None
-
-
-class WaveSpend(BaseModel):
-    total: SpendFigures = SpendFigures()
-    models: dict[str, SpendFigures] = Field(default_factory=dict)
-
-
-class SpendReport(WaveSpend):
-    waves: dict[int, WaveSpend] = Field(default_factory=dict)
-    caps: dict[str, dict[str, float | int]] = Field(default_factory=dict)
 
 
 class CampaignStatusReport(BaseModel):
@@ -115,7 +98,6 @@ def _wave_spend(by_model: dict[str, TokenTotals]) -> WaveSpend:
 def spend_report(prepared: PreparedCampaign, store: RunStore, *, skip_corrupt: bool = False) -> SpendReport:
     """Tokens and cost per model and in total, of the latest wave and of each wave, and the caps."""
     from orchestrator.campaign.spend_cap import spend_plan
-    from orchestrator.cli.spend_table import campaign_spend
     name = prepared.spec.name
     # waves are numbered 1..latest (``--new-wave`` adds one): no extra read of the store to list them
     waves = {w: _wave_spend(campaign_spend(store, name, w, skip_corrupt=skip_corrupt))

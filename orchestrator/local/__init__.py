@@ -3,6 +3,7 @@
 __all__ = [
     "batch_writer",
     "campaign",
+    "campaign_lock",
     "executor",
     "progress",
     "writer",

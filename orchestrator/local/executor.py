@@ -121,7 +121,8 @@ class ExecutionSummary:
     by_model: Mapping[str, Mapping[str, int]]  # model -> outcome -> count
     interrupted: bool = False
     retired: tuple[RunRecord, ...] = ()  # the runs that met a 410 (one per model, usually)
-    # outcome -> runs among ``by_model`` executed for another orchestrator's messages (distributed)
+    # outcome -> runs among ``by_model`` another orchestrator executed (distributed: for its messages;
+    # local: while this one waited for the campaign's lock)
     by_others: Mapping[str, int] = field(default_factory=dict)
 
 

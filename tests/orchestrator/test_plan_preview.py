@@ -115,9 +115,9 @@ def test_status_shows_tokens_and_cost(tmp_path: Path, sim: RunningSimulator) -> 
     runs = RunStore(data).read_executions(campaigns=["costs"])
     b = runs.filter(pc.equal(runs.column("model"), "b"))
     p, c = pc.sum(b.column("prompt_tokens")).as_py(), pc.sum(b.column("completion_tokens")).as_py()
-    assert f"spent b: {p:,} prompt + {c:,} completion tokens over {RUNS * PROMPTS} executions, " \
+    assert f"spent in wave 1, b: {p:,} prompt + {c:,} completion tokens over {RUNS * PROMPTS} executions, " \
            f"${(p * 3.0 + c * 15.0) / 1e6:,.4f}" in proc.stdout
-    assert "spent total:" in proc.stdout
+    assert "spent in wave 1, total:" in proc.stdout
 
 
 def test_report_spend_table_costs_every_execution(tmp_path: Path, sim: RunningSimulator) -> None:

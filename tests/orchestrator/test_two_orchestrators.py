@@ -1,11 +1,14 @@
-"""Two ``irbench run --executor celery`` on the same campaign at once, through the CLI: each
+"""Two ``irbench run`` on the same campaign at once, through the CLI. On the celery executor each
 summary counts what its own messages executed and what the other's did, the two add up to the
-plan, and the store holds every run once with every call an attempt."""
+plan, and the store holds every run once with every call an attempt. On the local executor the
+second waits for the first (saying so; Ctrl-C leaves it) and counts the first's runs as the
+other's: no run is called twice."""
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +64,70 @@ def test_two_orchestrators_count_their_own_runs_and_each_others(tmp_path: Path) 
     execs = executions_per_run(RunStore(data))
     assert len(execs) == PLANNED and set(execs.values()) == {1}
     assert sum(len(r.attempts) for r in RunStore(data).read_records(campaigns=["two"])) == calls
+
+
+LOCAL_SUMMARY = re.compile(r"24 runs planned, (\d+) already stored, (\d+) executed now(?: \(ok (\d+), failed (\d+)\))?"
+                           r"(?:, (\d+) executed by another orchestrator)?")
+
+
+def _local_run(campaign: Path, data: Path) -> subprocess.Popen:
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli.app", "run", str(campaign), "--data", str(data),
+                             "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env=env)
+
+
+def _holder_pid(data: Path, campaign: str) -> int | None:
+    """The pid the campaign's lock holder wrote (``orchestrator.local.campaign_lock``), if any."""
+    lock = data / "campaigns" / f"{campaign}.lock"
+    text = lock.read_text() if lock.exists() else ""
+    return int(text.split()[0]) if text.strip() else None
+
+
+def test_two_local_orchestrators_never_call_twice_and_count_each_others_runs(tmp_path: Path) -> None:
+    """The second ``irbench run`` (local executor) waits for the first, says so, then finds nothing
+    left: it counts the runs the first stored meanwhile as the other's, never as its own."""
+    data, model = tmp_path / "data", "two-l"
+    with sim({model: SimModel(latency_ms_median=400, latency_sigma=0.05)}) as s:
+        campaign = make_campaign(tmp_path, "twol", s.base_url, {model: {"max_concurrency": 2}}, prompts=4, runs=6)
+        first = _local_run(campaign, data)
+        # the first holds the campaign's lock and is calling: 12 rounds of 400 ms are left at most
+        wait_for(lambda: _holder_pid(data, "twol") == first.pid and stats(s.base_url).get(model, {}).get("requests", 0) >= 1,
+                 30, "the first one's calls")
+        second = _local_run(campaign, data)
+        outs = [p.communicate(timeout=100) for p in (first, second)]
+        calls = stats(s.base_url)[model]["requests"]
+    counts = []
+    for p, (out, err) in zip((first, second), outs):
+        assert p.returncode == 0, (out, err)
+        m = LOCAL_SUMMARY.search(" ".join(out.split()))
+        assert m, out
+        before, own, ok, failed, by_other = (int(g or 0) for g in m.groups())
+        assert ok == own and failed == 0 and before + own + by_other == PLANNED, out
+        counts.append((before, own, by_other))
+    assert counts[0] == (0, PLANNED, 0) and "another irbench run" not in outs[0][1]
+    before, own, by_other = counts[1]
+    assert own == 0 and by_other > 0, counts  # it started while the first was executing: it waited
+    assert f"another irbench run (pid {first.pid}, since " in outs[1][1] and "this one waits" in outs[1][1], outs[1][1]
+    assert calls == PLANNED  # the endpoint saw each run once
+    execs = executions_per_run(RunStore(data))
+    assert len(execs) == PLANNED and set(execs.values()) == {1}
+
+
+def test_a_waiting_local_orchestrator_leaves_on_ctrl_c_without_a_call(tmp_path: Path) -> None:
+    from orchestrator.local.campaign_lock import campaign_lock
+
+    data, model = tmp_path / "data", "two-w"
+    with sim({model: SimModel(latency_ms_median=1)}) as s:
+        campaign = make_campaign(tmp_path, "twow", s.base_url, {model: {}}, prompts=2, runs=1)
+        with campaign_lock(data, "twow", lambda line: None) as waited:  # another orchestrator, as far as it can tell
+            assert not waited
+            proc = _local_run(campaign, data)
+            assert proc.stderr is not None
+            line = proc.stderr.readline()  # blocks until the waiting line, or EOF if it never waits
+            assert f"another irbench run (pid {os.getpid()}, since " in line and "Ctrl-C leaves" in line, line
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err, (out, err)
+        assert stats(s.base_url).get(model, {}).get("requests", 0) == 0
+    assert RunStore(data).completed_run_ids("twow") == set()

@@ -103,6 +103,7 @@ def test_a_new_wave_measures_every_run_again_and_a_plain_rerun_resumes_it(tmp_pa
     status = _irbench("status", str(campaign), "--data", str(data))
     text = " ".join(status.stdout.split())
     assert "wave 2 (the campaign's latest)" in text and f"{PLANNED}/{PLANNED} runs stored" in text
+    _check_spend_by_wave(text, store)
     as_json = json.loads(_irbench("status", str(campaign), "--data", str(data), "--json").stdout)
     assert as_json["wave"] == 2 and as_json["total"]["stored"] == PLANNED
 
@@ -118,6 +119,25 @@ def test_a_new_wave_measures_every_run_again_and_a_plain_rerun_resumes_it(tmp_pa
         assert analyzed.returncode == 0, analyzed.stderr
         manifest = json.loads(next(out.glob("*/manifest.json")).read_text())
         assert manifest["input"]["runs_in_panel"] == runs_read, manifest["input"]
+
+
+def _check_spend_by_wave(text: str, store: RunStore) -> None:
+    """Text status: each wave's tokens per model and in total, as the store holds them, then all waves'."""
+    rows = store.dataset.read(filters={"campaign": ["waves-demo"]}, dedupe="executions",
+                              columns=["wave", "model", "prompt_tokens", "completion_tokens"]).to_pylist()
+    sums: Counter = Counter()
+    for r in rows:
+        for key in ((r["wave"], r["model"]), (r["wave"], "total"), ("1-2", "total")):
+            sums[(*key, "p")] += r["prompt_tokens"]
+            sums[(*key, "c")] += r["completion_tokens"]
+    for wave, name, executions in [(w, m, N_PROMPTS) for w in (1, 2) for m in MODELS] + [(1, "total", PLANNED),
+                                                                                          (2, "total", PLANNED)]:
+        line = (f"spent in wave {wave}, {name}: {sums[(wave, name, 'p')]:,} prompt + {sums[(wave, name, 'c')]:,} "
+                f"completion tokens over {executions} executions, cost unknown")
+        assert line in text, (line, text)
+    assert sums[(1, "total", "c")] > 0 and sums[(2, "total", "c")] > 0
+    assert (f"spent in waves 1-2, total: {sums[('1-2', 'total', 'p')]:,} prompt + {sums[('1-2', 'total', 'c')]:,} "
+            f"completion tokens over {2 * PLANNED} executions") in text
 
 
 def _files(root: Path) -> list[Path]:
