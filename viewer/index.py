@@ -248,6 +248,11 @@ class RunIndex:
             f"SELECT {cols} FROM all_runs WHERE campaign = ? AND wave IN ({marks}) ORDER BY run_id",
             params=[campaign, *waves]).to_arrow_table()
 
+    def runs_per_wave(self, campaign: str) -> dict[int, int]:
+        """wave -> runs the index holds of ``campaign`` in it."""
+        return {int(r["wave"]): int(r["n"]) for r in self.rows(
+            "SELECT wave, count(*) AS n FROM all_runs WHERE campaign = ? GROUP BY wave", [campaign])}
+
     def _waves_of_runs(self) -> dict[str, list[WaveInfo]]:
         """Each campaign's waves as its runs show them (no label; started: the first run)."""
         out: dict[str, list[WaveInfo]] = {}
