@@ -7,7 +7,8 @@ store's own one-execution-per-run_id rule applies) leaves every query a columnar
 data that answers in milliseconds (``bench/viewer_latency.py``). The database is a file in a
 temporary directory (DuckDB compresses and pages it), so memory stays under a set limit.
 
-The ``runs`` table holds every RunRecord column plus derived ones: ``row_no`` (default order:
+The ``all_runs`` table holds the runs of every wave; ``runs``, the view the pages query, those of
+the selected waves (``in_selection``). It holds every RunRecord column plus derived ones: ``row_no`` (default order:
 campaign, model, prompt, budget, run index), ``n_attempts``, ``n_429`` (attempts answered 429 or
 classed rate_limited), ``retry_after_total_s`` (sum of Retry-After waits announced),
 ``truncated`` (outcome truncated or finish_reason length), ``succeeded`` (a parseable IR),
