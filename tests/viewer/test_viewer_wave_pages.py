@@ -42,9 +42,17 @@ def _wave2(records):
     return out
 
 
-def _solo(records):
-    return [r.model_copy(update={"run_id": f"solo-{r.run_id}", "campaign": "solo"})
+def _solo(records, campaign: str = "solo"):
+    return [r.model_copy(update={"run_id": f"{campaign}-{r.run_id}", "campaign": campaign})
             for r in records if r.model == MODELS[2]]
+
+
+def _half(records):
+    """Campaign "half": wave 1 whole, wave 2 one run short (unfinished)."""
+    one = _solo(records, "half")
+    two = [r.model_copy(update={"run_id": f"w2-{r.run_id}", "wave": 2, "wave_started_at": WAVE2_START})
+           for r in one[1:]]
+    return one + two
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +60,8 @@ def site(tmp_path_factory):
     data = tmp_path_factory.mktemp("viewer-waves") / "data"
     records = write_store(data)
     record_wave(data, "cam", 2, "a month later", WAVE2_START)
-    RunStore(data, fsync=False).write(_wave2(build_records()) + _solo(records))
+    record_wave(data, "half", 2, None, WAVE2_START)
+    RunStore(data, fsync=False).write(_wave2(build_records()) + _solo(records) + _half(records))
     proc = start_viewer(data)
     try:
         with httpx.Client(base_url=proc.url, timeout=60) as client:
@@ -152,3 +161,14 @@ def test_a_cell_shows_both_waves_side_by_side(site) -> None:
     link = unescape(re.search(r'class="compare" href="([^"]+)"', rows[0]).group(1))
     diff = client.get(link).text
     assert "Run 0 of wave 1 versus run 0 of wave 2" in unescape(diff)
+
+
+def test_an_unfinished_wave_is_one_line_as_irbench_waves_says(site) -> None:
+    client, data = site
+    cli = run_irbench("waves", "--data", str(data), "--campaign", "half")
+    assert cli.returncode == 2 and "finish the wave" in cli.stderr
+    html = client.get("/waves/half").text
+    shown = re.search(r'id="wave-problem">(.*?)</p>', html, flags=re.S)
+    assert shown and unescape(shown.group(1)) in cli.stderr and 'id="wave-models"' not in html
+    api = client.get("/api/waves/half")
+    assert api.status_code == 409 and api.json()["error"] in cli.stderr
