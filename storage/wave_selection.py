@@ -81,11 +81,14 @@ class SelectedWaves:
 
     def keep(self, table: pa.Table) -> pa.Table:
         """The rows of ``table`` (``campaign`` and ``wave`` columns) in their campaign's selected waves."""
+        return table if table.num_rows == 0 else table.filter(self.mask(table))
+
+    def mask(self, table: pa.Table) -> pa.ChunkedArray | pa.Array:
+        """One boolean per row of ``table`` (``campaign`` and ``wave`` columns): whether the row
+        is of its campaign's selected waves."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        if table.num_rows == 0:
-            return table
         wave_type = table.schema.field("wave").type
         campaign = table["campaign"]
         if pa.types.is_dictionary(campaign.type):
@@ -95,7 +98,8 @@ class SelectedWaves:
         for name, waves in self.by_campaign.items():
             term = pc.and_(pc.equal(campaign, name), pc.is_in(table["wave"], pa.array(waves, wave_type)))
             mask = pc.or_(mask, term)
-        return table.filter(mask)
+        return pc.fill_null(mask, False)
+
 
 def read_runs(
     root: Path, selection: WaveSelection, *, campaigns: Sequence[str] | None = None,

@@ -7,13 +7,17 @@ URLs (path segments are percent-encoded; a model name may contain "/", sent as %
     /models/{panel}/{model}                   one model's cells
     /cells/{campaign}/{model}/{prompt_sha256} one cell: runs, ?a=RUN&b=RUN side-by-side diff
     /runs/{run_id}                            one run: prompt, message sent, response, reasoning,
-                                              IR nodes, attempts
+                                              IR nodes, attempts; ?wave_a=N&wave_b=M: the
+                                              cell's runs of two waves side by side
     /text/{field}/{run_id}                    one stored text of a run, whole, as text/plain
                                               (field: prompt, message, response, reasoning)
     /runs?campaign=&model=&...&q=             filtered, searchable run list (paged)
     /health?by=model|date&...                 run health
     /report                                   the static report, when one is given
+    /waves                                    campaigns and their measurement waves
+    /waves/{campaign}?from=N&to=M             two waves compared per model (irbench waves)
     /api/runs?... /api/runs/{run_id} /api/cells/{campaign}/{model}/{prompt_sha256} /api/health
+    /api/waves/{campaign}?from=N&to=M         that comparison as ``irbench waves --json`` prints it
 
 Only GET/HEAD are routed: every other method is answered 405. Every response carries a
 Content-Security-Policy that forbids scripts and any request off this origin, on top of the
@@ -33,6 +37,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
+from analysis.waves.compare import WaveComparison
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -44,12 +49,14 @@ from starlette.responses import (
 )
 from starlette.routing import Route
 
+from storage.errors import ConfigError
 from viewer.config import ViewerConfig
 from viewer.diff import diff_runs, parse_nodes, parse_run, pretty_ir, text_diff
 from viewer.grouping import group_runs
 from viewer.index import RunIndex
 from viewer.node_diff import node_diff
 from viewer.query import QueryError, RunQuery
+from viewer.waves import WaveComparisons, WavesPage, cell_waves
 
 CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
        "form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
@@ -155,6 +162,7 @@ class Viewer:
         self.index = index
         self.config = config
         self.env = _environment()
+        self.waves = WaveComparisons(index, config.data_dir)
 
     # ------------------------------------------------------------------ helpers
     def page(self, template: str, **context: Any) -> HTMLResponse:
@@ -195,6 +203,7 @@ class Viewer:
     # ------------------------------------------------------------------ pages
     def home(self, request: Request) -> Response:
         return self.page("home.html", campaigns=self.index.campaigns(), spend=self.index.spend,
+                         waves=self.index.waves,
                          panels=self.index.panels(), window=self.index.date_window())
 
     def panel(self, request: Request) -> Response:
@@ -232,10 +241,28 @@ class Viewer:
             raise HTTPException(404, f"no runs in cell {campaign}/{model}/{sha}")
         return total, runs
 
+    def _wave_args(self, request: Request, *names: str) -> list[int | None]:
+        out: list[int | None] = []
+        for name in names:
+            text = request.query_params.get(name) or None
+            if text is not None and not text.isdigit():
+                raise HTTPException(400, f"bad query parameter {name!r}: give a wave number")
+            out.append(None if text is None else int(text))
+        return out
+
     def cell(self, request: Request) -> Response:
         campaign, model, sha = _cell_key(request, "/cells/")
         total, runs = self._cell(campaign, model, sha)
+        wave_a, wave_b = self._wave_args(request, "wave_a", "wave_b")
+        try:
+            waves = cell_waves(self.index, campaign, model, sha, self.config.max_cell_runs,
+                               wave_a, wave_b)
+        except ConfigError as exc:
+            raise HTTPException(400, str(exc)) from None
         by_id = {r["run_id"]: r for r in runs}
+        for col in waves.columns if waves else ():  # a diff may pair runs of two waves
+            for r in col.runs:
+                by_id.setdefault(r["run_id"], r)
         ok = [r["run_id"] for r in runs if r["succeeded"]] or [r["run_id"] for r in runs]
         a_id = request.query_params.get("a") or ok[0]
         b_id = request.query_params.get("b") or (ok[1] if len(ok) > 1 else ok[0])
@@ -243,6 +270,8 @@ class Viewer:
             if rid not in by_id:
                 raise HTTPException(400, f"run {rid!r} is not among this cell's shown runs")
         a, b = by_id[a_id], by_id[b_id]
+        for r in (a, b):
+            r["label"] = f"run {r['run_index']}" + (f" of wave {r['wave']}" if waves else "")
         diff = diff_runs(parse_run(a_id, a["ir_json"]), parse_run(b_id, b["ir_json"]))
         lines = self.config.max_diff_lines
         nodes = node_diff(a["ir_json"], b["ir_json"], max_rows=lines,
@@ -257,7 +286,7 @@ class Viewer:
         return self.page(
             "cell.html", campaign=campaign, model=model, sha=sha, runs=runs, total=total,
             groups=group_runs(runs), panel=runs[0]["panel"], prompt_name=runs[0]["prompt_name"],
-            a=a, b=b, diff=diff, node_diff=nodes, asked=asked,
+            a=a, b=b, diff=diff, node_diff=nodes, asked=asked, waves=waves,
             cell=self.index.cell_metrics(runs[0]["panel"], campaign, model, sha),
             text_diff=text_diff(a["response_text"], b["response_text"], max_lines=lines),
             reasoning_diff=text_diff(a["reasoning_text"], b["reasoning_text"], max_lines=lines),
@@ -309,6 +338,35 @@ class Viewer:
         return self.page("health.html", by=by, query=query, rows=self.index.health(by, query),
                          campaigns=self.index.distinct("campaign"),
                          models=self.index.distinct("model"))
+
+    def waves_index(self, request: Request) -> Response:
+        return self.page("waves_index.html", waves=self.index.waves)
+
+    def _waves_of(self, request: Request, prefix: str) -> WavesPage:
+        campaign = "/".join(_segments(request, prefix))
+        frm, to = self._wave_args(request, "from", "to")
+        try:
+            return self.waves.page(campaign, frm, to)
+        except KeyError:
+            raise HTTPException(404, f"no runs of campaign {campaign!r}") from None
+        except ConfigError as exc:
+            raise HTTPException(400, str(exc)) from None
+
+    def waves_page(self, request: Request) -> Response:
+        return self.page("waves.html", w=self._waves_of(request, "/waves/"))
+
+    def api_waves(self, request: Request) -> Response:
+        """The chosen pair's comparison as ``irbench waves --campaign C --json`` prints it;
+        409 with the one line when there is none (one wave, an unfinished wave)."""
+        found = self._waves_of(request, "/api/waves/")
+        chosen = found.chosen
+        if chosen is None or chosen.comparison is None:
+            line = (chosen.problem if chosen is not None and chosen.problem else
+                    f"campaign {found.campaign!r} has one wave: measure another with irbench run "
+                    "CAMPAIGN --new-wave")
+            return JSONResponse({"error": line}, status_code=409)
+        return Response(WaveComparison((chosen.comparison,)).to_json(),
+                        media_type="application/json")
 
     # ------------------------------------------------------------------ API
     def api_runs(self, request: Request) -> Response:
@@ -398,7 +456,8 @@ def create_app(index: RunIndex, config: ViewerConfig) -> Starlette:
         Route("/api/runs", v.api_runs), Route("/api/runs/{rest:path}", v.api_run),
         Route("/api/cells/{rest:path}", v.api_cell), Route("/api/health", v.api_health),
         Route("/text/{rest:path}", v.text),
-        Route("/report", v.report),
+        Route("/report", v.report), Route("/waves", v.waves_index),
+        Route("/waves/{rest:path}", v.waves_page), Route("/api/waves/{rest:path}", v.api_waves),
         Route("/favicon.ico", lambda request: Response(status_code=204)),  # none, on purpose
         Route("/report/", lambda request: RedirectResponse("/report", status_code=301)),
     ]

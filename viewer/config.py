@@ -23,8 +23,8 @@ class ViewerConfig:
     text as plain text); threads: DuckDB worker
     threads (the machine's cores are shared with workers); memory_limit_mb: DuckDB's memory cap
     (it pages its index file beyond it); work_dir: where the index file's temporary directory
-    goes (None: the system temp directory); waves: the measurement waves whose runs are indexed
-    (default each campaign's latest).
+    goes (None: the system temp directory); waves: the measurement waves the pages show (default
+    each campaign's latest; every wave's runs are indexed, for a cell's runs by wave and ``/waves``).
     """
 
     data_dir: Path

@@ -7,7 +7,8 @@ store's own one-execution-per-run_id rule applies) leaves every query a columnar
 data that answers in milliseconds (``bench/viewer_latency.py``). The database is a file in a
 temporary directory (DuckDB compresses and pages it), so memory stays under a set limit.
 
-The ``runs`` table holds every RunRecord column plus derived ones: ``row_no`` (default order:
+The ``all_runs`` table holds the runs of every wave; ``runs``, the view the pages query, those of
+the selected waves (``in_selection``). It holds every RunRecord column plus derived ones: ``row_no`` (default order:
 campaign, model, prompt, budget, run index), ``n_attempts``, ``n_429`` (attempts answered 429 or
 classed rate_limited), ``retry_after_total_s`` (sum of Retry-After waits announced),
 ``truncated`` (outcome truncated or finish_reason length), ``succeeded`` (a parseable IR),
@@ -39,8 +40,9 @@ from storage.prices import SPEND_COLUMNS, read_prices, spend_by_model
 from storage.prompts import PROMPT_SCHEMA, PromptStore
 from storage.records import Outcome
 from storage.runs import RunStore
-from storage.wave_selection import WaveSelection
 from storage.schema import RUN_SCHEMA
+from storage.wave_selection import SelectedWaves, WaveSelection
+from storage.waves import WaveInfo, waves_of
 from viewer.outputs import AnalysisOutputs
 from viewer.query import RunQuery
 
@@ -49,9 +51,12 @@ LIST_COLUMNS = ("run_id", "campaign", "panel", "model", "prompt_sha256", "prompt
                 "budget_max_tokens", "run_index", "outcome", "parse_outcome", "measured_at",
                 "measurement_date", "latency_ms", "node_count", "n_attempts")
 
+#: The column marking a run of the selected waves (chunks without it are selected whole).
+SELECTED = "in_selection"
+
 _DERIVED = f"""
-    row_number() OVER (ORDER BY campaign, model, prompt_sha256, budget_max_tokens NULLS FIRST,
-                       run_index, run_id) AS row_no,
+    row_number() OVER (PARTITION BY {SELECTED} ORDER BY campaign, model, prompt_sha256,
+                       budget_max_tokens NULLS FIRST, run_index, run_id) AS row_no,
     len(attempts) AS n_attempts,
     len(list_filter(attempts, lambda a: a.status_code = 429 OR a.outcome = 'rate_limited'))
         AS n_429,
@@ -85,7 +90,8 @@ class RunIndex:
     def __init__(self, chunks: Iterable[pa.Table], outputs: AnalysisOutputs | None = None, *,
                  threads: int = 2, memory_limit_mb: int = 1024,
                  work_dir: Path | None = None, prompts: pa.Table | None = None,
-                 spend: list[dict[str, Any]] | None = None) -> None:
+                 spend: list[dict[str, Any]] | None = None,
+                 waves_held: dict[str, list[WaveInfo]] | None = None) -> None:
         self.spend = spend or []  # per campaign and model: tokens and cost of every execution (spend_rows)
         self._tmp = tempfile.TemporaryDirectory(prefix="irbench-view-", dir=work_dir)
         self._finalizer = weakref.finalize(self, self._tmp.cleanup)
@@ -96,22 +102,27 @@ class RunIndex:
         self._local = threading.local()
         first = True
         for chunk in chunks:  # one partition at a time keeps the peak memory to one chunk
-            self._con.register("chunk", chunk)
+            self._con.register("chunk", _marked(chunk))
             self._con.execute("CREATE TABLE staging AS SELECT * FROM chunk" if first
                               else "INSERT INTO staging SELECT * FROM chunk")
             self._con.unregister("chunk")
             first = False
         if first:
-            self._con.register("chunk", RUN_SCHEMA.empty_table())
+            self._con.register("chunk", _marked(RUN_SCHEMA.empty_table()))
             self._con.execute("CREATE TABLE staging AS SELECT * FROM chunk")
             self._con.unregister("chunk")
+        # every wave's runs in all_runs (a cell shows its waves side by side); the pages read the
+        # view ``runs``, the selected waves, whose row_no is dense 1..n on its own
         self._con.execute(
-            "CREATE TABLE runs AS WITH d AS (SELECT * FROM staging QUALIFY row_number() OVER "
+            "CREATE TABLE all_runs AS WITH d AS (SELECT * FROM staging QUALIFY row_number() OVER "
             "(PARTITION BY run_id ORDER BY coalesce(finished_at, measured_at) DESC, "
             "execution_id ASC NULLS LAST, measurement_date DESC) = 1) "
-            f"SELECT *, {_DERIVED} FROM d ORDER BY row_no")
+            f"SELECT *, {_DERIVED} FROM d ORDER BY {SELECTED} DESC, row_no")
         self._con.execute("DROP TABLE staging")
-        self._con.execute("CREATE UNIQUE INDEX runs_id ON runs(run_id)")
+        self._con.execute("CREATE UNIQUE INDEX runs_id ON all_runs(run_id)")
+        self._con.execute(f"CREATE VIEW runs AS SELECT * EXCLUDE ({SELECTED}) FROM all_runs "
+                          f"WHERE {SELECTED}")
+        self.waves = dict(waves_held) if waves_held is not None else self._waves_of_runs()
         self.outputs = outputs or AnalysisOutputs.empty()
         for name, table in (("models", self.outputs.models), ("excluded", self.outputs.excluded),
                             ("cells", self.outputs.cells)):
@@ -132,18 +143,17 @@ class RunIndex:
              threads: int = 2, memory_limit_mb: int = 1024,
              work_dir: Path | None = None, waves: WaveSelection | None = None) -> RunIndex:
         """Read every run of ``data_dir`` once, one measurement date at a time, through the
-        store's reader (so its one-row-per-run_id rule applies within each date), and the
-        store's prompt texts; only the runs of ``waves`` (default: each campaign's latest wave;
-        a WaveError names a wave not held)."""
+        store's reader (so its one-row-per-run_id rule applies within each date), the store's
+        prompt texts and its waves. The pages show the runs of ``waves`` (default: each
+        campaign's latest wave; a WaveError names a wave not held); the other waves' runs are
+        held too, for a cell's runs by wave and the wave comparison."""
         store = RunStore(Path(data_dir), fsync=False)
         selected = (waves or WaveSelection()).resolve(Path(data_dir))
-        numbers = selected.numbers() if selected is not None else None
-        chunks = (selected.keep(t) if selected is not None else t
-                  for t in (store.read_table(date_from=day, date_to=day, waves=numbers)
-                            for day in store.dataset.partitions()))
+        chunks = (_marked(t, selected) for t in (store.read_table(date_from=day, date_to=day)
+                                                 for day in store.dataset.partitions()))
         return cls(chunks, outputs, threads=threads, memory_limit_mb=memory_limit_mb,
                    work_dir=work_dir, prompts=PromptStore(Path(data_dir), fsync=False).read(),
-                   spend=spend_rows(store, selected))
+                   spend=spend_rows(store, selected), waves_held=waves_of(Path(data_dir)))
 
     def close(self) -> None:
         """Close the database and delete its directory."""
@@ -199,8 +209,9 @@ class RunIndex:
         return RunPage(int(total), rows)
 
     def run(self, run_id: str) -> dict[str, Any] | None:
-        """Every stored column of one run (None if unknown)."""
-        found = self.rows("SELECT * EXCLUDE (search_text) FROM runs WHERE run_id = ?", [run_id])
+        """Every stored column of one run of any wave (None if unknown)."""
+        found = self.rows(f"SELECT * EXCLUDE (search_text, {SELECTED}) FROM all_runs "
+                          "WHERE run_id = ?", [run_id])
         return found[0] if found else None
 
     def cell_runs(self, campaign: str, model: str, prompt_sha256: str,
@@ -212,6 +223,45 @@ class RunIndex:
         rows = self.rows(f"SELECT * EXCLUDE (search_text) FROM runs {where} ORDER BY row_no LIMIT ?",
                          [*params, limit])
         return int(total), rows
+
+    def cell_wave_runs(self, campaign: str, model: str, prompt_sha256: str,
+                       limit: int) -> tuple[dict[int, int], list[dict[str, Any]]]:
+        """(wave -> number of runs, the first ``limit`` runs of each wave with every column) of
+        one cell across every wave held, in wave then run order."""
+        params = [campaign, model, prompt_sha256]
+        where = "WHERE campaign = ? AND model = ? AND prompt_sha256 = ?"
+        order = "budget_max_tokens NULLS FIRST, run_index, run_id"
+        counts = {int(r["wave"]): int(r["n"]) for r in self.rows(
+            f"SELECT wave, count(*) AS n FROM all_runs {where} GROUP BY wave", params)}
+        rows = self.rows(
+            f"SELECT * EXCLUDE (search_text, {SELECTED}) FROM all_runs {where} "
+            f"QUALIFY row_number() OVER (PARTITION BY wave ORDER BY {order}) <= ? "
+            f"ORDER BY wave, {order}", [*params, limit])
+        return counts, rows
+
+    def wave_table(self, campaign: str, waves: Sequence[int], columns: Sequence[str]) -> pa.Table:
+        """The runs of ``campaign`` in ``waves`` (one row per run, run_id order, as the store's
+        reader returns them), the ``columns`` the index holds."""
+        held = set(self._cursor().sql("SELECT * FROM all_runs LIMIT 0").columns)
+        cols = ", ".join(f'"{c}"' for c in columns if c in held)
+        marks = ", ".join("?" for _ in waves)
+        return self._cursor().sql(
+            f"SELECT {cols} FROM all_runs WHERE campaign = ? AND wave IN ({marks}) ORDER BY run_id",
+            params=[campaign, *waves]).to_arrow_table()
+
+    def runs_per_wave(self, campaign: str) -> dict[int, int]:
+        """wave -> runs the index holds of ``campaign`` in it."""
+        return {int(r["wave"]): int(r["n"]) for r in self.rows(
+            "SELECT wave, count(*) AS n FROM all_runs WHERE campaign = ? GROUP BY wave", [campaign])}
+
+    def _waves_of_runs(self) -> dict[str, list[WaveInfo]]:
+        """Each campaign's waves as its runs show them (no label; started: the first run)."""
+        out: dict[str, list[WaveInfo]] = {}
+        for r in self.rows("SELECT campaign, wave, min(measured_at) AS started_at FROM all_runs "
+                           "GROUP BY campaign, wave ORDER BY campaign, wave"):
+            out.setdefault(r["campaign"], []).append(
+                WaveInfo(r["campaign"], int(r["wave"]), None, r["started_at"]))
+        return out
 
     def prompt_text(self, prompt_sha256: str) -> str | None:
         """The stored text of one prompt (None: the store has none for it)."""
@@ -342,3 +392,13 @@ def spend_rows(store: RunStore, selected: Any) -> list[dict[str, Any]]:
                          "prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens,
                          "total_tokens": t.total_tokens, "cost_usd": t.cost_usd})
     return rows
+
+
+def _marked(table: pa.Table, selected: SelectedWaves | None = None) -> pa.Table:
+    """``table`` with its :data:`SELECTED` column: the rows of ``selected`` (None: every row),
+    or the column it has already."""
+    if SELECTED in table.column_names:
+        return table
+    mask = pa.array([True] * table.num_rows, pa.bool_()) if selected is None or not table.num_rows \
+        else selected.mask(table)
+    return table.append_column(SELECTED, mask)

@@ -6,7 +6,9 @@
 * ``fdr``       — Benjamini–Hochberg q-values across models;
 * ``availability`` — each model's availability status around the two waves;
 * ``compare``   — a runs table → :class:`compare.WaveComparison` (every campaign and model), and
-  its JSON form.
+  its JSON form;
+* ``pairs``     — which two waves of a campaign are compared, and one pair's comparison with the
+  unfinished-wave check and availability (what ``irbench waves`` and the viewer both show).
 """
 
-__all__ = ["availability", "compare", "fdr", "mmd", "options"]
+__all__ = ["availability", "compare", "fdr", "mmd", "options", "pairs"]

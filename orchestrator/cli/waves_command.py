@@ -8,9 +8,7 @@ comparison as JSON with ``--json``.
 
 from __future__ import annotations
 
-import datetime as dt
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -21,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from analysis.waves.options import WaveOptions
+from analysis.waves.pairs import OneWaveError, WavePair, pair_of
 from orchestrator.cli.user_errors import fail
 from workers.errors import ConfigError, IrbenchError
 
@@ -28,20 +27,6 @@ if TYPE_CHECKING:
     from analysis.waves.compare import CampaignWaves
 
 _DEFAULTS = WaveOptions()  # the flags' defaults are the options object's, defined once there
-_COLUMNS = ("campaign", "model", "prompt_sha256", "run_id", "parse_outcome", "ir_json", "node_ids", "wave",
-            "panel", "budget_max_tokens", "outcome", "served_model", "system_fingerprint")
-
-
-@dataclass(frozen=True)
-class WavePair:
-    """The two waves of one campaign to compare; ``to_started_at`` and ``to_ends_at`` (the start
-    of the wave after ``to_wave``, None when it is the latest) bound the availability windows."""
-
-    campaign: str
-    from_wave: int
-    to_wave: int
-    to_started_at: dt.datetime | None = None
-    to_ends_at: dt.datetime | None = None
 
 
 def choose_pairs(data: Path, campaign: str | None, from_wave: int | None, to_wave: int | None) -> list[WavePair]:
@@ -56,38 +41,15 @@ def choose_pairs(data: Path, campaign: str | None, from_wave: int | None, to_wav
         raise ConfigError(f"the store at {data} holds no runs (irbench run CAMPAIGN --data {data} first)")
     pairs = []
     for name in sorted(held):
-        numbers = sorted(w.wave for w in held[name])
-        if len(numbers) < 2:
-            if campaign is None:
-                continue  # campaigns measured once have nothing to compare
-            raise ConfigError(f"campaign {name!r} has one wave: measure another with irbench run CAMPAIGN --new-wave")
-        to = to_wave if to_wave is not None else numbers[-1]
-        frm = from_wave if from_wave is not None else max(w for w in numbers if w < to) if to > numbers[0] else None
-        for w in (frm, to):
-            if w not in numbers:
-                raise ConfigError(f"campaign {name!r} has waves {', '.join(map(str, numbers))}, not {w}")
-        assert frm is not None
-        starts = {w.wave: w.started_at for w in held[name]}
-        later = [w for w in numbers if w > to]
-        pairs.append(WavePair(name, frm, to, starts.get(to), starts.get(later[0]) if later else None))
+        try:
+            pairs.append(pair_of(name, held[name], from_wave, to_wave))
+        except OneWaveError:
+            if campaign is not None:
+                raise
+            # campaigns measured once have nothing to compare
     if not pairs:
         raise ConfigError("no campaign in the store has two waves: measure one again with irbench run CAMPAIGN --new-wave")
     return pairs
-
-
-def _check_complete(table, pair: WavePair) -> None:
-    """Refuse a comparison where one wave holds fewer runs of a model than the other: an
-    unfinished wave would read as a change."""
-    import pyarrow.compute as pc
-
-    counts: dict[tuple[str, int], int] = {}
-    for model, wave in zip(table["model"].to_pylist(), table["wave"].to_pylist()):
-        counts[(model, wave)] = counts.get((model, wave), 0) + 1
-    for model in sorted(set(pc.unique(table["model"]).to_pylist())):
-        a, b = counts.get((model, pair.from_wave), 0), counts.get((model, pair.to_wave), 0)
-        if a != b:
-            raise ConfigError(f"campaign {pair.campaign!r}, model {model}: wave {pair.from_wave} holds {a} runs and "
-                              f"wave {pair.to_wave} {b}; finish the wave with irbench run CAMPAIGN first")
 
 
 def _availability(m) -> str:
@@ -96,17 +58,6 @@ def _availability(m) -> str:
         return "—"
     text = f"{a.from_status or '?'} -> {a.to_status or '?'}"
     return f"[bold red]{text}[/]" if a.changed else text
-
-
-def _with_availability(data: Path, pair: WavePair, comparison):
-    """``comparison`` with each model's availability status around the two waves attached."""
-    from analysis.waves.availability import availability_changes
-    from storage.availability import AvailabilityStore
-
-    models = sorted({m.model for c in comparison.campaigns for m in c.models})
-    rows = AvailabilityStore(data, fsync=False).read(models=models)
-    return comparison.with_availability(pair.campaign, availability_changes(
-        rows, models, pair.to_started_at, pair.to_ends_at))
 
 
 def _table(c: CampaignWaves) -> Table:
@@ -148,10 +99,9 @@ def waves_command(
     Example: irbench waves --data data/ --campaign demo --from 1 --to 2
     """
     from analysis.errors import AnalysisError
-    from analysis.waves.compare import WaveComparison, compare_waves
+    from analysis.waves.compare import WaveComparison
+    from analysis.waves.pairs import compare_pair
     from pydantic import ValidationError
-
-    from storage.runs import RunStore
 
     try:
         try:
@@ -159,14 +109,11 @@ def waves_command(
         except ValidationError as exc:
             first = exc.errors()[0]
             raise ConfigError(f"--{first['loc'][0]}: {first['msg']}") from None
-        store = RunStore(data, fsync=False)
         results: list[CampaignWaves] = []
         for pair in choose_pairs(data, campaign, from_wave, to_wave):
-            table = store.read_table(campaigns=[pair.campaign], waves=[pair.from_wave, pair.to_wave],
-                                     columns=[c for c in _COLUMNS if c in store.dataset.spec.schema.names])
-            _check_complete(table, pair)
-            compared = compare_waves(table, pair.from_wave, pair.to_wave, options)
-            results.extend(_with_availability(data, pair, compared).campaigns)
+            compared = compare_pair(data, pair, options)
+            if compared is not None:
+                results.append(compared)
     except (IrbenchError, AnalysisError) as exc:
         fail(exc)
     if as_json:
