@@ -27,18 +27,15 @@ templates' autoescaping of every stored string.
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import hashlib
 import re
 import time
 from collections.abc import Awaitable, Callable
 from itertools import combinations
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
 from analysis.waves.compare import WaveComparison
-from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -56,73 +53,8 @@ from viewer.grouping import group_runs
 from viewer.index import RunIndex
 from viewer.node_diff import node_diff
 from viewer.query import QueryError, RunQuery
+from viewer.render import CSP, SECURITY_HEADERS, jsonable, environment
 from viewer.waves import WaveComparisons, WavesPage, cell_waves
-
-CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
-       "form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
-SECURITY_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
-                    "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY"}
-
-
-#: One line per term a page shows without saying what it means (``macros.legend``).
-LEGEND = {
-    "drift class": "what first differs between the two runs, tested in this order: count (node "
-                   "count or node kinds differ), id-label (same count and kinds, other ids), "
-                   "metadata (same ids, a range or meta field differs), agree (none of these; "
-                   "label text alone is not drift); unparsed: a run has no parseable IR.",
-    "rank held": "share of bootstrap replicates (prompts resampled with replacement) in which the "
-                 "model sits at exactly its rank in the table.",
-    "rank interval": "marginal bootstrap interval of the model's rank at the analysis' level "
-                     "(95% by default: the 2.5th to 97.5th percentile of its replicate ranks); "
-                     "a per-model statement, with no guarantee for all models at once.",
-    "rank set": "simultaneous rank confidence set (pairwise paired t-tests over common prompts, "
-                "Holm-corrected): at the analysis' level (95% by default) every model's true "
-                "rank lies in its set at once; the partition is read from it.",
-    "run": "the store's run_index: the repetition number within the cell, counted from 0.",
-}
-
-
-def seg(value: Any) -> str:
-    """One URL path segment (everything escaped, "/" included)."""
-    return quote(str(value), safe="")
-
-
-def _jsonable(value: Any) -> Any:
-    """Dates and datetimes (at any depth) as ISO strings."""
-    if isinstance(value, dt.date | dt.datetime):
-        return value.isoformat()
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    return value
-
-
-def _fmt(value: Any, digits: int = 3) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
-def _ts(value: Any) -> str:
-    """A UTC instant to the second (the JSON API keeps the full precision)."""
-    if isinstance(value, dt.datetime):
-        return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-    return _fmt(value)
-
-
-def _environment() -> Environment:
-    env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
-                      autoescape=select_autoescape(default=True, default_for_string=True),
-                      trim_blocks=True, lstrip_blocks=True)
-    env.filters["seg"] = seg
-    env.filters["fmt"] = _fmt
-    env.filters["ts"] = _ts
-    env.globals["LEGEND"] = LEGEND
-    return env
-
 
 def _segments(request: Request, prefix: str) -> list[str]:
     """Path segments after ``prefix``, each percent-decoded separately (so %2F stays inside
@@ -161,7 +93,7 @@ class Viewer:
     def __init__(self, index: RunIndex, config: ViewerConfig) -> None:
         self.index = index
         self.config = config
-        self.env = _environment()
+        self.env = environment()
         self.waves = WaveComparisons(index, config.data_dir)
 
     # ------------------------------------------------------------------ helpers
@@ -198,7 +130,7 @@ class Viewer:
 
     @staticmethod
     def _json_run(row: dict[str, Any]) -> dict[str, Any]:
-        return _jsonable(row)
+        return jsonable(row)
 
     # ------------------------------------------------------------------ pages
     def home(self, request: Request) -> Response:
