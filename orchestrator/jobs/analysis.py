@@ -23,10 +23,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
-from celery import Celery
 
 from analysis.outputs import AnalysisResult, PanelResult, panel_dirname
 from analysis.options import AnalysisOptions
@@ -45,8 +44,11 @@ from orchestrator.jobs.analysis_tasks import (
     scratch_dir,
     split_path,
 )
-from workers.celery.app import DEFAULT_QUEUE, make_celery_app
+from workers.celery import DEFAULT_QUEUE
 from workers.errors import IrbenchError
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 log = structlog.get_logger("irbench.analysis_jobs")
 
@@ -93,6 +95,8 @@ class JobQueue:
     app: Celery | None = None
 
     def celery_app(self) -> Celery:
+        from workers.celery.app import make_celery_app  # lazy: the local analysis loads no Celery
+
         return self.app or make_celery_app(self.broker_url)
 
 
