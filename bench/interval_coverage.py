@@ -19,16 +19,19 @@ coverage per model and for all models at once.
 Usage: python bench/interval_coverage.py [--sizes 5,8,12,22] [--datasets 1000]
        [--replicates 1000] [--inner 200] [--methods percentile,...,calibrated_betting]
        [--ranks 400] [--artifact DIR] [--sources sim,artifact,shapes] [--per-model]
-       [--markdown] [--threshold-scales 0.5,0.65,0.8,1]
+       [--markdown] [--threshold-scales '0.5,0.65,0.8,1,n/(n+2)']
 With --threshold-scales: instead of the table, the calibrated betting interval with its
 threshold scaled (min / mean / max coverage over models), the evidence for docs/intervals.md's
-"where it falls short".
+"where it falls short". ``--sources fresh``: a second held-out set of eight bounded shapes
+(Beta(5, 1), (1, 1), (1, 4), a zero-one-inflated Beta, a three-point law, Bernoulli(0.5) and
+(0.97), a 0.05 / 0.6 mix), for checking a choice made on the other sources.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import re
 import sys
 import time
 import tomllib
@@ -39,7 +42,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analysis.stats.coverage import STUDY_MODELS, simulate_cells, simulated_coverage, true_mean  # noqa: E402
+from analysis.stats.coverage import (  # noqa: E402
+    STUDY_MODELS,
+    CellFit,
+    simulate_cells,
+    simulated_coverage,
+    true_mean,
+)
 from analysis.stats.mean_intervals import METHODS, betting_with_bounds, endpoints  # noqa: E402
 from analysis.stats.small_sample import Resampling  # noqa: E402
 from bench.reference import load_average  # noqa: E402
@@ -96,6 +105,21 @@ SHAPES = {"beta(2,5)": (_beta(2, 5), 2 / 7), "beta(.5,.5)": (_beta(0.5, 0.5), 0.
           "0.25/0.9": (_two_point(0.2, 0.25, 0.9), 0.2 * 0.9 + 0.8 * 0.25)}
 
 
+def _three_point(size, rng):
+    u = rng.random(size)
+    return np.where(u < 0.3, 0.1, np.where(u < 0.6, 0.5, 1.0))
+
+
+_INFLATED = CellFit(0.05, 0.3, 3.0, 2.0)
+# a second held-out set, for checking a choice made on the three sources above
+FRESH = {"beta(5,1)": (_beta(5, 1), 5 / 6), "beta(1,1)": (_beta(1, 1), 0.5),
+         "beta(1,4)": (_beta(1, 4), 0.2), "inflated": (_INFLATED.draw, _INFLATED.mean),
+         "0.1/0.5/1": (_three_point, 0.3 * 0.1 + 0.3 * 0.5 + 0.4),
+         "bernoulli(.5)": (_two_point(0.5, 0, 1), 0.5),
+         "bernoulli(.97)": (_two_point(0.97, 0, 1), 0.97),
+         "0.05/0.6": (_two_point(0.1, 0.05, 0.6), 0.1 * 0.6 + 0.9 * 0.05)}
+
+
 def _width(draw, n: int, method: str, spec: Resampling) -> float:
     x = draw((200, n), np.random.default_rng([spec.seed, n, 1]))
     lo, hi = endpoints(x, method, spec)
@@ -144,31 +168,49 @@ def coverage_table(sources: dict, sizes: list[int], methods: list[str], spec: Re
                       + f"   {name}")
 
 
-def sweep_row(models: dict, sizes: list[int], scale: float, spec: Resampling, datasets: int
-              ) -> list[list[float]]:
+def scale_of(token: str):
+    """n → threshold scale of one --threshold-scales entry: a number, or "n/(n+A)"."""
+    m = re.fullmatch(r"n/\(n\+([0-9.]+)\)", token.replace(" ", ""))
+    if m:
+        a = float(m.group(1))
+        return lambda n: n / (n + a)
+    value = float(token)
+    return lambda n: value
+
+
+def sweep_row(models: dict, sizes: list[int], scale: float | str, spec: Resampling,
+              datasets: int) -> list[list[float]]:
     """Per n: the coverage of each model by the calibrated betting interval with its threshold
-    z²/2 multiplied by ``scale`` (bets and test; 1 = ``calibrated_betting``)."""
-    def interval(x: np.ndarray, call: Resampling) -> tuple[np.ndarray, np.ndarray]:
-        return betting_with_bounds(x, call, calibrated=True, threshold_scale=scale)
-    return [[simulated_coverage(draw, truth, n, interval, spec, datasets)
-             for draw, truth in models.values()] for n in sizes]
+    z²/2 multiplied by ``scale`` (a number, or "n/(n+A)"; bets and test; 1 =
+    ``calibrated_betting``)."""
+    factor = scale_of(str(scale))
+    out = []
+    for n in sizes:
+        def interval(x: np.ndarray, call: Resampling, f: float = factor(n)
+                     ) -> tuple[np.ndarray, np.ndarray]:
+            return betting_with_bounds(x, call, calibrated=True, threshold_scale=f)
+        out.append([simulated_coverage(draw, truth, n, interval, spec, datasets)
+                    for draw, truth in models.values()])
+    return out
 
 
-def sweep_line(scale: float, source: str, row: list[list[float]]) -> str:
+def sweep_line(scale: float | str, source: str, row: list[list[float]]) -> str:
     """One row of docs/intervals.md's sweep table: min / mean / max over models per n."""
-    return f"| {scale:g} · z²/2 | {source} | " + " | ".join(
+    label = f"{scale:g}" if isinstance(scale, float) else scale
+    return f"| {label} · z²/2 | {source} | " + " | ".join(
         f"{min(c):.3f} / {np.mean(c):.3f} / {max(c):.3f}" for c in row) + " |"
 
 
-def threshold_sweep(sources: dict, sizes: list[int], scales: list[float], spec: Resampling,
+def threshold_sweep(sources: dict, sizes: list[int], scales: list[str], spec: Resampling,
                     datasets: int) -> None:
     """Print docs/intervals.md's sweep table: per threshold scale and source, min / mean / max
     coverage over models at each n."""
     print("| threshold | source | " + " | ".join(f"n = {n}" for n in sizes) + " |\n|---|---|"
           + "---|" * len(sizes))
     for scale in scales:
+        label: float | str = scale if "n" in scale else float(scale)
         for source, models in sources.items():
-            print(sweep_line(scale, source, sweep_row(models, sizes, scale, spec, datasets)),
+            print(sweep_line(label, source, sweep_row(models, sizes, scale, spec, datasets)),
                   flush=True)
 
 
@@ -223,6 +265,8 @@ def build_sources(artifact: Path, seed: int, names: list[str]) -> dict[str, dict
                            for m, v in artifact_cells(artifact).items()}
     if "shapes" in names:
         out["shapes"] = SHAPES
+    if "fresh" in names:
+        out["fresh"] = FRESH
     return out
 
 
@@ -241,7 +285,8 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true", help="docs/intervals.md's table rows")
     ap.add_argument("--threshold-scales", default="",
                     help="instead of the table: calibrated_betting's threshold times each of "
-                         "these (e.g. 0.5,0.65,0.8,1), min/mean/max over models")
+                         "these (e.g. '0.5,0.65,0.8,1,n/(n+2)'), min/mean/max "
+                         "over models")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     spec = Resampling(replicates=args.replicates, seed=args.seed, inner_replicates=args.inner)
@@ -250,8 +295,7 @@ def main() -> None:
           f"{args.datasets} datasets, {args.replicates} replicates ({args.inner} inner); "
           "models: " + ", ".join(f"{k} {len(v)}" for k, v in sources.items()), flush=True)
     if args.threshold_scales:
-        threshold_sweep(sources, sizes, [float(v) for v in args.threshold_scales.split(",")],
-                        spec, args.datasets)
+        threshold_sweep(sources, sizes, args.threshold_scales.split(","), spec, args.datasets)
     else:
         coverage_table(sources, sizes, args.methods.split(","), spec, args.datasets,
                        args.per_model, args.markdown)
