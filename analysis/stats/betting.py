@@ -40,10 +40,11 @@ from analysis.errors import AnalysisError
 __all__ = ["betting_bets", "betting_endpoints", "lower_capital", "threshold"]
 
 
-def threshold(level: float, calibrated: bool) -> float:
-    """c_α of the module docstring: log(2/α) (exact) or z²/2 (calibrated)."""
+def threshold(level: float, calibrated: bool, scale: float = 1.0) -> float:
+    """c_α of the module docstring: log(2/α) (exact) or z²/2 (calibrated), times ``scale``."""
     alpha = 1.0 - level
-    return float(ndtri(1.0 - alpha / 2.0) ** 2 / 2.0) if calibrated else float(np.log(2.0 / alpha))
+    c = float(ndtri(1.0 - alpha / 2.0) ** 2 / 2.0) if calibrated else float(np.log(2.0 / alpha))
+    return scale * c
 
 
 def betting_bets(u: np.ndarray, c_alpha: float) -> np.ndarray:
@@ -79,13 +80,15 @@ def _lower(u: np.ndarray, c_alpha: float, truncation: float, iterations: int) ->
 
 
 def betting_endpoints(values: np.ndarray, level: float, bounds: tuple[float, float],
-                      calibrated: bool = False, truncation: float = 0.5, iterations: int = 32
-                      ) -> tuple[np.ndarray, np.ndarray]:
+                      calibrated: bool = False, truncation: float = 0.5, iterations: int = 32,
+                      threshold_scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """(low, high) betting interval of each row's mean (module docstring).
 
     values: (rows, n), every value inside ``bounds``; level: nominal two-sided coverage;
     calibrated: the threshold (module docstring); truncation: c in (0, 1]; iterations:
-    bisection halvings (32 → endpoints within 2.5e-10 of the range, each on its wider side)."""
+    bisection halvings (32 → endpoints within 2.5e-10 of the range, each on its wider side);
+    threshold_scale: a factor on c_α (and so on the bets), 1 for the methods themselves and
+    other values for the threshold sweep of ``bench/interval_coverage.py``."""
     x = np.atleast_2d(np.asarray(values, dtype=float))
     lo_b, hi_b = bounds
     if x.shape[1] < 1 or not np.all(np.isfinite(x)):
@@ -94,8 +97,10 @@ def betting_endpoints(values: np.ndarray, level: float, bounds: tuple[float, flo
         raise AnalysisError(f"betting interval needs values inside {bounds}")
     if not 0.0 < truncation <= 1.0:
         raise AnalysisError(f"truncation must be in (0, 1]; got {truncation}")
+    if not threshold_scale > 0.0:
+        raise AnalysisError(f"threshold_scale must be positive; got {threshold_scale}")
     u = (x - lo_b) / (hi_b - lo_b)
-    c_alpha = threshold(level, calibrated)
+    c_alpha = threshold(level, calibrated, threshold_scale)
     low = _lower(u, c_alpha, truncation, iterations)
     # the upper endpoint is the lower one of the mirrored values 1 − u (K⁻ is K⁺ mirrored)
     high = 1.0 - _lower(1.0 - u, c_alpha, truncation, iterations)

@@ -119,11 +119,16 @@ def fit_cells(values: np.ndarray, concentration: float = 4.0) -> CellFit:
     return CellFit(zero, one, m * total, (1 - m) * total)
 
 
+IntervalFn = Callable[[np.ndarray, Resampling], tuple[np.ndarray, np.ndarray]]
+
+
 def simulated_coverage(draw: Callable[[tuple[int, ...], np.random.Generator], np.ndarray],
-                       truth: float, n: int, method: str, spec: Resampling,
+                       truth: float, n: int, method: str | IntervalFn, spec: Resampling,
                        datasets: int = 1000) -> float:
     """Share of ``datasets`` intervals (method, spec) from samples of n cells drawn by
-    ``draw(size, rng)`` that cover ``truth``; datasets are drawn from ``spec.seed``."""
+    ``draw(size, rng)`` that cover ``truth``; datasets are drawn from ``spec.seed``.
+    ``method``: a name of :data:`analysis.stats.mean_intervals.METHODS`, or a function
+    (values (rows, n), spec) → (low, high) arrays."""
     rng = np.random.default_rng([spec.seed, n])
     per_call = max(1, min(datasets, 200_000 // max(1, n * 10)))
     covered, done = 0, 0
@@ -132,7 +137,7 @@ def simulated_coverage(draw: Callable[[tuple[int, ...], np.random.Generator], np
         x = draw((k, n), rng)
         call = Resampling(spec.replicates, int(rng.integers(2**31)), spec.level,
                           spec.inner_replicates, spec.bounds, spec.max_elements)
-        lo, hi = endpoints(x, method, call)
+        lo, hi = endpoints(x, method, call) if isinstance(method, str) else method(x, call)
         covered += int(np.sum((lo <= truth + 1e-12) & (truth - 1e-12 <= hi)))
         done += k
     return covered / datasets

@@ -26,7 +26,7 @@ from analysis.stats.small_sample import (
     studentized_endpoints,
 )
 
-__all__ = ["METHODS", "equal_n_intervals", "endpoints", "panel_intervals"]
+__all__ = ["METHODS", "betting_with_bounds", "equal_n_intervals", "endpoints", "panel_intervals"]
 
 METHODS = ("percentile", "bca", "studentized", "double", "betting", "calibrated_betting")
 # methods without replicates: each model's interval is computed alone at any panel size
@@ -41,16 +41,25 @@ def _bca(x: np.ndarray, spec: Resampling) -> tuple[Interval, ...]:
                           "bca", r.degenerate) for lo, hi, r in zip(low, high, raw))
 
 
-def _betting(x: np.ndarray, spec: Resampling, method: str) -> tuple[Interval, ...]:
-    """Betting intervals (no replicates: ``replicates`` is recorded as 0); needs bounds."""
+def betting_with_bounds(values: np.ndarray, spec: Resampling, calibrated: bool,
+                        threshold_scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) betting endpoints of each row of ``values`` (rows, n) in ``spec.bounds``,
+    a sample on a bound widened to reach at least the exact one-sided limit.
+    ``threshold_scale``: :func:`analysis.stats.betting.betting_endpoints`'s (1 for the methods)."""
+    x = np.atleast_2d(np.asarray(values, dtype=float))
     if spec.bounds is None:
         raise AnalysisError("the betting interval needs the metric's bounds")
-    low, high = betting_endpoints(x, spec.level, spec.bounds,
-                                  calibrated=method == "calibrated_betting")
+    low, high = betting_endpoints(x, spec.level, spec.bounds, calibrated=calibrated,
+                                  threshold_scale=threshold_scale)
     exact_low, exact_high = finish_endpoints(low, high, x, spec.level, spec.bounds)
     on_bound = (np.ptp(x, axis=-1) == 0) & np.isin(x[:, 0], spec.bounds)
-    low = np.where(on_bound, np.minimum(low, exact_low), low)
-    high = np.where(on_bound, np.maximum(high, exact_high), high)
+    return (np.where(on_bound, np.minimum(low, exact_low), low),
+            np.where(on_bound, np.maximum(high, exact_high), high))
+
+
+def _betting(x: np.ndarray, spec: Resampling, method: str) -> tuple[Interval, ...]:
+    """Betting intervals (no replicates: ``replicates`` is recorded as 0); needs bounds."""
+    low, high = betting_with_bounds(x, spec, calibrated=method == "calibrated_betting")
     degenerate = np.ptp(x, axis=-1) == 0
     return tuple(Interval(float(lo), float(hi), float(pt), spec.level, x.shape[1], 0, spec.seed,
                           method, bool(dg))

@@ -121,3 +121,16 @@ def test_calibrated_betting_reaches_the_band_where_the_bootstrap_does_not(n):
         stud = simulated_coverage(_bimodal, BIMODAL_MEAN, 5, "studentized",
                                   Resampling(replicates=300, seed=3), 500)
         assert stud < 0.9, stud
+
+
+def test_threshold_scale_moves_the_calibrated_interval_onto_the_exact_one():
+    """The sweep's factor scales c_α of bets and test alike: the calibrated interval at
+    log(2/α) / (z²/2) is the exact interval, and a smaller factor gives a narrower one."""
+    x = np.random.default_rng(6).beta(2, 3, (4, 9))
+    to_exact = math.log(40) / (norm.ppf(0.975) ** 2 / 2)
+    exact = betting_endpoints(x, 0.95, (0.0, 1.0))
+    scaled = betting_endpoints(x, 0.95, (0.0, 1.0), calibrated=True, threshold_scale=to_exact)
+    assert np.allclose(exact, scaled, atol=1e-9)
+    calibrated = betting_endpoints(x, 0.95, (0.0, 1.0), calibrated=True)
+    narrower = betting_endpoints(x, 0.95, (0.0, 1.0), calibrated=True, threshold_scale=0.5)
+    assert np.all(narrower[1] - narrower[0] < calibrated[1] - calibrated[0])

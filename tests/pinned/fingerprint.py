@@ -106,11 +106,12 @@ def demo_outputs(workdir: Path, examples: Path) -> Path:
 
 
 TABLE1_COLUMNS = ("model", "n_prompts", "mean_jaccard", "jaccard_ci_low", "jaccard_ci_high",
-                  "id_stability", "id_ci_low", "id_ci_high", "ci_method")
+                  "id_stability", "id_ci_low", "id_ci_high", "ci_method", "jaccard_ci_coverage")
 
 
 def table1(fp: dict[str, Any]) -> list[dict[str, Any]]:
-    """The annotated panel's model rows of a fingerprint, Table 1's columns only."""
+    """The annotated panel's model rows of a fingerprint: Table 1's columns, the method, and
+    the interval's simulated coverage (the self-check)."""
     return [{k: r[k] for k in TABLE1_COLUMNS} for r in fp["annotated"]["models"]]
 
 
