@@ -27,6 +27,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
         report.longrepr = f"skipped, and this suite allows no skips: {report.longrepr}"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files holding a ``slow`` test run first. ``make test`` hands whole files to xdist's workers
+    in collection order (``--dist loadfile --no-loadscope-reorder``): a long file that started
+    last would leave the other workers idle while it finishes."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # stable: each file keeps its order
+
+
 @pytest.fixture(scope="session")
 def examples_dir() -> Path:
     return EXAMPLES

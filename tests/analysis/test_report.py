@@ -32,6 +32,8 @@ from tests.support.report_inputs import (
     write_synthetic_analysis,
 )
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def full_report(tmp_path_factory) -> tuple[Path, Path, str]:

@@ -19,6 +19,8 @@ import redis
 
 from deploy.local_cluster import free_port
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 LAUNCHER = DEPLOY / "local_cluster.py"

@@ -19,6 +19,8 @@ from simulator.server import start_background
 from storage.runs import RunStore
 from tests.support.terminal import with_default_sigint
 
+pytestmark = pytest.mark.slow
+
 IRBENCH = [sys.executable, "-m", "orchestrator.cli.app"]
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = REPO / "examples" / "prompts"

@@ -21,7 +21,7 @@ from simulator.config import SimModel
 from storage.runs import RunStore
 from tests.support.distributed import WORKER_ENV, executions_per_run, make_campaign, sim, stats, wait_for
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 WARN_S = 2.0
 STALL_S = 6.0

@@ -34,7 +34,7 @@ from tests.support.distributed import (
 )
 from tests.support.paths import REPO
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 
 def _fresh_copy(s3: SeaweedServer, url: str, cache: Path, monkeypatch: pytest.MonkeyPatch) -> RunStore:

@@ -12,6 +12,8 @@ import pytest
 
 from deploy.redis_server import RedisServer
 
+pytestmark = pytest.mark.slow
+
 IRBENCH = [sys.executable, "-m", "orchestrator.cli.app"]
 VERBS = ["run", "status", "resume", "cancel", "worker", "analyze", "compact", "simulate", "demo", "probe"]
 

@@ -58,7 +58,7 @@ from tests.support.paths import REPO
 from tests.support.port_owners import PortOwners
 from tests.support.redis_monitor import CooldownMonitor
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 
 # ----- 1. crossed campaign -----------------------------------------------------------------------

@@ -46,7 +46,7 @@ from tests.support.distributed import (
 from tests.support.paths import REPO
 from workers.state.campaign_state import CampaignState
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.timeout(150), pytest.mark.slow]
 FAST = CeleryOptions(claim_ttl_s=3.0, reconcile_interval_s=1.0, analyze_on_complete=False)
 
 

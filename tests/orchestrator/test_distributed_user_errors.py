@@ -24,7 +24,7 @@ from tests.support.scripted_server import scripted_server
 from tests.support.terminal import with_default_sigint
 from workers.state.presence import read_presence
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "orchestrator.cli.app"]
 

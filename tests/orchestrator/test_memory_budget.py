@@ -29,7 +29,7 @@ from tests.support.distributed import (
 )
 from workers.celery.memory_budget import BASE_MIB, CALL_KIB, calls_within
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 OLD_RUN_SLOTS = 64  # the fixed cap a worker had before it had a budget
 ENV = {k: v for k, v in WORKER_ENV.items() if k != "IRBENCH_RUN_SLOTS"}  # slots from the budget
 

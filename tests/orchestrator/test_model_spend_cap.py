@@ -26,6 +26,8 @@ from storage.runs import RunStore
 from tests.support.campaign_files import write_campaign
 from workers.spend import SPEND_CAP_REASON
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "orchestrator.cli.app"]
 RUNS, PROMPTS, MAX_TOKENS, CONCURRENCY = 6, 4, 100, 2

@@ -22,6 +22,8 @@ from storage.prices import read_prices
 from storage.runs import RunStore
 from tests.support.campaign_files import write_campaign
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "orchestrator.cli.app"]
 RUNS, PROMPTS, MAX_TOKENS = 2, 3, 4000

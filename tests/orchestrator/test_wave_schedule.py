@@ -27,6 +27,8 @@ from tests.support.distributed import wait_for
 from workers.errors import ConfigError
 from workers.state.wave_schedules import WaveSchedule, WaveSchedules, parse_every
 
+pytestmark = pytest.mark.slow
+
 PROMPTS = Path(__file__).resolve().parents[2] / "examples" / "prompts"
 
 

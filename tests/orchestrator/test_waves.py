@@ -14,6 +14,7 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
+import pytest
 
 from analysis.inputs import read_inputs
 from analysis.options import AnalysisOptions
@@ -26,6 +27,8 @@ from storage.runs import RunStore
 from storage.wave_selection import WaveSelection
 from storage.waves import list_waves
 from tests.support.distributed import FAST, Cluster, cluster  # noqa: F401  (cluster: a fixture by name)
+
+pytestmark = pytest.mark.slow
 
 IRBENCH = [sys.executable, "-m", "orchestrator.cli.app"]
 PROMPTS = Path(__file__).resolve().parents[2] / "examples" / "prompts"

@@ -16,6 +16,8 @@ from simulator.config import SimConfig, SimModel
 from simulator.server import start_background
 from tests.support.cli import run_irbench
 
+pytestmark = pytest.mark.slow
+
 PROMPTS = Path(__file__).resolve().parents[2] / "examples" / "prompts"
 
 

@@ -32,6 +32,8 @@ from workers.providers.direct import DirectClient
 from workers.providers.registry import make_tls_context
 from workers.runtask import TimeoutPolicy
 
+pytestmark = pytest.mark.slow
+
 KEY = "sk-clientHOSTILE-0f1e2d3c4b5a"
 TIMEOUTS = TimeoutPolicy(connect_timeout_s=0.5, read_timeout_s=0.4, total_timeout_s=1.5)
 CLIENTS = {"aio": AioClient, "direct": DirectClient}

@@ -38,6 +38,8 @@ from workers.runtask import TimeoutPolicy
 
 from tests.simulator.test_simulator import PROMPT, message
 
+pytestmark = pytest.mark.slow
+
 WIRES = ["openai", "ollama"]
 CLIENTS = {"httpx": lambda: make_http_client(), "aio": lambda: AioClient(tls=make_tls_context()),
            "direct": lambda: DirectClient(tls=make_tls_context())}

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import redis
 
 from deploy.celery_workers import CeleryWorkers
@@ -24,6 +26,8 @@ from tests.support.distributed import WORKER_ENV, make_campaign, sim, stats, sto
 from tests.support.paths import REPO
 from workers.celery import DEFAULT_QUEUE
 from workers.celery.app import make_celery_app
+
+pytestmark = pytest.mark.slow
 
 # Takes every message of the queue without acknowledging it, says how many, then waits to be killed.
 TAKER = """
