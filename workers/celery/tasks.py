@@ -19,6 +19,14 @@ for a slot is not claimed yet; the heartbeat keeps its queued time fresh, so the
 does not take it for lost, and if the worker is stopped long enough for the run to be re-sent,
 its claim here finds it done or busy and steps aside.
 
+Before each call, the run's intent (``workers.execute.died_record``: the record it gets if the
+worker dies mid-call) goes into the same spool, durable before the send (``intent_journal``);
+the intents of the runs that call together share one fsync, and so do they with the records of
+the runs finishing meanwhile. A worker SIGKILLed mid-call leaves them in its spool; whoever
+recovers it (the worker restarted on it, the orchestrator, compaction) stores them as
+``worker_died`` executions: every call the endpoint received is a stored attempt. A kill
+between an intent's fsync and its send stores a ``worker_died`` attempt the endpoint never saw.
+
 Why whole messages on one loop: a run's own work on a fast endpoint is ~0.5 ms of CPU, and each
 per-run Redis round trip, thread hand-off and fsync cost about as much again (bench/worker_path.py measures this).
 The claims of the runs that get a slot together, and the appends and done markers of the runs
@@ -42,7 +50,7 @@ import asyncio
 import random
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,7 +169,7 @@ async def _execute(rt: WorkerRuntime, run: _Run, data_dir: str | None) -> None:
         rt.hold_claim(run.state, task.run_id, run.owner)
         if claimed.permit is not None:
             rt.hold_permit(claimed.permit)  # the heartbeat renews it from now on
-        await _call(rt, run, claimed)
+        await _call(rt, run, claimed, data_dir)
         holding = False
         rt.slots.release()  # first: the waiter's wake-up is queued ahead of the flush's start
         reply = await batcher.enqueue(_Finish(run, data_dir))
@@ -175,7 +183,27 @@ async def _execute(rt: WorkerRuntime, run: _Run, data_dir: str | None) -> None:
     _log_end(run, reply)
 
 
-async def _call(rt: WorkerRuntime, run: _Run, claimed: Claimed) -> None:
+def _intent_hook(rt: WorkerRuntime, data_dir: str | None) -> Callable[[RunRecord], Awaitable[None]] | None:
+    """What ``execute_run`` awaits before each call: the intent into the spool of ``data_dir``,
+    durable; the intents of the runs calling together share one fsync (a ``Coalescer``, the
+    write in a thread). None when ``intent_journal`` is off."""
+    if not rt.settings.intent_journal:
+        return None
+    spool = rt.spool(data_dir)
+
+    def write(intents: Sequence[RunRecord]) -> list[None]:
+        spool.intend(intents)
+        return [None] * len(intents)
+
+    batcher = rt.batcher(f"intents:{spool.dir}", lambda: Coalescer(lambda items: asyncio.to_thread(write, items)))
+
+    async def intend(record: RunRecord) -> None:
+        await batcher.submit(record)
+
+    return intend
+
+
+async def _call(rt: WorkerRuntime, run: _Run, claimed: Claimed, data_dir: str | None) -> None:
     """``execute_run`` under the run's claim; fills in its record, deferral or failure and the
     permits it still holds."""
     task = run.task
@@ -186,7 +214,7 @@ async def _call(rt: WorkerRuntime, run: _Run, claimed: Claimed) -> None:
     try:
         spend = RedisSpendMeter(run.state.base, rt.aredis) if task.spend_capped else None
         run.record = await execute_run(task, RunContext(provider_for=rt.provider_for, limiter=limiter, gate=gate,
-                                                        spend=spend))
+                                                        spend=spend, intent=_intent_hook(rt, data_dir)))
     except (Deferred, *TRANSIENT) as exc:
         run.countdown_s = _countdown(rt, exc)
         run.defer_reason = exc.reason if isinstance(exc, Deferred) else "redis unavailable"
