@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from storage.parquet.dataset import ParquetDataset, fsync_dir
-from storage.parquet.intents import intent_line, is_intent, read_journal, unresolved
+from storage.parquet.intents import intent_line, is_intent, read_journal, resolved_line, unresolved
 from storage.errors import StorageError
 from storage.records import RunRecord
 from storage.schema import records_to_table
@@ -161,6 +161,16 @@ class RunSpool:
             seg = self._write_locked(b"".join(lines))
             for r, line in zip(intents, lines):
                 self._intents[r.execution_id] = (seg.seq, line)
+            mine = self._written
+        self._sync(mine)
+
+    def resolve(self, execution_ids: Sequence[str]) -> None:
+        """Resolve the intents of ``execution_ids`` without a record (their executions ended
+        with nothing to store); returns once that is durable."""
+        with self._lock:
+            if not [e for e in execution_ids if self._intents.pop(e, None) is not None]:
+                return
+            self._write_locked(b"".join(resolved_line(e) for e in execution_ids))
             mine = self._written
         self._sync(mine)
 
@@ -307,8 +317,8 @@ class RunSpool:
 def read_segment(path: Path) -> tuple[list[RunRecord], int]:
     """Records of one segment file (its intents left out) and how many lines were unreadable
     (a torn last line)."""
-    records, _, bad = read_journal(path)
-    return records, bad
+    journal = read_journal(path)
+    return journal.records, journal.bad
 
 
 def recover_orphans(dataset: ParquetDataset) -> int:
@@ -343,11 +353,12 @@ def _recover_writer(dataset: ParquetDataset, sdir: Path, writer: str) -> int:
     unresolved intents (stem ``spool-<writer>-died``), then each segment's records; returns rows."""
     names = sorted(n for n in os.listdir(sdir) if n.startswith(f"{writer}-") and n.endswith(SEGMENT_SUFFIX))
     segments = [(int(n[len(writer) + 1 : -len(SEGMENT_SUFFIX)]), sdir / n, read_journal(sdir / n)) for n in names]
-    records = [r for _, _, (recs, _, _) in segments for r in recs]
-    intents = [i for _, _, (_, ints, _) in segments for i in ints]
-    rows = _publish(dataset, writer, DIED_SUFFIX, unresolved(records, intents))
-    for seq, path, (recs, _, _) in segments:
-        rows += _publish(dataset, writer, seq, recs)
+    records = [r for _, _, j in segments for r in j.records]
+    intents = [i for _, _, j in segments for i in j.intents]
+    resolved = {e for _, _, j in segments for e in j.resolved}
+    rows = _publish(dataset, writer, DIED_SUFFIX, unresolved(records, intents, resolved))
+    for seq, path, journal in segments:
+        rows += _publish(dataset, writer, seq, journal.records)
         path.unlink(missing_ok=True)
     return rows
 

@@ -24,6 +24,7 @@ from orchestrator.campaign.prepared import prepare
 from orchestrator.distributed.options import CeleryOptions
 from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimModel
+from storage.parquet.spool import recover_orphans
 from storage.runs import RunStore
 from deploy.celery_workers import CeleryWorkers
 from deploy.redis_server import RedisServer
@@ -130,6 +131,13 @@ def test_poison_run_ends_as_worker_error_and_others_carry_on(up: Cluster, tmp_pa
     assert "3 task failures" in poison.cancel_reason and "UnicodeEncodeError" in poison.cancel_reason
     assert Counter(r.outcome.value for rid, r in recs.items() if rid != victim.run_id) == {"ok": 11}
     assert_calls_equal_attempts(store, name, st, models)  # the poison run never reached the endpoint
+    # its raising executions resolved their intents: the workers' spools, recovered after a
+    # SIGKILL of every worker, store no worker_died for calls that were never sent
+    for i in range(up.workers.count):
+        up.workers.kill(i)
+    recover_orphans(store.dataset)
+    assert_calls_equal_attempts(store, name, st, models)
+    assert store.count_by_outcome(name).get("worker_died", 0) == 0
     state = CampaignState(redis.Redis.from_url(up.url), name)
     assert state.claims.failures(victim.run_id)[0] == 3 and state.delayed.count() == 0
     # the status script view

@@ -22,8 +22,9 @@ from tests.support.run_records import make_record
 REPO = Path(__file__).resolve().parents[2]
 
 #: A writer of 10 executions with max_rows=3: it intends all 10, stores records of 0-6 (three
-#: segments closed and published on the way, the open intents carried out of each), intends a
-#: second attempt of execution 8, then SIGKILLs itself: 7, 8 and 9 are mid-call.
+#: segments closed and published on the way, the open intents carried out of each), resolves 9
+#: without a record (its execution raised), intends a second attempt of execution 8, then
+#: SIGKILLs itself: 7 and 8 are mid-call.
 VICTIM = textwrap.dedent(
     """
     import os, signal, sys
@@ -46,6 +47,7 @@ VICTIM = textwrap.dedent(
     for i in range(7):
         spool.append([make_record(i, execution_id=f"e{i:02d}")])
     spool.flush()  # every segment with records is published; only the open intents remain on disk
+    spool.resolve(["e09"])
     spool.intend([died(8, 2)])
     print(spool.open_intents, len(os.listdir(spool.dir)), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -72,14 +74,14 @@ def _executions(store: RunStore) -> Counter[str]:
 def test_a_killed_writer_leaves_exactly_its_calls_in_flight(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
     said = _kill_a_writer(tmp_path)
-    assert said.split()[0] == "3"  # executions 7, 8, 9 unresolved at the kill
+    assert said.split()[0] == "2"  # executions 7 and 8 unresolved at the kill
     assert pending_rows(store.dataset) == 0  # intents are not records waiting for publication
-    assert recover_orphans(store.dataset) == 3
+    assert recover_orphans(store.dataset) == 2
     execs = _executions(store)
-    assert execs == Counter({f"e{i:02d}": 1 for i in range(10)})
+    assert execs == Counter({f"e{i:02d}": 1 for i in range(9)})
     recs = {r.execution_id: r for r in store.read_records()}  # one execution per run here
     died = {e for e, r in recs.items() if r.outcome is Outcome.WORKER_DIED}
-    assert died == {"e07", "e08", "e09"}
+    assert died == {"e07", "e08"}
     assert len(recs["e08"].attempts) == 2  # the latest intent of an execution: every call of it
     assert list(spool_dir(store.dataset).iterdir()) == []
 
@@ -91,12 +93,12 @@ def test_recovery_is_idempotent_even_when_killed_half_way(tmp_path: Path) -> Non
     _kill_a_writer(tmp_path)
     saved = tmp_path / "saved"
     shutil.copytree(spool_dir(store.dataset), saved)
-    assert recover_orphans(store.dataset) == 3
+    assert recover_orphans(store.dataset) == 2
     for f in saved.iterdir():  # as if the recoverer died before unlinking anything
         shutil.copy(f, spool_dir(store.dataset) / f.name)
     assert recover_orphans(store.dataset) == 0
     assert recover_orphans(store.dataset) == 0
-    assert _executions(store) == Counter({f"e{i:02d}": 1 for i in range(10)})
+    assert _executions(store) == Counter({f"e{i:02d}": 1 for i in range(9)})
 
 
 def test_concurrent_recoverers_store_each_intent_once(tmp_path: Path) -> None:
@@ -114,8 +116,8 @@ def test_concurrent_recoverers_store_each_intent_once(tmp_path: Path) -> None:
         t.start()
     for t in threads:
         t.join()
-    assert sum(rows) == 3
-    assert _executions(store) == Counter({f"e{i:02d}": 1 for i in range(10)})
+    assert sum(rows) == 2
+    assert _executions(store) == Counter({f"e{i:02d}": 1 for i in range(9)})
 
 
 def test_a_live_writer_resolves_its_intents_and_leaves_none(tmp_path: Path) -> None:

@@ -26,6 +26,8 @@ the runs finishing meanwhile. A worker SIGKILLed mid-call leaves them in its spo
 recovers it (the worker restarted on it, the orchestrator, compaction) stores them as
 ``worker_died`` executions: every call the endpoint received is a stored attempt. A kill
 between an intent's fsync and its send stores a ``worker_died`` attempt the endpoint never saw.
+A run whose execution raises (a task failure) resolves its intents without a record: its calls,
+if the exception came after a send, are not stored.
 
 Why whole messages on one loop: a run's own work on a fast endpoint is ~0.5 ms of CPU, and each
 per-run Redis round trip, thread hand-off and fsync cost about as much again (bench/worker_path.py measures this).
@@ -50,7 +52,7 @@ import asyncio
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,24 +185,35 @@ async def _execute(rt: WorkerRuntime, run: _Run, data_dir: str | None) -> None:
     _log_end(run, reply)
 
 
-def _intent_hook(rt: WorkerRuntime, data_dir: str | None) -> Callable[[RunRecord], Awaitable[None]] | None:
-    """What ``execute_run`` awaits before each call: the intent into the spool of ``data_dir``,
-    durable; the intents of the runs calling together share one fsync (a ``Coalescer``, the
-    write in a thread). None when ``intent_journal`` is off."""
-    if not rt.settings.intent_journal:
-        return None
-    spool = rt.spool(data_dir)
+class _RunJournal:
+    """One run's intents into the spool of its store (``intend``: what ``execute_run`` awaits
+    before each call, durable on return; the intents of the runs calling together share one
+    fsync, through a ``Coalescer`` writing in a thread) and, when its execution raises
+    (``forget``), their resolution: a failed task stores no ``worker_died`` for calls that
+    may never have been sent."""
 
-    def write(intents: Sequence[RunRecord]) -> list[None]:
-        spool.intend(intents)
-        return [None] * len(intents)
+    def __init__(self, rt: WorkerRuntime, data_dir: str | None) -> None:
+        self.spool = spool = rt.spool(data_dir)
+        self.execution_ids: set[str] = set()
 
-    batcher = rt.batcher(f"intents:{spool.dir}", lambda: Coalescer(lambda items: asyncio.to_thread(write, items)))
+        def write(intents: Sequence[RunRecord]) -> list[None]:
+            spool.intend(intents)
+            return [None] * len(intents)
 
-    async def intend(record: RunRecord) -> None:
-        await batcher.submit(record)
+        self._batcher = rt.batcher(f"intents:{spool.dir}",
+                                   lambda: Coalescer(lambda items: asyncio.to_thread(write, items)))
 
-    return intend
+    async def intend(self, record: RunRecord) -> None:
+        self.execution_ids.add(record.execution_id or "")
+        await self._batcher.submit(record)
+
+    async def forget(self) -> None:
+        if not self.execution_ids:
+            return
+        try:
+            await asyncio.to_thread(self.spool.resolve, sorted(self.execution_ids))
+        except Exception as exc:  # the spool is closing or its disk full: its recovery stores worker_died
+            log.warning("intents_not_resolved", executions=len(self.execution_ids), error=str(exc))
 
 
 async def _call(rt: WorkerRuntime, run: _Run, claimed: Claimed, data_dir: str | None) -> None:
@@ -211,16 +224,19 @@ async def _call(rt: WorkerRuntime, run: _Run, claimed: Claimed, data_dir: str | 
     gate = RedisGate(run.state, disable_after_consecutive=task.retry.disable_after_consecutive, async_client=rt.aredis)
     gate.prime(task.model, claimed.view)  # read with the claim: execute_run's first check is answered here
     limiter = DeferringLimiter(rt.limiter, gate, rt, first=claimed.permit, release_later=True)
+    journal = _RunJournal(rt, data_dir) if rt.settings.intent_journal else None
     try:
         spend = RedisSpendMeter(run.state.base, rt.aredis) if task.spend_capped else None
         run.record = await execute_run(task, RunContext(provider_for=rt.provider_for, limiter=limiter, gate=gate,
-                                                        spend=spend, intent=_intent_hook(rt, data_dir)))
+                                                        spend=spend, intent=None if journal is None else journal.intend))
     except (Deferred, *TRANSIENT) as exc:
         run.countdown_s = _countdown(rt, exc)
         run.defer_reason = exc.reason if isinstance(exc, Deferred) else "redis unavailable"
         run.reserved = isinstance(exc, Deferred) and exc.reserved
     except Exception as exc:
         run.failure = _failure_text(exc)
+        if journal is not None:
+            await journal.forget()
     finally:
         run.held = limiter.take_unreleased()
 
