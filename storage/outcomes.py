@@ -31,6 +31,7 @@ class Outcome(StrEnum):
     CONTEXT_EXCEEDED = "context_exceeded"  # the prompt (+ budget) does not fit the model's context
     CANCELLED = "cancelled"
     WORKER_ERROR = "worker_error"  # the run's task raised or killed its worker N times (poison run)
+    WORKER_DIED = "worker_died"  # the worker died mid-call: the call was sent, its outcome is unknown
 
 
 class ParseOutcome(StrEnum):
@@ -54,7 +55,12 @@ RETRIED_WITHIN_RUN: frozenset[Outcome] = frozenset({Outcome.RATE_LIMITED, Outcom
 #: retryable: the endpoint may answer next time. Auth, not-found, retired, client errors and
 #: truncation are left out, since repeating the call cannot change them (or, for truncation,
 #: would change the measurement).
-RERUN_BY_DEFAULT: frozenset[Outcome] = RETRIED_WITHIN_RUN | TIMEOUT_OUTCOMES | {Outcome.PROTOCOL_ERROR, Outcome.CANCELLED}
+RERUN_BY_DEFAULT: frozenset[Outcome] = RETRIED_WITHIN_RUN | TIMEOUT_OUTCOMES | {
+    Outcome.PROTOCOL_ERROR, Outcome.CANCELLED, Outcome.WORKER_DIED}
+
+#: Runs that never reached their end: the same ``irbench run`` again executes them, without
+#: ``--retry-failed`` (a cancelled run; a run whose worker died mid-call).
+UNFINISHED: frozenset[Outcome] = frozenset({Outcome.CANCELLED, Outcome.WORKER_DIED})
 
 #: A model answering with one of these is closed for the campaign (its remaining runs are stored
 #: ``cancelled``): the next call would meet the same wall, so those cancelled runs are not

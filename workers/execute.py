@@ -3,6 +3,11 @@
 ``execute_run`` never raises for a provider failure: every outcome, failures included, comes
 back as a ``RunRecord`` with all attempts, ready to be stored. Writing is the caller's job (the
 local executor batches, a Celery task writes one file).
+
+The execution id is made when the run starts. With ``RunContext.intent`` set, each call waits,
+between its permit and its send, for the caller to make durable the record that stands if the
+process dies mid-call (``died_record``: outcome ``worker_died``; the Celery worker's spool
+journals it, ``storage.parquet.intents``).
 """
 
 from __future__ import annotations
@@ -10,14 +15,14 @@ from __future__ import annotations
 import contextvars
 import functools
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from importlib.metadata import PackageNotFoundError, version
 
 import structlog
 
-from storage.records import ERROR_TEXT_MAX_CHARS, Attempt, Outcome, ParseOutcome, RunRecord
+from storage.records import ERROR_TEXT_MAX_CHARS, Attempt, Outcome, ParseOutcome, RunRecord, new_execution_id
 from workers.clock import Clock, SystemClock
 from workers.errors import IrbenchError, ModelRetired, ProtocolFailed, ProviderError
 from workers.gate import ModelGate
@@ -56,6 +61,9 @@ class RunContext:
     clock: Clock = field(default_factory=SystemClock)
     settings: ExecuteSettings = field(default_factory=ExecuteSettings)
     spend: SpendMeter | None = None  # the spend cap's meter (workers.spend), for tasks with ``spend_capped``
+    #: awaited before each call with the record that stands if the process dies mid-call
+    #: (``died_record``); returns once that record is durable. None: no journal.
+    intent: Callable[[RunRecord], Awaitable[None]] | None = None
 
 
 def _estimate_cost(task: RunTask, settings: ExecuteSettings) -> int:
@@ -179,6 +187,7 @@ class _Run:
         self.task, self.ctx = task, ctx
         self.measured_at = ctx.clock.now()
         self.started_s = ctx.clock.monotonic()
+        self.execution_id = new_execution_id()  # before any call: the journal's intents carry it
         self.attempts: list[Attempt] = []
         self.reply: Reply | None = None
         self.error: ProviderError | None = None
@@ -226,6 +235,9 @@ class _Run:
         actual_tokens: int | None = None
         t0 = ctx.clock.monotonic()
         try:
+            if ctx.intent is not None:
+                await ctx.intent(died_record(self, number, started))
+                t0 = ctx.clock.monotonic()
             reply = await provider_call(ctx, task, request)
             self.reply, self.error = reply, None
             if reply.prompt_tokens is not None or reply.completion_tokens is not None:
@@ -294,6 +306,20 @@ async def provider_call(ctx: RunContext, task: RunTask, request: ChatRequest) ->
         raise ProtocolFailed(f"model={task.model}: the answer could not be processed ({type(exc).__name__})") from None
 
 
+#: The error text of a ``worker_died`` attempt.
+DIED_TEXT = "the worker died mid-call: the call was sent, its outcome is unknown"
+
+
+def died_record(run: _Run, number: int, started: Any) -> RunRecord:
+    """The record of ``run``'s execution if its process dies during attempt ``number`` (which
+    began at ``started``): the attempts so far, then that one as ``worker_died`` (latency 0:
+    unknown). ``finished_at`` is the attempt's start, so any later execution of the run is
+    newer (``storage.runs.EXECUTION_RULE``)."""
+    died = Attempt(attempt=number, outcome=Outcome.WORKER_DIED, started_at=started, latency_ms=0.0, error=DIED_TEXT)
+    base = _base(run.task, run.measured_at, [*run.attempts, died], started)
+    return RunRecord(**base, outcome=Outcome.WORKER_DIED, execution_id=run.execution_id)
+
+
 def worker_error_record(task: RunTask, error_text: str, clock: Clock | None = None) -> RunRecord:
     """The record of a poison run: its task raised or killed its worker too often. No attempt
     is recorded (the failed executions left none); ``cancel_reason`` holds the failure text."""
@@ -339,6 +365,7 @@ def _base(task: RunTask, measured_at, attempts: list[Attempt], finished_at) -> d
 def _record(run: _Run, defer_extraction: bool = False) -> RunRecord | PendingRecord:
     task, attempts, error = run.task, run.attempts, run.error
     base = _base(task, run.measured_at, attempts, run.ctx.clock.now())
+    base["execution_id"] = run.execution_id
     if not attempts:  # closed before the first call
         return RunRecord(**base, outcome=Outcome.CANCELLED, cancel_reason=run.cancel_reason or "cancelled")
     last = attempts[-1]

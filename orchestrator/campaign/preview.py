@@ -29,7 +29,7 @@ from orchestrator.campaign.instruction import Instruction
 from orchestrator.campaign.cost import campaign_prices
 from orchestrator.campaign.spec import CampaignSpec, ModelSpec
 from orchestrator.campaign.tokens import CharsPerToken, TokenCounter
-from storage.outcomes import Outcome
+from storage.outcomes import UNFINISHED, Outcome
 from storage.parquet.unreadable import RowSelection, read_checked
 from storage.prices import TokenPrice
 from storage.runs import RunStore
@@ -139,7 +139,8 @@ def _model_preview(model: ModelSpec, axes: _Axes, rows: pa.Table, price: TokenPr
     n_prompts, n_budgets = len(axes.shas), len(axes.budgets)
     planned = n_prompts * n_budgets * axes.runs
     planned_prompt = int(axes.prompt_tokens.sum()) * n_budgets * axes.runs
-    done = rows.filter(pc.not_equal(rows.column("outcome"), Outcome.CANCELLED.value)) if rows.num_rows else rows
+    unfinished = pa.array(sorted(o.value for o in UNFINISHED))
+    done = rows.filter(pc.invert(pc.is_in(rows.column("outcome"), value_set=unfinished))) if rows.num_rows else rows
     done_ix = done.column("prompt_ix").to_numpy(zero_copy_only=False) if done.num_rows else np.zeros(0, np.int64)
     to_run = planned - done.num_rows
     prompt_to_run = planned_prompt - int(axes.prompt_tokens[done_ix].sum())

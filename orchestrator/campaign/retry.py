@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.campaign.prepared import PreparedCampaign
-from storage.outcomes import CLOSES_MODEL, RERUN_BY_DEFAULT, TIMEOUT_OUTCOMES
+from storage.outcomes import CLOSES_MODEL, RERUN_BY_DEFAULT, TIMEOUT_OUTCOMES, UNFINISHED
 from storage.records import Outcome
 from storage.runs import RunStore
 from storage.parquet.unreadable import RowSelection, read_checked
@@ -62,12 +62,13 @@ def parse_outcomes(text: str | None) -> frozenset[Outcome]:
 
 def rerun_outcomes(retry_failed: bool, outcomes: str | None) -> frozenset[Outcome]:
     """The classes whose stored runs a ``run`` or ``probe`` executes again: those of
-    ``--retry-failed --outcomes`` (when asked), and always ``cancelled``: a cancelled run never
-    reached its end, so the same command again resumes it (``retryable_tasks`` leaves out the
-    cancelled runs of closed models). ConfigError for ``--outcomes`` without ``--retry-failed``."""
+    ``--retry-failed --outcomes`` (when asked), and always ``cancelled`` and ``worker_died``
+    (``UNFINISHED``): such a run never reached its end, so the same command again resumes it
+    (``retryable_tasks`` leaves out the cancelled runs of closed models). ConfigError for
+    ``--outcomes`` without ``--retry-failed``."""
     if outcomes is not None and not retry_failed:
         raise ConfigError("--outcomes only goes with --retry-failed")
-    return (parse_outcomes(outcomes) if retry_failed else frozenset()) | {Outcome.CANCELLED}
+    return (parse_outcomes(outcomes) if retry_failed else frozenset()) | UNFINISHED
 
 
 def latest_outcomes(prepared: PreparedCampaign, store: RunStore, *, skip_corrupt: bool = False) -> dict[str, str]:

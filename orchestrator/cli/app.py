@@ -100,7 +100,7 @@ def run(
                                                "in one of --outcomes (earlier executions stay stored).")] = False,
     outcomes: Annotated[Optional[str], typer.Option(help="With --retry-failed: classes to retry, comma-separated "
                                                     "(default 'transient': rate_limited, server_error, connect_error, "
-                                                    "timeouts, protocol_error, cancelled).")] = None,
+                                                    "timeouts, protocol_error, cancelled, worker_died).")] = None,
     claim_ttl_s: ClaimTtlOpt = None,
     reconcile_interval_s: ReconcileOpt = None,
     max_task_failures: MaxFailuresOpt = None,

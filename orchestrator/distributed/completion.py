@@ -109,6 +109,9 @@ class CompletionTracker:
         self.cursor.refresh()
         self._unverified = {r for r in self._unverified if not self.stored(r)}
         if not self._unverified:
+            # killed workers' spools: the calls they had in flight become worker_died executions
+            # (older than the runs' stored ones, so nothing above changes)
+            recover_orphans(self._store.dataset)
             return True
         self._verify(now, now - self._all_done_at)
         return not self._pending and not self._unverified

@@ -16,6 +16,13 @@ after a crash publishes nothing twice (a copy that survives a compaction collaps
 execution id). A writer killed with records in its spool leaves its lock free; any process can
 then publish its segments with :func:`recover_orphans` (workers do at start, compaction and the
 distributed orchestrator do too). ``flock`` needs a local or flock-honouring filesystem.
+
+Segments also hold *intents* (``storage.parquet.intents``): :meth:`RunSpool.intend` makes the
+record an execution is to have if its process dies mid-call durable, group-committed with the
+records; a record of the same execution resolves it. A segment's unresolved intents are
+copied into the current segment (and fsynced) before the segment is deleted, so every
+unresolved intent stays on disk; recovery publishes them under the stem ``spool-<writer>-died``
+(first-writer-wins, written before any segment goes: a second recovery duplicates nothing).
 """
 
 from __future__ import annotations
@@ -29,15 +36,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from storage.parquet.dataset import ParquetDataset, fsync_dir
+from storage.parquet.intents import intent_line, is_intent, read_journal, resolved_line, unresolved
 from storage.errors import StorageError
 from storage.records import RunRecord
 from storage.schema import records_to_table
 
 SPOOL_DIR = "_spool"
 SEGMENT_SUFFIX = ".jsonl"
+DIED_SUFFIX = "died"  # the stem of a recovered writer's unresolved intents: spool-<writer>-died
 
 
 @dataclass(frozen=True)
@@ -74,11 +81,12 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def _publish(dataset: ParquetDataset, writer: str, seq: int, records: Sequence[RunRecord]) -> int:
+def _publish(dataset: ParquetDataset, writer: str, seq: int | str, records: Sequence[RunRecord]) -> int:
     if not records:
         return 0
     table = records_to_table(records)
-    return dataset.write(table, stem=f"spool-{writer}-{seq:08d}").rows_written
+    part = f"{seq:08d}" if isinstance(seq, int) else seq
+    return dataset.write(table, stem=f"spool-{writer}-{part}").rows_written
 
 
 class RunSpool:
@@ -117,6 +125,7 @@ class RunSpool:
         self._unsynced: dict[int, _Segment] = {}
         self._written = 0
         self._synced = 0
+        self._intents: dict[str | None, tuple[int, bytes]] = {}  # unresolved: execution -> (segment, line)
         self._stopping = False
         self.files_published = 0
         self.rows_published = 0
@@ -125,27 +134,85 @@ class RunSpool:
 
     # ------------------------------------------------------------------ appending
     def append(self, records: Sequence[RunRecord]) -> None:
-        """Make ``records`` durable; returns once they survive a SIGKILL of this process."""
+        """Make ``records`` durable; returns once they survive a SIGKILL of this process. Each
+        resolves the intents of its execution (in the same fsync)."""
         if not records:
             return
         data = b"".join(r.model_dump_json().encode() + b"\n" for r in records)
         with self._lock:
-            if self._stopping:
-                raise StorageError("the spool is closed; no record can be stored through it")
-            seg = self._segment()
-            try:
-                _write_all(seg.fd, data)
-            except OSError as exc:
-                raise StorageError(f"cannot append to {seg.path}: {exc}; check space") from exc
+            seg = self._write_locked(data)
             seg.records.extend(records)
             seg.last_append_s = self._clock()
-            self._written += 1
-            seg.last_write = self._written
-            mine = self._written
-            self._unsynced[seg.seq] = seg
+            for r in records:
+                self._intents.pop(r.execution_id, None)
             if len(seg.records) >= self.config.max_rows:
                 self._wake.notify()
+            mine = self._written
         self._sync(mine)
+
+    def intend(self, intents: Sequence[RunRecord]) -> None:
+        """Make ``intents`` durable: each is the record its execution gets if this process dies
+        before appending a record of that ``execution_id``. Returns once they survive a
+        SIGKILL; group-committed with :meth:`append`."""
+        if not intents:
+            return
+        lines = [intent_line(r) for r in intents]
+        with self._lock:
+            seg = self._write_locked(b"".join(lines))
+            for r, line in zip(intents, lines):
+                self._intents[r.execution_id] = (seg.seq, line)
+            mine = self._written
+        self._sync(mine)
+
+    def resolve(self, execution_ids: Sequence[str]) -> None:
+        """Resolve the intents of ``execution_ids`` without a record (their executions ended
+        with nothing to store); returns once that is durable."""
+        with self._lock:
+            if not [e for e in execution_ids if self._intents.pop(e, None) is not None]:
+                return
+            self._write_locked(b"".join(resolved_line(e) for e in execution_ids))
+            mine = self._written
+        self._sync(mine)
+
+    def _write_locked(self, data: bytes) -> _Segment:
+        """Write ``data`` into the current segment, not yet fsynced (caller holds ``_lock``)."""
+        if self._stopping:
+            raise StorageError("the spool is closed; no record can be stored through it")
+        seg = self._segment()
+        try:
+            _write_all(seg.fd, data)
+        except OSError as exc:
+            raise StorageError(f"cannot append to {seg.path}: {exc}; check space") from exc
+        self._written += 1
+        seg.last_write = self._written
+        self._unsynced[seg.seq] = seg
+        return seg
+
+    def _carry_intents(self, seg: _Segment) -> None:
+        """Copy the unresolved intents whose latest copy is in ``seg`` into the current
+        segment and fsync them: ``seg`` can then go."""
+        with self._lock:
+            moved = [(eid, line) for eid, (seq, line) in self._intents.items() if seq == seg.seq]
+            if not moved:
+                return
+            cur = self._segment()
+            try:
+                _write_all(cur.fd, b"".join(line for _, line in moved))
+            except OSError as exc:
+                raise StorageError(f"cannot append to {cur.path}: {exc}; check space") from exc
+            for eid, line in moved:
+                self._intents[eid] = (cur.seq, line)
+            self._written += 1
+            cur.last_write = mine = self._written
+            self._unsynced[cur.seq] = cur
+        self._sync(mine)
+
+    @property
+    def open_intents(self) -> int:
+        """Intents no record has resolved yet (calls in flight, or executions that ended
+        without a record)."""
+        with self._lock:
+            return len(self._intents)
 
     def _segment(self) -> _Segment:
         if self._current is None:
@@ -212,6 +279,7 @@ class RunSpool:
     def _publish_segment(self, seg: _Segment) -> None:
         self._sync(seg.last_write)
         rows = _publish(self.dataset, self.writer, seg.seq, seg.records)
+        self._carry_intents(seg)
         os.close(seg.fd)
         seg.path.unlink(missing_ok=True)
         with self._lock:
@@ -247,18 +315,10 @@ class RunSpool:
 
 
 def read_segment(path: Path) -> tuple[list[RunRecord], int]:
-    """Records of one segment file and how many lines were unreadable (a torn last line)."""
-    records: list[RunRecord] = []
-    bad = 0
-    with open(path, "rb") as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            try:
-                records.append(RunRecord.model_validate_json(line))
-            except ValidationError:
-                bad += 1
-    return records, bad
+    """Records of one segment file (its intents left out) and how many lines were unreadable
+    (a torn last line)."""
+    journal = read_journal(path)
+    return journal.records, journal.bad
 
 
 def recover_orphans(dataset: ParquetDataset) -> int:
@@ -281,15 +341,25 @@ def recover_orphans(dataset: ParquetDataset) -> int:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 continue  # a live writer (or another recoverer)
-            for name in sorted(n for n in os.listdir(sdir) if n.startswith(f"{writer}-") and n.endswith(SEGMENT_SUFFIX)):
-                path = sdir / name
-                seq = int(name[len(writer) + 1 : -len(SEGMENT_SUFFIX)])
-                records, _ = read_segment(path)
-                rows += _publish(dataset, writer, seq, records)
-                path.unlink(missing_ok=True)
+            rows += _recover_writer(dataset, sdir, writer)
             lock_path.unlink(missing_ok=True)
         finally:
             os.close(fd)
+    return rows
+
+
+def _recover_writer(dataset: ParquetDataset, sdir: Path, writer: str) -> int:
+    """Publish the segments of the dead ``writer`` (its lock held by the caller): first its
+    unresolved intents (stem ``spool-<writer>-died``), then each segment's records; returns rows."""
+    names = sorted(n for n in os.listdir(sdir) if n.startswith(f"{writer}-") and n.endswith(SEGMENT_SUFFIX))
+    segments = [(int(n[len(writer) + 1 : -len(SEGMENT_SUFFIX)]), sdir / n, read_journal(sdir / n)) for n in names]
+    records = [r for _, _, j in segments for r in j.records]
+    intents = [i for _, _, j in segments for i in j.intents]
+    resolved = {e for _, _, j in segments for e in j.resolved}
+    rows = _publish(dataset, writer, DIED_SUFFIX, unresolved(records, intents, resolved))
+    for seq, path, journal in segments:
+        rows += _publish(dataset, writer, seq, journal.records)
+        path.unlink(missing_ok=True)
     return rows
 
 
@@ -303,7 +373,7 @@ def pending_rows(dataset: ParquetDataset) -> int:
         if name.endswith(SEGMENT_SUFFIX):
             try:
                 with open(sdir / name, "rb") as fh:
-                    n += sum(1 for line in fh if line.strip())
+                    n += sum(1 for line in fh if line.strip() and not is_intent(line))
             except FileNotFoundError:
                 pass
     return n

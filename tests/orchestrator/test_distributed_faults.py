@@ -24,6 +24,7 @@ from orchestrator.campaign.prepared import prepare
 from orchestrator.distributed.options import CeleryOptions
 from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimModel
+from storage.parquet.spool import recover_orphans
 from storage.runs import RunStore
 from deploy.celery_workers import CeleryWorkers
 from deploy.redis_server import RedisServer
@@ -130,6 +131,13 @@ def test_poison_run_ends_as_worker_error_and_others_carry_on(up: Cluster, tmp_pa
     assert "3 task failures" in poison.cancel_reason and "UnicodeEncodeError" in poison.cancel_reason
     assert Counter(r.outcome.value for rid, r in recs.items() if rid != victim.run_id) == {"ok": 11}
     assert_calls_equal_attempts(store, name, st, models)  # the poison run never reached the endpoint
+    # its raising executions resolved their intents: the workers' spools, recovered after a
+    # SIGKILL of every worker, store no worker_died for calls that were never sent
+    for i in range(up.workers.count):
+        up.workers.kill(i)
+    recover_orphans(store.dataset)
+    assert_calls_equal_attempts(store, name, st, models)
+    assert store.count_by_outcome(name).get("worker_died", 0) == 0
     state = CampaignState(redis.Redis.from_url(up.url), name)
     assert state.claims.failures(victim.run_id)[0] == 3 and state.delayed.count() == 0
     # the status script view
@@ -163,7 +171,7 @@ def test_deferred_runs_survive_their_worker(up: Cluster, tmp_path: Path, per_mes
         st = stats(s.base_url)
     assert not summary.interrupted
     assert_every_run_stored(store, prepared, max_duplicates=RUN_SLOTS)
-    assert_calls_equal_attempts(store, name, st, models, lost=RUN_SLOTS)
+    assert_calls_equal_attempts(store, name, st, models)  # calls in flight at the kill: worker_died
     assert state.delayed.count() == 0
     # ~40 runs at 8/s after the kill: ~5 s of rate-limited work, plus one claim TTL at most
     assert after_s < 20, after_s
@@ -246,9 +254,10 @@ def test_a_run_that_kills_its_worker_ends_as_worker_error(up: Cluster, tmp_path:
     assert Counter(r.outcome.value for r in others) == {"ok": 24}, Counter(r.outcome.value for r in others)
     assert state.claims.failures(poison.run_id)[0] == deaths
     assert state.delayed.count() == 0 and poison.run_id not in state.claims.running()
-    # the other models: every call stored, except those in flight on a killed worker
-    others_models = {m: v for m, v in models.items() if m != poison_model}
-    assert_calls_equal_attempts(store, "f5", st, others_models, lost=deaths * (RUN_SLOTS - 1))
+    # every call stored, those in flight on a killed worker as worker_died: each poison call too
+    assert_calls_equal_attempts(store, "f5", st, models)
+    died = store.read_executions(campaigns=["f5"], columns=["run_id", "outcome"]).to_pylist()
+    assert sum(1 for r in died if r["run_id"] == poison.run_id and r["outcome"] == "worker_died") == deaths
     assert len(killed) == deaths
 
 

@@ -177,3 +177,36 @@ def test_retry_failed_on_the_celery_executor_with_a_real_worker(tmp_path: Path) 
             flat = " ".join(live.stdout.split())
             assert live.returncode == 0 and "runs finished in the last 120 s" in flat, live.stdout + live.stderr
             assert re.search(rf"sim-a │ 0 │ {2 * planned} │ [\d.]+ │ 0 │ 0:00:00", flat), flat  # both executions, just now
+
+
+def test_a_run_whose_worker_died_is_retryable_and_resumed_by_a_plain_run(tmp_path: Path) -> None:
+    """``worker_died`` (what a recovered spool stores for a call in flight at a SIGKILL) is a
+    retryable failure for ``status``, and the same ``irbench run`` again executes such a run,
+    as it does a cancelled one; the store keeps both executions."""
+    import datetime as dt
+
+    from storage.records import Attempt
+    from workers.execute import DIED_TEXT, worker_error_record
+
+    port = free_port()
+    campaign = _campaign(tmp_path, port, {"sim-a": ""})
+    data = tmp_path / "d"
+    with start_background(SimConfig(models={"sim-a": SimModel(latency_ms_median=1)}), port=port) as sim:
+        assert _irbench("run", str(campaign), "--data", str(data)).returncode == 0
+        store, prepared = RunStore(data), prepare(load_campaign(campaign))
+        victims = prepared.tasks[:2]
+        now = dt.datetime.now(dt.timezone.utc)
+        died = [worker_error_record(t, "").model_copy(update={
+            "outcome": Outcome.WORKER_DIED, "cancel_reason": None, "finished_at": now,
+            "attempts": [Attempt(attempt=1, outcome=Outcome.WORKER_DIED, started_at=now, latency_ms=0.0,
+                                 error=DIED_TEXT)]}) for t in victims]
+        store.write(died)
+        status = _irbench("status", str(campaign), "--data", str(data))
+        assert "2 runs retryable (latest execution worker_died 2)" in status.stdout, status.stdout
+        calls = _requests(sim.base_url, "sim-a")
+        again = _irbench("run", str(campaign), "--data", str(data))  # no --retry-failed
+        assert again.returncode == 0, again.stderr
+        assert _requests(sim.base_url, "sim-a") == calls + 2
+    latest = {r.run_id: r.outcome for r in store.read_records()}
+    assert set(latest.values()) == {Outcome.OK} and len(latest) == len(prepared.tasks)
+    assert len(store.read_executions(columns=["run_id"])) == len(prepared.tasks) + 4  # ok, died, ok again

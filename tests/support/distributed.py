@@ -158,8 +158,9 @@ def settle(store: RunStore, url: str, campaign: str, timeout_s: float = 15.0) ->
 
 
 def assert_calls_equal_attempts(store: RunStore, campaign: str, st: dict, models, *, lost: int = 0) -> None:
-    """Calls the endpoint received == attempts stored (all executions), per model; ``lost``:
-    calls allowed in flight on a SIGKILLed worker (their answers died with it)."""
+    """Calls the endpoint received == attempts stored (all executions, ``worker_died`` ones
+    included: a SIGKILLed worker's calls in flight, from its recovered spool), per model;
+    ``lost``: calls allowed to be missing (none with the workers' intent journal on)."""
     stored = attempts_by_model(store, campaign)
     gap = {m: st[m]["requests"] - stored[m] for m in models}
     assert all(g >= 0 for g in gap.values()) and sum(gap.values()) <= lost, (gap, dict(stored))

@@ -217,3 +217,24 @@ def test_a_run_cancelled_between_attempts_is_cancelled_with_its_attempts_kept() 
     assert provider.calls == 1  # the retry was never sent
     assert record.outcome is Outcome.CANCELLED and record.cancel_reason == "cancelled by test"
     assert [a.outcome for a in record.attempts] == [Outcome.SERVER_ERROR]  # what the one call met
+
+
+def test_each_call_waits_for_its_intent_the_record_if_the_worker_dies_then() -> None:
+    """``RunContext.intent`` is awaited before each send, with the record that stands if the
+    process dies during that call: the same execution id as the final record, the attempts so
+    far and the one in flight as ``worker_died``, finished at that attempt's start."""
+    task = _tasks("m", "http://127.0.0.1:9", 1, retry=RetryPolicy(max_attempts=3, backoff_base_s=0.5, backoff_cap_s=4))[0]
+    provider = _FailTwice()
+    intents: list[tuple[int, object]] = []
+
+    async def intend(record) -> None:
+        intents.append((provider.calls, record))  # calls made before this one's send
+
+    ctx = RunContext(provider_for=lambda _t: provider, limiter=MemoryLimiter(), gate=MemoryGate(10),
+                     clock=_SleepRecorder(), intent=intend)
+    record = asyncio.run(execute_run(task, ctx))
+    assert [calls for calls, _ in intents] == [0, 1, 2]  # one intent per call, before it
+    for n, (_, died) in enumerate(intents, start=1):
+        assert died.execution_id == record.execution_id and died.outcome is Outcome.WORKER_DIED
+        assert [a.outcome for a in died.attempts] == [Outcome.SERVER_ERROR] * (n - 1) + [Outcome.WORKER_DIED]
+        assert died.finished_at == died.attempts[-1].started_at < record.finished_at

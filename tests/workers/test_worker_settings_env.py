@@ -32,3 +32,11 @@ def test_the_new_name_wins_when_both_are_set() -> None:
 def test_a_bad_number_names_its_variable() -> None:
     with pytest.raises(ConfigError, match="IRBENCH_SPOOL_MAX_ROWS='many' is not a number"):
         WorkerSettings.from_env("redis://x", {"IRBENCH_SPOOL_MAX_ROWS": "many"})
+
+
+def test_a_switch_reads_one_or_zero_and_refuses_anything_else() -> None:
+    assert WorkerSettings.from_env("redis://x", {}).intent_journal is True
+    assert WorkerSettings.from_env("redis://x", {"IRBENCH_INTENT_JOURNAL": "0"}).intent_journal is False
+    assert WorkerSettings.from_env("redis://x", {"IRBENCH_INTENT_JOURNAL": "true"}).intent_journal is True
+    with pytest.raises(ConfigError, match="IRBENCH_INTENT_JOURNAL='maybe' is not a switch"):
+        WorkerSettings.from_env("redis://x", {"IRBENCH_INTENT_JOURNAL": "maybe"})

@@ -41,7 +41,6 @@ from workers.celery.availability_tasks import (
     configure_availability_beat,
     register_availability_tasks,
 )
-from storage.objectstore.location import is_store_url
 from workers.celery.runtime import RuntimeHolder, WorkerSettings
 from workers.celery.tasks import register_tasks
 from workers.celery.transport import transport_for
@@ -217,11 +216,12 @@ def _configure_worker_logging(sender: Any = None, **_: Any) -> None:
         logging.getLogger(name).setLevel(task_level)
 
 
-def _open_bucket_store(sender: Any = None, **_: Any) -> None:
-    """A worker on a bucket store opens its spool at start: what a killed predecessor left on
-    the same spool directory is published and uploaded before any new run."""
+def _open_store(sender: Any = None, **_: Any) -> None:
+    """A worker given its store (``IRBENCH_DATA``: a directory or a bucket) opens its spool at
+    start: what killed writers left on the same spool — records, and the calls they had in
+    flight as ``worker_died`` — is published (and, for a bucket, uploaded) before any new run."""
     holder = getattr(getattr(sender, "app", None), "irbench_runtime", None)
-    if holder is not None and holder.settings.data_dir and is_store_url(holder.settings.data_dir):
+    if holder is not None and holder.settings.data_dir:
         holder.get().spool(holder.settings.data_dir)
 
 
@@ -235,6 +235,6 @@ def _close_runtime(sender: Any = None, **_: Any) -> None:
 worker_init.connect(_configure_worker_logging, weak=False, dispatch_uid="irbench-logging-init")
 worker_process_init.connect(_configure_worker_logging, weak=False, dispatch_uid="irbench-logging-proc")
 worker_shutdown.connect(_close_runtime, weak=False, dispatch_uid="irbench-close-runtime")
-worker_ready.connect(_open_bucket_store, weak=False, dispatch_uid="irbench-open-bucket-store")
+worker_ready.connect(_open_store, weak=False, dispatch_uid="irbench-open-store")
 presence.install(celery_signals, lambda app: app.irbench_runtime.settings.data_dir,
                  lambda app: app.irbench_runtime.slots(), lambda app: app.irbench_runtime.settings.presence_interval_s)

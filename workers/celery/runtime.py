@@ -116,6 +116,10 @@ class WorkerSettings:
     Python's collector as it is. ``cpu_policy``: how the kernel schedules a worker process, set
     when the Celery worker starts: ``batch`` (default; Linux ``SCHED_BATCH``: its threads do not
     preempt others when woken, ``workers.cpu_policy``) or ``normal``.
+    ``intent_journal``: before each call, make the record the run gets if this worker dies
+    mid-call durable in the spool (``storage.parquet.intents``; group-committed with the
+    records), so that a call in flight at a SIGKILL is stored as a ``worker_died`` attempt;
+    off (``0``), such a call is lost.
     ``presence_interval_s``: how often the worker publishes its presence (queues, store, slots).
     ``log_level``: the worker's own JSON log level; ``celery_task_log_level``: that of Celery's
     per-task lines (two records per run that say less than ``run_finished``).
@@ -141,6 +145,7 @@ class WorkerSettings:
     spool_max_rows: int = 2000
     spool_max_age_s: float = 5.0
     spool_idle_s: float = 0.5
+    intent_journal: bool = True
     memory_budget_mib: int = DEFAULT_MEMORY_BUDGET_MIB
     run_slots: int = 0
     gc_young_threshold: int = 10000
@@ -189,11 +194,24 @@ class WorkerSettings:
             raw = env.get(cls.env_name(f.name))
             if f.name == "redis_url" or raw in (None, ""):
                 continue
+            if f.type in ("bool", bool):
+                values[f.name] = _flag(cls.env_name(f.name), str(raw))
+                continue
             try:
                 values[f.name] = int(raw) if f.type in ("int", int) else float(raw) if "float" in str(f.type) else raw
             except ValueError:
                 raise ConfigError(f"{cls.env_name(f.name)}={raw!r} is not a number") from None
         return cls(**values)
+
+
+def _flag(name: str, raw: str) -> bool:
+    """A boolean variable: ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``."""
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a switch: use 1 or 0")
 
 
 @dataclass(frozen=True)

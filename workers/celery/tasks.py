@@ -19,6 +19,16 @@ for a slot is not claimed yet; the heartbeat keeps its queued time fresh, so the
 does not take it for lost, and if the worker is stopped long enough for the run to be re-sent,
 its claim here finds it done or busy and steps aside.
 
+Before each call, the run's intent (``workers.execute.died_record``: the record it gets if the
+worker dies mid-call) goes into the same spool, durable before the send (``intent_journal``);
+the intents of the runs that call together share one fsync, and so do they with the records of
+the runs finishing meanwhile. A worker SIGKILLed mid-call leaves them in its spool; whoever
+recovers it (the worker restarted on it, the orchestrator, compaction) stores them as
+``worker_died`` executions: every call the endpoint received is a stored attempt. A kill
+between an intent's fsync and its send stores a ``worker_died`` attempt the endpoint never saw.
+A run whose execution raises (a task failure) resolves its intents without a record: its calls,
+if the exception came after a send, are not stored.
+
 Why whole messages on one loop: a run's own work on a fast endpoint is ~0.5 ms of CPU, and each
 per-run Redis round trip, thread hand-off and fsync cost about as much again (bench/worker_path.py measures this).
 The claims of the runs that get a slot together, and the appends and done markers of the runs
@@ -161,7 +171,7 @@ async def _execute(rt: WorkerRuntime, run: _Run, data_dir: str | None) -> None:
         rt.hold_claim(run.state, task.run_id, run.owner)
         if claimed.permit is not None:
             rt.hold_permit(claimed.permit)  # the heartbeat renews it from now on
-        await _call(rt, run, claimed)
+        await _call(rt, run, claimed, data_dir)
         holding = False
         rt.slots.release()  # first: the waiter's wake-up is queued ahead of the flush's start
         reply = await batcher.enqueue(_Finish(run, data_dir))
@@ -175,7 +185,38 @@ async def _execute(rt: WorkerRuntime, run: _Run, data_dir: str | None) -> None:
     _log_end(run, reply)
 
 
-async def _call(rt: WorkerRuntime, run: _Run, claimed: Claimed) -> None:
+class _RunJournal:
+    """One run's intents into the spool of its store (``intend``: what ``execute_run`` awaits
+    before each call, durable on return; the intents of the runs calling together share one
+    fsync, through a ``Coalescer`` writing in a thread) and, when its execution raises
+    (``forget``), their resolution: a failed task stores no ``worker_died`` for calls that
+    may never have been sent."""
+
+    def __init__(self, rt: WorkerRuntime, data_dir: str | None) -> None:
+        self.spool = spool = rt.spool(data_dir)
+        self.execution_ids: set[str] = set()
+
+        def write(intents: Sequence[RunRecord]) -> list[None]:
+            spool.intend(intents)
+            return [None] * len(intents)
+
+        self._batcher = rt.batcher(f"intents:{spool.dir}",
+                                   lambda: Coalescer(lambda items: asyncio.to_thread(write, items)))
+
+    async def intend(self, record: RunRecord) -> None:
+        self.execution_ids.add(record.execution_id or "")
+        await self._batcher.submit(record)
+
+    async def forget(self) -> None:
+        if not self.execution_ids:
+            return
+        try:
+            await asyncio.to_thread(self.spool.resolve, sorted(self.execution_ids))
+        except Exception as exc:  # the spool is closing or its disk full: its recovery stores worker_died
+            log.warning("intents_not_resolved", executions=len(self.execution_ids), error=str(exc))
+
+
+async def _call(rt: WorkerRuntime, run: _Run, claimed: Claimed, data_dir: str | None) -> None:
     """``execute_run`` under the run's claim; fills in its record, deferral or failure and the
     permits it still holds."""
     task = run.task
@@ -183,16 +224,19 @@ async def _call(rt: WorkerRuntime, run: _Run, claimed: Claimed) -> None:
     gate = RedisGate(run.state, disable_after_consecutive=task.retry.disable_after_consecutive, async_client=rt.aredis)
     gate.prime(task.model, claimed.view)  # read with the claim: execute_run's first check is answered here
     limiter = DeferringLimiter(rt.limiter, gate, rt, first=claimed.permit, release_later=True)
+    journal = _RunJournal(rt, data_dir) if rt.settings.intent_journal else None
     try:
         spend = RedisSpendMeter(run.state.base, rt.aredis) if task.spend_capped else None
         run.record = await execute_run(task, RunContext(provider_for=rt.provider_for, limiter=limiter, gate=gate,
-                                                        spend=spend))
+                                                        spend=spend, intent=None if journal is None else journal.intend))
     except (Deferred, *TRANSIENT) as exc:
         run.countdown_s = _countdown(rt, exc)
         run.defer_reason = exc.reason if isinstance(exc, Deferred) else "redis unavailable"
         run.reserved = isinstance(exc, Deferred) and exc.reserved
     except Exception as exc:
         run.failure = _failure_text(exc)
+        if journal is not None:
+            await journal.forget()
     finally:
         run.held = limiter.take_unreleased()
 
