@@ -19,6 +19,7 @@ from deploy.celery_workers import CeleryWorkers
 from deploy.redis_server import RedisServer
 from simulator.config import SimModel
 from storage.runs import RunStore
+from tests.support.terminal import with_default_sigint
 from tests.support.distributed import WORKER_ENV, executions_per_run, make_campaign, sim, stats, wait_for
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
@@ -72,8 +73,10 @@ LOCAL_SUMMARY = re.compile(r"24 runs planned, (\d+) already stored, (\d+) execut
 
 def _local_run(campaign: Path, data: Path) -> subprocess.Popen:
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli.app", "run", str(campaign), "--data", str(data),
-                             "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    # SIGINT as a terminal gives it: a test sends Ctrl-C, and a backgrounded pytest ignores it
+    argv = with_default_sigint([sys.executable, "-m", "orchestrator.cli.app", "run", str(campaign), "--data", str(data),
+                                "--no-progress"])
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                             env=env)
 
 
