@@ -59,6 +59,20 @@ def _structlog_config_per_test() -> Iterator[None]:
     structlog.configure(**before)
 
 
+@pytest.fixture(autouse=True)
+def _collector_as_found() -> Iterator[None]:
+    """Each test starts with the garbage collector the one before it found: a worker runtime run
+    in-process freezes the heap and raises the thresholds for good (``workers.gc_policy``), as a
+    worker process should, and a later test that checks the collector must not see that."""
+    import gc
+
+    thresholds, frozen = gc.get_threshold(), gc.get_freeze_count()
+    yield
+    gc.set_threshold(*thresholds)
+    if frozen == 0 and gc.get_freeze_count():
+        gc.unfreeze()
+
+
 @pytest.fixture(scope="module")
 def redis_client() -> Iterator[object]:
     """A sync client (``workers.state.connect.sync_redis``) on a private redis-server that
