@@ -15,7 +15,6 @@ stored runs go again); later looks read only the files published since.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -25,6 +24,7 @@ import structlog
 from orchestrator.campaign.plan_state import LatestRuns, retryable_mask
 from orchestrator.campaign.run_bitmap import RunBitmap
 from orchestrator.distributed.context import CampaignContext
+from orchestrator.distributed.executed_tally import ExecutedTally
 from orchestrator.distributed.publisher import Publisher
 from orchestrator.distributed.store_cursor import PLAN_INDEX, StoreCursor
 from storage.parquet.spool import recover_orphans
@@ -69,6 +69,8 @@ class CompletionTracker:
         self.done = RunBitmap(n)
         self.stored = self.stored_at_start.copy()
         self.pending_count = self.todo.count()
+        self.tally = ExecutedTally(n)
+        self.cursor.forget_rows()  # from here on the tally holds what the summary needs
         self._done_cursor = 0
         self._stale_done_until = 0  # set when the retried runs are reopened (reopen_retried)
         self._all_done_at: float | None = None  # when the done log covered every pending run
@@ -131,6 +133,7 @@ class CompletionTracker:
                 counts[row] = eids[row] != self.again[int(index[row])]
         self.stored.add(index[counts])
         self.announce(index[counts])
+        self.tally.add(index[counts], table.filter(pa.array(counts)))
         plan = self._ctx.plan
         for rid, counted in zip(table.column("run_id").to_pylist(), counts.tolist()):
             if counted:
@@ -200,14 +203,6 @@ class CompletionTracker:
             self._publisher.resend(plan.out(lost.tolist()), "missing_from_store")
 
     def executed(self) -> tuple[int, dict[str, dict[str, int]]]:
-        """Runs stored since the start, and per model outcome -> runs (the latest execution of each)."""
-        table = self.cursor.latest()
-        index = _column(table, PLAN_INDEX).astype(np.int64)
-        rows = np.flatnonzero(index >= 0)
-        # retried without a newer execution stored (yet) is not this call's; nor a run stored before
-        rows = rows[self.stored.test(index[rows]) & ~self.stored_at_start.test(index[rows])]
-        by_model: dict[str, Counter[str]] = {}
-        models, outcomes = table.column("model").take(pa.array(rows)), table.column("outcome").take(pa.array(rows))
-        for model, outcome in zip(models.to_pylist(), outcomes.to_pylist()):
-            by_model.setdefault(model, Counter())[outcome] += 1
-        return int(rows.size), {m: dict(c) for m, c in by_model.items()}
+        """Runs stored since the start, and per model outcome -> runs (the latest execution of
+        each; a retried run once a newer execution is stored)."""
+        return self.tally.summary(self._ctx.plan.models, self._ctx.plan.model_positions)

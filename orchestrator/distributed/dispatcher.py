@@ -68,10 +68,9 @@ class Dispatcher:
         self.built = 0  # tasks built for the window (first sends)
 
     def start(self) -> None:
-        """Note what Redis knows already (queued, running or done runs of an earlier orchestrator):
+        """Note what Redis has out already (queued or running runs of an earlier orchestrator):
         the window skips those runs (the rest are sent)."""
-        stored = self._tracker.cursor.run_ids
-        self.known = self._ctx.call(lambda: known_runs(self._ctx.state, stored), "reading the campaign state")
+        self.known = self._ctx.call(lambda: known_runs(self._ctx.state), "reading the campaign state")
 
     def forget_known(self) -> None:
         """Redis restarted: what it knew at start is gone, those runs are sent when their window comes."""
@@ -121,7 +120,7 @@ class Dispatcher:
 
     def _window(self, room: int) -> list[RunTask]:
         """Up to ``room`` pending runs from the cursor on, in plan order, as tasks noted out; a
-        run Redis knew at start is skipped (out already, or done: then announced)."""
+        run Redis had out at start is noted out, not sent."""
         plan, n, tracker = self._ctx.plan, len(self._ctx.plan), self._tracker
         out: list[RunTask] = []
         while len(out) < room and self._next < n:
@@ -133,23 +132,12 @@ class Dispatcher:
             self.built += int(take.size)
             for i in take.tolist():
                 task = plan.task(i)
-                if self.known and self._seen_at_start(task.run_id, i):
-                    continue
                 plan.inflight[task.run_id] = i
-                out.append(task)
+                if task.run_id in self.known.busy:
+                    self.known.busy.discard(task.run_id)
+                else:
+                    out.append(task)
         return out
-
-    def _seen_at_start(self, run_id: str, i: int) -> bool:
-        """Whether Redis knew ``run_id`` at start: out (noted, not sent) or done (announced)."""
-        if run_id in self.known.busy:
-            self.known.busy.discard(run_id)
-            self._ctx.plan.inflight[run_id] = i
-            return True
-        if run_id in self.known.done:
-            self.known.done.discard(run_id)
-            self._tracker.announce([i])
-            return True
-        return False
 
     def dispatch(self) -> int:
         """Publish due deferred runs, then pending runs up to the outstanding window; returns runs sent."""

@@ -7,8 +7,9 @@ seen; a file a compaction deleted has its rows in the compacted output, which is
 once. So a look costs O(files published since the last look).
 
 Given ``locate`` (a plan's row -> plan index, ``plan_view.PlanView.locate``), the cursor reads the
-columns that places a row on the plan's axes and keeps, instead of them, its index
-(``plan_index``, -1 for a row of no planned run).
+columns that place a row on the plan's axes and keeps, instead of them, its index
+(``plan_index``); a row of no planned run (another wave's) is left out, and no run id is held
+beside the rows. Without it, ``run_ids`` holds the run ids seen.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ class StoreCursor:
         self.campaign = campaign
         self._seen: set[Path] = set()
         self._tables: list[pa.Table] = []
-        self.run_ids: set[str] = set()
-        self.executions: dict[str, set[str | None]] = {}  # run_id -> execution ids seen
+        self._keep_rows = True
+        self.run_ids: set[str] = set()  # without ``locate`` only
         self.files_read = 0
         self.rows_read = 0
 
@@ -62,15 +63,15 @@ class StoreCursor:
                 continue
             if self._locate is not None:
                 found = self._locate(table)
-                table = table.select(COLUMNS).append_column(PLAN_INDEX, pa.array(found, pa.int64()))
+                keep = np.flatnonzero(found >= 0)
+                table = table.select(COLUMNS).take(pa.array(keep)).append_column(PLAN_INDEX, pa.array(found[keep]))
+            else:
+                self.run_ids.update(table.column("run_id").to_pylist())
             self._seen.update(new)
             self.files_read += len(new)
-            self._tables.append(table)
+            if self._keep_rows:
+                self._tables.append(table)
             self.rows_read += table.num_rows
-            rids, eids = table.column("run_id").to_pylist(), table.column("execution_id").to_pylist()
-            for rid, eid in zip(rids, eids):
-                self.executions.setdefault(rid, set()).add(eid)
-            self.run_ids.update(rids)
             return table
         return None
 
@@ -82,8 +83,20 @@ class StoreCursor:
         if not self._tables:
             return pa.table({c: pa.array([], pa.int64() if c == PLAN_INDEX else pa.string()) for c in cols})
         table = pa.concat_tables(self._tables).select(cols + ["measured_at", "finished_at"])
-        if self.rows_read == len(self.run_ids):
+        if self._one_row_per_run():
             # one row per run (the usual case): nothing to pick. The sort in latest_executions
             # took 2-5 s on 100k runs, at the end of a campaign, on a loaded 2-core machine.
             return table.select(cols)
         return latest_executions(table).select(cols)
+
+    def forget_rows(self) -> None:
+        """Drop the rows read so far and keep none from now on (``latest`` is then empty): for a
+        caller that keeps what it needs of each look's rows itself."""
+        self._tables.clear()
+        self._keep_rows = False
+
+    def _one_row_per_run(self) -> bool:
+        if self._locate is None:
+            return self.rows_read == len(self.run_ids)
+        index = np.concatenate([t.column(PLAN_INDEX).to_numpy() for t in self._tables])
+        return bool(np.unique(index).size == index.size)

@@ -71,3 +71,39 @@ def test_the_first_window_is_all_that_is_built(tmp_path: Path, monkeypatch: pyte
     assert set(queued) == {task(plan, i).run_id for i in range(WINDOW)}
     # 200,000 held tasks are ~700 MB; the bitmaps of the plan are 25 KB each
     assert peak < 48 * 2**20, f"{peak / 2**20:.0f} MiB traced while starting and sending one window"
+
+
+def test_the_tally_keeps_the_execution_that_finished_last() -> None:
+    import datetime as dt
+
+    import numpy as np
+    import pyarrow as pa
+
+    from orchestrator.distributed.executed_tally import ExecutedTally
+
+    def rows(outcomes: list[str], finished_s: list[int | None], measured_s: list[int]) -> pa.Table:
+        stamp = [None if s is None else dt.datetime.fromtimestamp(s, dt.timezone.utc) for s in finished_s]
+        return pa.table({"outcome": outcomes, "finished_at": pa.array(stamp, pa.timestamp("us", "UTC")),
+                         "measured_at": pa.array([dt.datetime.fromtimestamp(s, dt.timezone.utc) for s in measured_s],
+                                                 pa.timestamp("us", "UTC"))})
+
+    tally = ExecutedTally(6)  # plan indices 0..5 of models a, b (index % 2)
+    tally.add(np.array([1, 1, 4]), rows(["timeout_read", "ok", "ok"], [20, 10, 5], [0, 0, 0]))
+    tally.add(np.array([4, 3]), rows(["server_error", "ok"], [None, 7], [3, 0]))  # 4: measured 3 < finished 5
+    tally.add(np.array([1]), rows(["server_error"], [30], [0]))  # 1 again, later than 20
+    executed, by_model = tally.summary(("a", "b"), lambda idx: idx % 2)
+    assert executed == 3
+    assert by_model == {"b": {"server_error": 1, "ok": 1}, "a": {"ok": 1}}
+
+
+def test_bitmap_discard_and_test_are_the_inverse_of_add() -> None:
+    import numpy as np
+
+    from orchestrator.campaign.run_bitmap import RunBitmap
+
+    bits = RunBitmap.full(21)
+    bits.discard(np.array([0, 7, 8, 20, 8]))
+    assert bits.test(np.array([0, 1, 7, 8, 9, 20])).tolist() == [False, True, False, False, True, False]
+    assert bits.count() == 17 and bits.copy() == bits
+    with pytest.raises(IndexError):
+        bits.discard(np.array([21]))
