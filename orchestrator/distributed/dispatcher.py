@@ -65,7 +65,6 @@ class Dispatcher:
         self._all_closed = False
         self._spend_capped = ctx.plan.spend_capped()
         self.poisoned: list[str] = []
-        self.built = 0  # tasks built for the window (first sends)
 
     def start(self) -> None:
         """Note what Redis has out already (queued or running runs of an earlier orchestrator):
@@ -129,7 +128,6 @@ class Dispatcher:
             take = (idx + self._next)[: room - len(out)]
             self._next = int(take[-1]) + 1 if take.size and take.size < idx.size else stop
             self.handled.add(take)
-            self.built += int(take.size)
             for i in take.tolist():
                 task = plan.task(i)
                 plan.inflight[task.run_id] = i
