@@ -119,9 +119,10 @@ class Dispatcher:
 
     def _window(self, room: int) -> list[RunTask]:
         """Up to ``room`` pending runs from the cursor on, in plan order, as tasks noted out; a
-        run Redis had out at start is noted out, not sent."""
+        run Redis had out at start is noted out, not sent (:meth:`_out_at_start`)."""
         plan, n, tracker = self._ctx.plan, len(self._ctx.plan), self._tracker
         out: list[RunTask] = []
+        earlier: dict[str, int] = {}
         while len(out) < room and self._next < n:
             stop = min(self._next + SCAN_RUNS, n)
             idx = np.flatnonzero(tracker.pending_mask(self._next, stop) & ~self.handled.mask(self._next, stop))
@@ -133,9 +134,22 @@ class Dispatcher:
                 plan.inflight[task.run_id] = i
                 if task.run_id in self.known.busy:
                     self.known.busy.discard(task.run_id)
+                    earlier[task.run_id] = i
                 else:
                     out.append(task)
+        if earlier:
+            self._out_at_start(earlier)
         return out
+
+    def _out_at_start(self, runs: dict[str, int]) -> None:
+        """``runs`` (run_id -> index) were out when this orchestrator started; those done since
+        (their done-log entry came before they were noted out) are announced, so the store
+        confirms them or completion sends them again."""
+        state = self._ctx.state
+        done = self._ctx.call(lambda: state.done.among(runs), "reading done markers")
+        for rid in done:
+            self._ctx.plan.settled(rid)
+        self._tracker.announce([runs[r] for r in done])
 
     def dispatch(self) -> int:
         """Publish due deferred runs, then pending runs up to the outstanding window; returns runs sent."""

@@ -1,18 +1,21 @@
 """The distributed executor never materialises its plan: starting a 200,000-run campaign and
-sending its first window builds the tasks of that window only, in bounded memory (a real
-redis-server as state and broker; no worker is needed to see what was sent)."""
+sending its first window builds the tasks of that window only, in bounded memory, and a resume
+maps what the store and Redis hold back to plan indices (a real redis-server as state and
+broker; no worker is needed to see what was sent)."""
 
 from __future__ import annotations
 
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import redis
 
 from deploy.redis_server import RedisServer
 from orchestrator.campaign.plan import LazyPlan
-from orchestrator.campaign.prepared import prepare
+from orchestrator.campaign.prepared import PreparedCampaign, prepare
 from orchestrator.campaign.spec import load_campaign
 from orchestrator.distributed.campaign import Bundle, DistributedCampaign
 from orchestrator.distributed.executor import _cancelled_records
@@ -36,10 +39,12 @@ def _campaign(tmp_path: Path) -> Path:
     return write_campaign(tmp_path, "lazy", body, runs=RUNS, prompts=PROMPTS)
 
 
-def test_the_first_window_is_all_that_is_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    prepared = prepare(load_campaign(_campaign(tmp_path)))
-    plan = prepared.tasks
-    assert isinstance(plan, LazyPlan) and len(plan) == MODELS * PROMPTS * RUNS
+OPTIONS = CeleryOptions(max_outstanding=WINDOW, dispatch_batch=100, runs_per_message=10,
+                        analyze_on_complete=False, honour_availability=False)
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A counter of the tasks the plan builds from now on."""
     built = [0]
     task = LazyPlan.task
 
@@ -48,29 +53,75 @@ def test_the_first_window_is_all_that_is_built(tmp_path: Path, monkeypatch: pyte
         return task(self, i)
 
     monkeypatch.setattr(LazyPlan, "task", counting)
-    options = CeleryOptions(max_outstanding=WINDOW, dispatch_batch=100, runs_per_message=10,
-                            analyze_on_complete=False, honour_availability=False)
+    return built
+
+
+def _started(prepared: PreparedCampaign, client: redis.Redis, url: str, store: RunStore,
+             between: Callable[[], object] = lambda: None) -> tuple[DistributedCampaign, int, int]:
+    """A campaign started, ``between`` called, then its first window sent: (the campaign, runs
+    sent, bytes traced at peak)."""
+    bundle = Bundle(redis=client, broker=make_celery_app(url), store=store, clock=time.monotonic, sleep=time.sleep)
+    tracemalloc.start()
+    try:
+        camp = DistributedCampaign(prepared, bundle, OPTIONS, _cancelled_records)
+        camp.start()
+        between()
+        sent = camp.dispatcher.dispatch()
+        return camp, sent, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_the_first_window_is_all_that_is_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    prepared = prepare(load_campaign(_campaign(tmp_path)))
+    plan = prepared.tasks
+    assert isinstance(plan, LazyPlan) and len(plan) == MODELS * PROMPTS * RUNS
+    built = _counting(monkeypatch)
     with RedisServer() as srv:
         client = sync_redis(srv.url)
         try:
-            bundle = Bundle(redis=client, broker=make_celery_app(srv.url), store=RunStore(tmp_path / "data"),
-                            clock=time.monotonic, sleep=time.sleep)
-            tracemalloc.start()
-            try:
-                camp = DistributedCampaign(prepared, bundle, options, _cancelled_records)
-                camp.start()
-                sent = camp.dispatcher.dispatch()
-                _, peak = tracemalloc.get_traced_memory()
-            finally:
-                tracemalloc.stop()
+            _, sent, peak = _started(prepared, client, srv.url, RunStore(tmp_path / "data"))
             queued = CampaignState(client, "lazy").queued.dispatched_at()
         finally:
             client.close()
     assert sent == WINDOW and built[0] <= WINDOW, (sent, built[0])
     # the first window is the plan's first runs, models interleaved, under their pinned ids
-    assert set(queued) == {task(plan, i).run_id for i in range(WINDOW)}
+    assert set(queued) == {plan.run_id(i) for i in range(WINDOW)}
     # 200,000 held tasks are ~700 MB; the bitmaps of the plan are 25 KB each
     assert peak < 48 * 2**20, f"{peak / 2**20:.0f} MiB traced while starting and sending one window"
+
+
+def test_a_resume_skips_what_is_stored_and_what_redis_has_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs 0-99 stored, 100-159 queued by an earlier orchestrator at the start, 150-159 of them
+    done before the window reaches them: the first window is runs 160-409 (the 50 still queued
+    take their room), the done ones are announced (the store is to confirm them), the others are
+    out."""
+    prepared = prepare(load_campaign(_campaign(tmp_path)))
+    plan = prepared.tasks
+    assert isinstance(plan, LazyPlan)
+    store = RunStore(tmp_path / "data")
+    store.write(_cancelled_records([plan.task(i) for i in range(100)], "stored before"))
+    with RedisServer() as srv:
+        client = sync_redis(srv.url)
+        try:
+            state = CampaignState(client, "lazy")
+            state.queued.record(plan.run_id(i) for i in range(100, 160))
+
+            def finish() -> None:
+                for i in range(150, 160):
+                    state.done.mark(plan.run_id(i), plan.model_of(i), "ok", False, 1)
+
+            built = _counting(monkeypatch)
+            camp, sent, _ = _started(prepared, client, srv.url, store, finish)
+            queued = set(state.queued.dispatched_at())
+        finally:
+            client.close()
+    assert sent == WINDOW - 50 and built[0] == 60 + sent, (sent, built[0])
+    assert queued == {plan.run_id(i) for i in [*range(100, 150), *range(160, 410)]}
+    tracker = camp.completion
+    assert tracker.pending_count == len(plan) - 100 - 10
+    assert tracker.unverified().tolist() == list(range(150, 160))  # done per Redis, not stored: verified later
+    assert all(plan.run_id(i) in camp.ctx.plan.inflight for i in range(100, 150))
 
 
 def test_the_tally_keeps_the_execution_that_finished_last() -> None:
