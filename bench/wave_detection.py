@@ -62,14 +62,16 @@ def _rate(tests: list[WaveTest], attr: str = "p_value") -> float:
 def calibration(args: argparse.Namespace) -> None:
     print(f"\n## Calibration: unchanged model, {args.calibration} comparisons, "
           f"{args.permutations} permutations, alpha {ALPHA} (one model's p-value)\n")
-    print("| prompts × runs | flag rate | 95% binomial range for 0.05 | MMD only | Jaccard only |")
-    print("|---|---|---|---|---|")
+    print("| prompts × runs | flag rate | 95% binomial range for 0.05 | MMD only | Jaccard only | "
+          "shared only |")
+    print("|---|---|---|---|---|---|")
     lo, hi = (float(x) / args.calibration for x in _binom_range(args.calibration))
     for prompts, runs in ((40, 5), (10, 5), (10, 2), (80, 3)):
         t = _tests(panel_truths(prompts), BASE, runs, args.calibration, args.permutations,
                    args.seed + prompts * 10 + runs)
         print(f"| {prompts} × {runs} | {_rate(t):.3f} | {lo:.3f}–{hi:.3f} | "
-              f"{_rate(t, 'p_mmd'):.3f} | {_rate(t, 'p_jaccard'):.3f} |", flush=True)
+              f"{_rate(t, 'p_mmd'):.3f} | {_rate(t, 'p_jaccard'):.3f} | {_rate(t, 'p_shared'):.3f} |",
+              flush=True)
 
 
 def _binom_range(n: int) -> tuple[int, int]:
@@ -88,18 +90,20 @@ def power(args: argparse.Namespace) -> dict[int, list[float]]:
     print(f"\n## Power: {args.comparisons} comparisons per cell, {args.runs} runs per wave, "
           f"{args.permutations} permutations, alpha {ALPHA}; base expected Jaccard {base_j:.3f}\n")
     print("| effect (ΔJ) | drop_prob | " + " | ".join(f"{p} prompts" for p in prompts)
-          + f" | {args.detail_prompts}: MMD only | {args.detail_prompts}: Jaccard only |")
-    print("|---" * (len(prompts) + 4) + "|")
+          + f" | {args.detail_prompts}: MMD only | {args.detail_prompts}: Jaccard only"
+          + f" | {args.detail_prompts}: shared only |")
+    print("|---" * (len(prompts) + 5) + "|")
     curve: dict[int, list[float]] = {p: [] for p in prompts}
     for k, (e, rev) in enumerate(zip(effects, revisions)):
-        cells, detail = [], "| – | – |"
+        cells, detail = [], "| – | – | – |"
         for p in prompts:
             t = _tests(panel_truths(p), rev, args.runs, args.comparisons, args.permutations,
                        args.seed + 7919 * k + p)
             curve[p].append(_rate(t))
             cells.append(f"{curve[p][-1]:.3f}")
             if p == args.detail_prompts:
-                detail = f"| {_rate(t, 'p_mmd'):.3f} | {_rate(t, 'p_jaccard'):.3f} |"
+                detail = (f"| {_rate(t, 'p_mmd'):.3f} | {_rate(t, 'p_jaccard'):.3f} | "
+                          f"{_rate(t, 'p_shared'):.3f} |")
         print(f"| {e:.2f} | {rev.drop_prob:.3f} | " + " | ".join(cells) + " " + detail, flush=True)
     _plot(Path(args.plot), effects, curve, args.runs)
     return curve

@@ -467,7 +467,7 @@ class SimApp:
         except _Reject as rej:
             return _error_response("ollama", rej)
         models = [{"name": n, "model": n, "modified_at": "2026-01-01T00:00:00Z", "size": 0,
-                   "digest": hashlib.sha256(n.encode()).hexdigest(),
+                   "digest": p.served_digest or hashlib.sha256(n.encode()).hexdigest(),
                    "details": {"format": "sim", "family": "irbench-sim", "parameter_size": "0B",
                                "quantization_level": "none"}}
                   for n, p in self.config.models.items() if p.listed]

@@ -88,6 +88,9 @@ class SimModel(BaseModel):
     system_fingerprint: str | None = Field(
         default="fp_irbench_sim", description="OpenAI answers' `system_fingerprint`; None = the field is left out"
     )
+    served_digest: str | None = Field(
+        default=None, description="the digest Ollama's `/api/tags` lists for the model; None = sha256 of its name"
+    )
 
 
 class SimConfig(BaseModel):

@@ -10,11 +10,15 @@ as the project's Jaccard does) over the runs of wave A (n_a ≥ 2) and wave B (n
   minus cross-wave similarity, large when the waves answer differently (other ids, renames);
 * D_p = W_B,p − W_A,p, the change of the cell's Jaccard, large when a wave is less (or more)
   stable. The MMD barely sees that: a noisier wave B resembles wave A about as much as the
-  average of the two waves resembles itself (bench/wave_detection.py measures both).
+  average of the two waves resembles itself (bench/wave_detection.py measures both);
+* S_p = V_B,p − V_A,p, the same change with the shared-node kernel s(S, T) = |S ∩ T| (V: the
+  mean number of node ids a pair of one wave's runs shares). A revision that drops nodes lowers
+  the union with the intersection, so the Jaccard moves less than the shared count does.
 
-The model's statistics are the means over prompts; the test statistic is the larger of the two,
-each standardised over the permutation pool (:func:`combined_statistic`), so one test answers
-both "answers differ" and "stability differs" at one alpha.
+The model's statistics are the means over prompts; the test statistic is the largest of the
+three (|D| and |S|: either direction), each standardised over the permutation pool
+(:func:`combined_statistic`), so one test answers "answers differ", "stability differs" and
+"fewer (or more) nodes agree" at one alpha.
 
 p-value: the wave labels are permuted *within each prompt* (each prompt keeps its n_a and n_b);
 under "same distribution" a prompt's runs are exchangeable, so the test is exact in finite
@@ -24,9 +28,10 @@ observed labelling counts as one permutation: p = (1 + #{T_b ≥ T}) / (1 + B).
 Effect: mean over prompts of D_p, with a percentile bootstrap interval over prompts
 (:func:`analysis.stats.bootstrap.percentile_ci`); each wave's Jaccard likewise (paired draws).
 
-Vectorised: each prompt's kernel matrix is built once from integer intersection/union counts
-(:func:`analysis.metrics.agreement.pair_counts`); prompts of equal (n_a, n_b) are stacked, and all
-permutations of a stack are one label array (prompts, B+1, N) and one batched matrix product.
+Vectorised: each prompt's two kernel matrices are built once from integer intersection/union
+counts (:func:`analysis.metrics.agreement.pair_counts`); prompts of equal (n_a, n_b) are stacked,
+and all permutations of a stack are one label array (prompts, B+1, N) and one batched matrix
+product per kernel.
 """
 
 from __future__ import annotations
@@ -40,8 +45,9 @@ from analysis.errors import AnalysisError
 from analysis.metrics.agreement import pair_counts
 from analysis.stats.bootstrap import Interval, percentile_ci
 
-__all__ = ["WaveRuns", "WaveTest", "DrawSettings", "Labelings", "jaccard_kernel", "kernel_means",
-           "labelings", "combined_statistic", "pool_p_value", "wave_test"]
+__all__ = ["WaveRuns", "WaveTest", "DrawSettings", "Labelings", "jaccard_kernel", "shared_kernel",
+           "prompt_kernels", "kernel_means", "labelings", "combined_statistic", "pool_p_value",
+           "wave_test"]
 
 # Label arrays of one stack are cut to at most this many entries (8 bytes each): 32 MB.
 _MAX_LABEL_ENTRIES = 4_000_000
@@ -94,8 +100,9 @@ class DrawSettings:
 class WaveTest:
     """Result of :func:`wave_test` for one model (None fields: no usable prompt).
 
-    ``p_value``: the combined permutation test; ``p_mmd`` / ``p_jaccard``: the same permutations
-    tested on MMD² alone and on |J_B − J_A| alone (diagnostics, not multiplicity-corrected).
+    ``p_value``: the combined permutation test; ``p_mmd`` / ``p_jaccard`` / ``p_shared``: the
+    same permutations tested on MMD² alone, on |J_B − J_A| alone and on the change of the mean
+    shared-node count alone (diagnostics, not multiplicity-corrected).
     ``mmd``: mean over prompts of MMD² (unitless); ``effect``: mean Jaccard of wave B minus wave A
     over the usable prompts, with ``effect_interval``; ``jaccard_a``/``jaccard_b``: each wave's
     mean Jaccard with its interval (same prompts, paired resampling); ``prompts``: usable prompts
@@ -105,6 +112,7 @@ class WaveTest:
     p_value: float | None
     p_mmd: float | None
     p_jaccard: float | None
+    p_shared: float | None
     mmd: float | None
     permutations: int
     effect: float | None
@@ -123,6 +131,17 @@ def jaccard_kernel(sets: Sequence[frozenset[str]]) -> np.ndarray:
     iu = np.triu_indices(n, k=1)
     k[iu] = scores
     k[iu[1], iu[0]] = scores
+    return k
+
+
+def shared_kernel(sets: Sequence[frozenset[str]]) -> np.ndarray:
+    """The (N, N) matrix of shared node-id counts |S_i ∩ S_j| of N ≥ 2 runs (diagonal |S_i|)."""
+    counts = pair_counts(sets)
+    n = len(sets)
+    k = np.diag(np.array([len(s) for s in sets], np.float64))
+    iu = np.triu_indices(n, k=1)
+    k[iu] = counts.intersection
+    k[iu[1], iu[0]] = counts.intersection
     return k
 
 
@@ -147,12 +166,15 @@ def kernel_means(kernel: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np
 
 @dataclass(frozen=True, eq=False)
 class Labelings:
-    """Pooled kernel means of the observed labelling (index 0) and B permutations (1..B): the
-    mean over prompts of the within-A (``within_a``), within-B and cross-wave means, (B+1,)."""
+    """Pooled kernel means of the observed labelling (index 0) and B permutations (1..B), each
+    (B+1,): the mean over prompts of the Jaccard kernel's within-A (``within_a``), within-B and
+    cross-wave means, and of the shared-node kernel's within-A and within-B means (node ids)."""
 
     within_a: np.ndarray
     within_b: np.ndarray
     cross: np.ndarray
+    shared_a: np.ndarray
+    shared_b: np.ndarray
 
     @property
     def mmd(self) -> np.ndarray:
@@ -164,28 +186,39 @@ class Labelings:
         """Mean over prompts of J_B − J_A (the effect)."""
         return self.within_b - self.within_a
 
+    @property
+    def shared_change(self) -> np.ndarray:
+        """Mean over prompts of the change (B − A) of the mean shared-node count of a pair."""
+        return self.shared_b - self.shared_a
+
 
 def labelings(kernels: Sequence[np.ndarray], n_a: Sequence[int], permutations: int,
               rng: np.random.Generator) -> Labelings:
     """Kernel means of the observed labelling and ``permutations`` within-prompt relabellings.
 
-    kernels[p]: prompt p's (N_p, N_p) matrix with wave A's runs first (``n_a[p]`` of them).
-    Each permutation relabels every prompt independently. Prompts of equal (N, n_a) are stacked;
-    the loop runs over those groups (and memory blocks of them), never over permutations."""
-    sums = np.zeros((3, permutations + 1))
-    for n, a in sorted({(k.shape[0], a) for k, a in zip(kernels, n_a)}):
-        group = [p for p, k in enumerate(kernels) if k.shape[0] == n and n_a[p] == a]
+    kernels[p]: prompt p's (2, N_p, N_p) Jaccard and shared-node matrices (:func:`prompt_kernels`)
+    with wave A's runs first (``n_a[p]`` of them). Each permutation relabels every prompt
+    independently, the same labels for both kernels. Prompts of equal (N, n_a) are stacked; the
+    loop runs over those groups (and memory blocks of them), never over permutations."""
+    sums = np.zeros((5, permutations + 1))
+    for n, a in sorted({(k.shape[-1], a) for k, a in zip(kernels, n_a)}):
+        group = [p for p, k in enumerate(kernels) if k.shape[-1] == n and n_a[p] == a]
         base = np.zeros(n, np.int8)
         base[:a] = 1
         step = max(1, _MAX_LABEL_ENTRIES // ((permutations + 1) * n))
         for start in range(0, len(group), step):  # memory blocks of prompts
-            stack = np.stack([kernels[p] for p in group[start:start + step]])
-            shuffled = rng.permuted(np.broadcast_to(base, (len(stack), permutations, n)), axis=-1)
-            observed = np.broadcast_to(base, (len(stack), 1, n))
-            means = kernel_means(stack, np.concatenate([observed, shuffled], axis=1))
-            sums += np.stack([m.sum(axis=0) for m in means])
-    wa, wb, c = sums / len(kernels)
-    return Labelings(within_a=wa, within_b=wb, cross=c)
+            stack = np.stack([kernels[p] for p in group[start:start + step]], axis=1)  # (2, P, N, N)
+            shuffled = rng.permuted(np.broadcast_to(base, (stack.shape[1], permutations, n)), axis=-1)
+            observed = np.broadcast_to(base, (stack.shape[1], 1, n))
+            wa, wb, c = kernel_means(stack, np.concatenate([observed, shuffled], axis=1))
+            sums += np.stack([wa[0], wb[0], c[0], wa[1], wb[1]]).sum(axis=1)
+    wa, wb, c, sa, sb = sums / len(kernels)
+    return Labelings(within_a=wa, within_b=wb, cross=c, shared_a=sa, shared_b=sb)
+
+
+def prompt_kernels(sets: Sequence[frozenset[str]]) -> np.ndarray:
+    """(2, N, N): :func:`jaccard_kernel` and :func:`shared_kernel` of one prompt's N ≥ 2 runs."""
+    return np.stack([jaccard_kernel(sets), shared_kernel(sets)])
 
 
 def _standardised(values: np.ndarray) -> np.ndarray:
@@ -200,10 +233,11 @@ def pool_p_value(pool: np.ndarray) -> float:
 
 
 def combined_statistic(lab: Labelings) -> np.ndarray:
-    """max(z of MMD², z of |J_B − J_A|) for every labelling, each z standardised over the whole
-    pool (observed included, so the standardising is the same whichever labelling is observed
-    and the test stays exact)."""
-    return np.maximum(_standardised(lab.mmd), _standardised(np.abs(lab.jaccard_change)))
+    """max(z of MMD², z of |J_B − J_A|, z of |shared-count change|) for every labelling, each z
+    standardised over the whole pool (observed included, so the standardising is the same
+    whichever labelling is observed and the test stays exact)."""
+    return np.maximum.reduce([_standardised(lab.mmd), _standardised(np.abs(lab.jaccard_change)),
+                              _standardised(np.abs(lab.shared_change))])
 
 
 def _wave_jaccard(kernel: np.ndarray, n_a: int) -> tuple[float, float]:
@@ -219,18 +253,19 @@ def wave_test(runs: WaveRuns, settings: DrawSettings) -> WaveTest:
     use = runs.usable()
     skipped = len(runs.prompts) - len(use)
     if not use:
-        return WaveTest(None, None, None, None, settings.permutations, None, None, None, None,
-                        0, skipped)
-    kernels = [jaccard_kernel(runs.a[p] + runs.b[p]) for p in use]
+        return WaveTest(None, None, None, None, None, settings.permutations, None, None, None,
+                        None, 0, skipped)
+    kernels = [prompt_kernels(runs.a[p] + runs.b[p]) for p in use]
     n_a = [len(runs.a[p]) for p in use]
     perm_seed, boot_seed = np.random.SeedSequence(settings.seed).generate_state(2)
     lab = labelings(kernels, n_a, settings.permutations, np.random.default_rng(int(perm_seed)))
-    wave_j = np.array([_wave_jaccard(k, a) for k, a in zip(kernels, n_a)]).T  # (2, prompts)
+    wave_j = np.array([_wave_jaccard(k[0], a) for k, a in zip(kernels, n_a)]).T  # (2, prompts)
     reps, seed, level = settings.bootstrap_replicates, int(boot_seed), settings.level
     j_a, j_b = percentile_ci(wave_j, replicates=reps, seed=seed, level=level)
     effect = percentile_ci(wave_j[1] - wave_j[0], replicates=reps, seed=seed, level=level)
     return WaveTest(p_value=pool_p_value(combined_statistic(lab)), p_mmd=pool_p_value(lab.mmd),
-                    p_jaccard=pool_p_value(np.abs(lab.jaccard_change)), mmd=float(lab.mmd[0]),
+                    p_jaccard=pool_p_value(np.abs(lab.jaccard_change)),
+                    p_shared=pool_p_value(np.abs(lab.shared_change)), mmd=float(lab.mmd[0]),
                     permutations=settings.permutations, effect=effect.point,
                     effect_interval=effect, jaccard_a=j_a, jaccard_b=j_b, prompts=len(use),
                     prompts_skipped=skipped)

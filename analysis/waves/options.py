@@ -42,7 +42,7 @@ class WaveOptions(BaseModel):
         json_schema_extra=_unit("integer"),
     )
     served_identity_columns: tuple[str, ...] = Field(
-        default=("served_model", "system_fingerprint"),
+        default=("served_model", "system_fingerprint", "served_digest"),
         description="run columns naming what the provider says it served; absent ones are skipped",
         json_schema_extra=_unit("column names"),
     )

@@ -29,7 +29,8 @@ __all__ = ["WAVE_COLUMNS", "OneWaveError", "WavePair", "check_complete", "compar
 
 #: The run columns a comparison reads (those a store lacks are skipped).
 WAVE_COLUMNS = ("campaign", "model", "prompt_sha256", "run_id", "parse_outcome", "ir_json", "node_ids",
-                "wave", "panel", "budget_max_tokens", "outcome", "served_model", "system_fingerprint")
+                "wave", "panel", "budget_max_tokens", "outcome", "served_model", "system_fingerprint",
+                "served_digest")
 
 
 @dataclass(frozen=True)

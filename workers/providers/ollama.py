@@ -6,18 +6,23 @@ Request: one user message, ``stream`` (false unless the model streams), ``option
 Reply: answer = ``message.content`` (a leading ``<think>`` block is split out for models that
 inline it), reasoning = ``message.thinking``; ``done_reason == "length"`` -> TRUNCATED;
 tokens from ``prompt_eval_count``/``eval_count`` (Ollama does not split reasoning tokens out).
-The served identity is the body's (the final line's) ``model`` and, where the answer carries one,
-its ``digest``.
+The served identity is the body's (the final line's) ``model`` and its ``digest``: the answer's
+own where it carries one, else the digest ``GET /api/tags`` lists for the served (or asked-for)
+name. The list is read after a successful answer, at most once per ``digest_ttl_s`` per provider
+(a model re-pulled under its name shows within that time); when it cannot be read, or names no
+such model, the digest is None and the answer is kept as it is.
 Streamed (``request.stream``): NDJSON lines whose ``message.content``/``thinking`` pieces are
 concatenated; the final ``done: true`` line carries ``done_reason`` and the token counts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 
+from workers.errors import ProviderError
 from workers.providers import _http, streaming
 from workers.providers.base import ChatRequest, Reply
 from workers.runtask import ResponseLimits, TimeoutPolicy
@@ -26,7 +31,9 @@ LIST_MAX_BYTES = ResponseLimits().max_response_bytes  # a model list is no bigge
 
 
 class OllamaProvider:
-    """Client for one Ollama endpoint. ``base_url`` may end in ``/api`` or not."""
+    """Client for one Ollama endpoint. ``base_url`` may end in ``/api`` or not.
+    ``digest_ttl_s``: how long (seconds, on ``clock``) the digests read from ``/api/tags`` are
+    reused before the list is read again."""
 
     wire_format = "ollama"
 
@@ -38,6 +45,7 @@ class OllamaProvider:
         *,
         clock: _http.Clock = time.monotonic,
         now: _http.WallClock = _http.utc_now,
+        digest_ttl_s: float = 60.0,
     ) -> None:
         root = _http.check_base_url(base_url)
         self._root = root[: -len("/api")] if root.endswith("/api") else root
@@ -45,6 +53,9 @@ class OllamaProvider:
         self._api_key = api_key
         self._clock = clock
         self._now = now
+        self._digest_ttl_s = digest_ttl_s
+        self._digests: dict[str, str] = {}
+        self._digests_read_at: float | None = None
 
     def _headers(self) -> dict[str, str]:
         headers = {"Cache-Control": "no-store", "Accept": "application/json"}
@@ -73,7 +84,32 @@ class OllamaProvider:
         return body
 
     async def complete(self, request: ChatRequest) -> Reply:
-        """One chat call; raises ``workers.errors.ProviderError`` subclasses on failure."""
+        """One chat call; raises ``workers.errors.ProviderError`` subclasses on failure. The
+        reply's served digest is completed from ``/api/tags`` (see the module docstring)."""
+        reply = await self._chat(request)
+        if reply.served.digest is not None:
+            return reply
+        names = [n for n in (reply.served.model, request.model) if n]
+        digest = await self._listed_digest(names, request)
+        return dataclasses.replace(reply, served=dataclasses.replace(reply.served, digest=digest))
+
+    async def _listed_digest(self, names: list[str], request: ChatRequest) -> str | None:
+        """The digest ``/api/tags`` lists for the first of ``names`` it knows (``NAME`` also
+        matches ``NAME:latest``), from the list read within ``digest_ttl_s``; None if none."""
+        read_at = self._digests_read_at
+        if read_at is None or self._clock() - read_at >= self._digest_ttl_s:
+            self._digests_read_at = self._clock()
+            try:
+                self._digests = _digests(await self._tags(request.timeouts), (self._api_key,))
+            except ProviderError:
+                self._digests = {}
+        for name in names:
+            for key in (name, f"{name}:latest"):
+                if key in self._digests:
+                    return self._digests[key]
+        return None
+
+    async def _chat(self, request: ChatRequest) -> Reply:
         secrets = (self._api_key,)
         url = f"{self._root}/api/chat"
         if request.stream:
@@ -109,8 +145,8 @@ class OllamaProvider:
             raise _http.protocol_error(raw, model=request.model, what="message.content is not a string", secrets=secrets)
         return _reply(raw, data, content or "", _text(message.get("thinking")), secrets=secrets)
 
-    async def list_models(self, timeouts: TimeoutPolicy) -> list[str]:
-        """Model names from ``GET /api/tags``."""
+    async def _tags(self, timeouts: TimeoutPolicy) -> list[Any]:
+        """The ``models`` entries of ``GET /api/tags``; raises ``ProviderError`` subclasses."""
         secrets = (self._api_key,)
         raw = await _http.send(
             self._client, _http.HttpCall("GET", f"{self._root}/api/tags", headers=self._headers()),
@@ -121,13 +157,32 @@ class OllamaProvider:
         entries = data.get("models") if isinstance(data, dict) else None
         if not isinstance(entries, list):
             raise _http.protocol_error(raw, model="*", what="/api/tags body has no 'models' list", secrets=secrets)
+        return entries
+
+    async def list_models(self, timeouts: TimeoutPolicy) -> list[str]:
+        """Model names from ``GET /api/tags``."""
         names = []
-        for entry in entries:
+        for entry in await self._tags(timeouts):
             if isinstance(entry, dict):
                 name = entry.get("name") or entry.get("model")
                 if isinstance(name, str):
                     names.append(name)
         return names
+
+
+def _digests(entries: list[Any], secrets: tuple[str | None, ...]) -> dict[str, str]:
+    """Name (and model) -> digest of ``/api/tags`` entries; entries without a string digest are
+    skipped, and each digest is bounded and masked as a served identity is."""
+    out: dict[str, str] = {}
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        digest = _http.identity_text(entry.get("digest"), secrets)
+        for key in ("name", "model"):
+            name = entry.get(key)
+            if digest is not None and isinstance(name, str):
+                out.setdefault(name, digest)
+    return out
 
 
 def _text(value: Any) -> str:
