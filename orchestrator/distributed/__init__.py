@@ -1,5 +1,4 @@
-"""The Celery executor: the plan by index, dispatch, completion, reconcile, progress, publishing and message sizing,
-the store cursor and the per-run tally, worker checks."""
+"""The Celery executor: dispatch, completion, reconcile, progress, publishing and message sizing, the store cursor, worker checks."""
 
 __all__ = [
     "bucket_follower",
@@ -7,12 +6,9 @@ __all__ = [
     "completion",
     "context",
     "dispatcher",
-    "executed_tally",
     "executor",
-    "known_runs",
     "message_size",
     "options",
-    "plan_view",
     "progress",
     "publisher",
     "reconciler",
