@@ -51,10 +51,12 @@ def test_idle_segment_is_published_promptly(tmp_path: Path) -> None:
         spool.append([make_record(1), make_record(2)])
         assert pending_rows(store.dataset) == 2
         deadline = time.monotonic() + 10
-        while len(store.completed_run_ids()) < 2:
+        # Publishing writes the Parquet file first and unlinks the segment after it (a crash
+        # in between leaves a duplicate that reads dedupe, never a loss): wait for both.
+        while len(store.completed_run_ids()) < 2 or pending_rows(store.dataset):
             assert time.monotonic() < deadline, "idle segment never published"
             time.sleep(0.05)
-        assert len(store.dataset.data_files()) == 1 and pending_rows(store.dataset) == 0
+        assert len(store.dataset.data_files()) == 1
     finally:
         spool.close()
 
