@@ -17,10 +17,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol
 
 __all__ = ["CeleryWorkers", "CeleryWorkersError", "WorkerCommand"]
 
@@ -29,6 +30,19 @@ REPO = Path(__file__).resolve().parents[1]
 
 class CeleryWorkersError(RuntimeError):
     pass
+
+
+class WorkerProcess(Protocol):
+    """What ``subprocess.Popen`` gives that the workers use."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+Spawn = Callable[..., WorkerProcess]  # ``subprocess.Popen``'s signature: argv, then its keywords
 
 
 @dataclass(frozen=True)
@@ -43,7 +57,8 @@ class WorkerCommand:
 
 class CeleryWorkers:
     """``count`` workers of ``command`` on ``broker_url`` with ``concurrency`` threads each, each
-    ready within ``start_timeout_s`` seconds of its start."""
+    ready within ``start_timeout_s`` seconds of its start; ``spawn`` starts a process as
+    ``subprocess.Popen`` does (a test suite may fork its workers from a pre-loaded process)."""
 
     def __init__(
         self,
@@ -54,6 +69,7 @@ class CeleryWorkers:
         command: WorkerCommand = WorkerCommand(),
         env: Mapping[str, str] | None = None,
         start_timeout_s: float = 30.0,
+        spawn: Spawn = subprocess.Popen,
     ) -> None:
         self.broker_url = broker_url
         self.command = command
@@ -63,7 +79,8 @@ class CeleryWorkers:
         self.start_timeout_s = start_timeout_s
         self._tmp = tempfile.TemporaryDirectory(prefix="irbench-celery-")
         self.log_dir = Path(self._tmp.name)
-        self.procs: list[subprocess.Popen[bytes] | None] = [None] * count
+        self._popen = spawn
+        self.procs: list[WorkerProcess | None] = [None] * count
         self._generation = [0] * count
 
     def log_path(self, i: int) -> Path:
@@ -78,7 +95,7 @@ class CeleryWorkers:
             "-n", f"w{i}-{self._generation[i]}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
             "--loglevel", self.command.log_level, "-f", str(self.log_path(i)),
         ]
-        self.procs[i] = subprocess.Popen(
+        self.procs[i] = self._popen(
             argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
         )
 

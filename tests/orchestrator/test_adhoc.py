@@ -18,6 +18,8 @@ from simulator.config import SimConfig, SimModel
 from simulator.server import start_background
 from storage.runs import RunStore
 from tests.support.terminal import with_default_sigint
+from tests.support.cli import run_cli
+from tests.support import forked
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +31,7 @@ N_PROMPTS = 12
 
 def _irbench(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     env = {**(env or os.environ), "PYTHONPATH": str(REPO)}
-    return subprocess.run([*IRBENCH, *args], capture_output=True, text=True, timeout=180, cwd=cwd, env=env)
+    return run_cli([*args], env=env, cwd=cwd, timeout_s=180)
 
 
 def _requests(base_url: str) -> int:
@@ -166,7 +168,7 @@ def test_ctrl_c_says_run_again_and_the_same_command_resumes(tmp_path: Path) -> N
         args = [*IRBENCH, "run", "--model", "slow", "--base-url", sim.base_url, "--prompts", str(PROMPTS),
                 "--runs", "10", "--data", str(tmp_path / "data"), "--no-progress"]
         # the Ctrl-C a terminal delivers, even when this pytest runs with SIGINT ignored (a background job)
-        proc = subprocess.Popen(with_default_sigint(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        proc = forked.popen(with_default_sigint(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
         store = RunStore(tmp_path / "data")
         try:

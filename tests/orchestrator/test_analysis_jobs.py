@@ -38,7 +38,7 @@ from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimConfig, SimModel
 from simulator.server import start_background
 from storage.runs import RunStore
-from deploy.celery_workers import CeleryWorkers
+from tests.support.workers import CeleryWorkers
 from deploy.redis_server import RedisServer
 from tests.analysis.test_analyze import record
 from tests.support.distributed import WORKER_ENV, make_campaign

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import io
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from analysis.progress import ANALYZE_STAGES, REPORT_STAGES, Stage
 from analysis.report.build import build_report
 from bench.run_store import write_run_store
 from orchestrator.jobs.analysis_progress import StageProgress
+from tests.support.cli import run_cli
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +64,7 @@ def test_not_a_terminal_prints_nothing(store, tmp_path):
 
 
 def test_cli_piped_output_has_no_progress(store, tmp_path):
-    res = subprocess.run([sys.executable, "-m", "orchestrator.cli.app", "analyze", "--data", str(store),
-                          "--out", str(tmp_path / "out"), "--replicates", "200"],
-                         capture_output=True, text=True, timeout=240, check=False)
+    res = run_cli(["analyze", "--data", str(store), "--out", str(tmp_path / "out"), "--replicates", "200"], timeout_s=240, check=False)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "panel bench" in res.stdout  # the table is printed
     for stage in ANALYZE_STAGES:

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from deploy.celery_workers import CeleryWorkers
+from tests.support.workers import CeleryWorkers
 from deploy.redis_server import RedisServer
 from simulator.config import SimModel
 from storage.runs import RunStore
 from tests.support.distributed import WORKER_ENV, executions_per_run, make_campaign, sim, stats, wait_for
+from tests.support import forked
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -40,7 +41,7 @@ def test_stopped_redis_is_said_on_both_sides_and_the_campaign_completes(tmp_path
     with RedisServer() as srv, sim({model: SimModel(latency_ms_median=300, latency_sigma=0.05)}) as s, \
             CeleryWorkers(srv.url, count=1, concurrency=2, env=env) as workers:
         campaign = make_campaign(tmp_path, "stall", s.base_url, {model: {"max_concurrency": 2}}, prompts=4, runs=6)
-        proc = subprocess.Popen(
+        proc = forked.popen(
             [sys.executable, "-m", "orchestrator.cli.app", "run", str(campaign), "--data", str(data),
              "--executor", "celery", "--broker", srv.url, "--no-progress", "--no-analyze"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.celery_workers import CeleryWorkers
+from tests.support.workers import CeleryWorkers
 from deploy.redis_server import RedisServer
 from deploy.seaweed_server import SeaweedServer
 from orchestrator.campaign.prepared import prepare
@@ -33,6 +33,7 @@ from tests.support.distributed import (
     wait_for,
 )
 from tests.support.paths import REPO
+from tests.support import forked
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -47,7 +48,7 @@ def _fresh_copy(s3: SeaweedServer, url: str, cache: Path, monkeypatch: pytest.Mo
 
 
 def _irbench(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli.app", *args], cwd=REPO, env=env,
+    return forked.popen([sys.executable, "-m", "orchestrator.cli.app", *args], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.celery_workers import CeleryWorkers
+from tests.support.workers import CeleryWorkers
 from deploy.redis_server import RedisServer
 from orchestrator.campaign.prepared import prepare
 from orchestrator.campaign.spec import load_campaign

@@ -23,6 +23,7 @@ from orchestrator.campaign.spec import load_campaign
 from simulator.config import load_sim_config
 from simulator.model import expected_node_set_jaccard
 from storage.runs import RunStore
+from tests.support import forked
 
 DEMO_MODELS = ["sim-steady", "sim-mild", "sim-medium", "sim-shaky", "sim-chaotic"]
 
@@ -109,7 +110,7 @@ def test_killed_mid_campaign_then_resumed(tmp_path: Path, examples_dir: Path) ->
         campaign.write_text(text)
         data = tmp_path / "data"
         cmd = [sys.executable, "-m", "orchestrator.cli.app", "run", str(campaign), "--data", str(data), "--no-progress"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = forked.popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         store = RunStore(data)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from deploy.redis_server import RedisServer
+from tests.support.cli import run_cli
+from tests.support import forked
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +21,7 @@ VERBS = ["run", "status", "resume", "cancel", "worker", "analyze", "compact", "s
 
 
 def _irbench(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*IRBENCH, *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return run_cli([*args], env=env, timeout_s=timeout)
 
 
 @pytest.mark.parametrize("verb", VERBS)
@@ -60,7 +62,7 @@ def test_distributed_run_through_the_cli(tmp_path: Path, examples_dir: Path) -> 
         )
         data = tmp_path / "data"
         env = dict(os.environ, IRBENCH_BROKER_URL=redis.url)
-        worker = subprocess.Popen([*IRBENCH, "worker", "--data", str(data), "--concurrency", "8"],
+        worker = forked.popen([*IRBENCH, "worker", "--data", str(data), "--concurrency", "8"],
                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                   start_new_session=True)
         try:

@@ -57,6 +57,7 @@ from tests.support.distributed import (  # noqa: F401 - fixtures
 from tests.support.paths import REPO
 from tests.support.port_owners import PortOwners
 from tests.support.redis_monitor import CooldownMonitor
+from tests.support.cli import run_cli
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
@@ -369,9 +370,7 @@ def test_cancel_records_every_remaining_run(live: Cluster, tmp_path: Path) -> No
         assert outcomes["cancelled"] >= 20 and outcomes["ok"] + outcomes["cancelled"] == 40
         assert st["t8-a"]["requests"] == outcomes["ok"]
         # a cancelled run is not a finished one: the same command again resumes exactly those
-        again = subprocess.run([sys.executable, "-m", "orchestrator.cli.app", "run", str(path), "--data", str(store.root),
-                                "--executor", "celery", "--broker", live.url, "--no-progress", "--no-analyze"],
-                               capture_output=True, text=True, timeout=120, cwd=REPO)
+        again = run_cli(["run", str(path), "--data", str(store.root), "--executor", "celery", "--broker", live.url, "--no-progress", "--no-analyze"], cwd=REPO, timeout_s=120)
         assert again.returncode == 0, again.stderr
         text = " ".join(again.stdout.split())
         n = outcomes["cancelled"]

@@ -34,7 +34,7 @@ from simulator.config import SimConfig, SimModel, load_sim_config
 from simulator.server import start_background
 from storage.availability import Availability, AvailabilityRecord, AvailabilityStore
 from storage.runs import RunStore
-from deploy.celery_workers import CeleryWorkers
+from tests.support.workers import CeleryWorkers
 from deploy.redis_server import RedisServer
 from tests.support.distributed import WORKER_ENV, make_campaign
 from workers.state.campaign_state import CampaignState

@@ -26,7 +26,7 @@ from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimModel
 from storage.parquet.spool import recover_orphans
 from storage.runs import RunStore
-from deploy.celery_workers import CeleryWorkers
+from tests.support.workers import CeleryWorkers
 from deploy.redis_server import RedisServer
 from tests.support.distributed import (
     RUN_SLOTS,
@@ -46,6 +46,8 @@ from tests.support.distributed import (
 )
 from tests.support.paths import REPO
 from workers.state.campaign_state import CampaignState
+from tests.support.cli import run_cli
+from tests.support import forked
 
 pytestmark = [pytest.mark.timeout(150), pytest.mark.slow]
 FAST = CeleryOptions(claim_ttl_s=3.0, reconcile_interval_s=1.0, analyze_on_complete=False)
@@ -141,8 +143,7 @@ def test_poison_run_ends_as_worker_error_and_others_carry_on(up: Cluster, tmp_pa
     state = CampaignState(redis.Redis.from_url(up.url), name)
     assert state.claims.failures(victim.run_id)[0] == 3 and state.delayed.count() == 0
     # the status script view
-    out = subprocess.run([sys.executable, "-m", "orchestrator.cli.app", "status", str(path), "--data", str(store.root),
-                          "--json"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    out = run_cli(["status", str(path), "--data", str(store.root), "--json"], cwd=REPO, timeout_s=60)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["total"] == {"planned": 12, "stored": 12, "executions": 12, "attempts": 11,
@@ -266,7 +267,7 @@ def _irbench_run(path: Path, data: Path, url: str) -> subprocess.Popen[bytes]:
     """``irbench run`` (the CLI) on the workers, as its own process group."""
     argv = [sys.executable, "-m", "orchestrator.cli.app", "run", str(path), "--data", str(data), "--executor", "celery",
             "--broker", url, "--claim-ttl-s", "3", "--reconcile-interval-s", "1", "--no-analyze", "--no-progress"]
-    return subprocess.Popen(argv, cwd=REPO, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return forked.popen(argv, cwd=REPO, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def test_deferred_runs_wait_while_the_orchestrator_is_down(up: Cluster, tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from deploy.celery_workers import CeleryWorkers
+from tests.support.workers import CeleryWorkers
 from deploy.local_cluster import free_port
 from deploy.redis_server import RedisServer
 from tests.support.distributed import wait_for
@@ -23,6 +23,7 @@ from tests.support.campaign_files import one_endpoint, write_campaign
 from tests.support.scripted_server import scripted_server
 from tests.support.terminal import with_default_sigint
 from workers.state.presence import read_presence
+from tests.support import forked
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -62,7 +63,7 @@ def test_redis_down_counts_down_then_one_line(tmp_path: Path, verb: str) -> None
 def test_no_worker_warns_within_15_s_with_the_command(tmp_path: Path) -> None:
     with RedisServer() as srv, scripted_server() as sim:
         data = tmp_path / "data"
-        proc = subprocess.Popen(  # with the Ctrl-C a terminal delivers, even when pytest runs with SIGINT ignored
+        proc = forked.popen(  # with the Ctrl-C a terminal delivers, even when pytest runs with SIGINT ignored
             with_default_sigint([*CLI, "run", str(_campaign(tmp_path, sim.base_url)), "--data", str(data),
                                  "--executor", "celery", "--broker", srv.url, "--no-progress", "--no-analyze"]),
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO, env=_env(),

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.celery_workers import CeleryWorkers
+from tests.support.workers import CeleryWorkers
 from deploy.redis_server import RedisServer
 from orchestrator.campaign.spend_cap import SPEND_CAP_EXIT_CODE
 from simulator.config import SimConfig, SimModel
@@ -25,6 +25,7 @@ from simulator.server import RunningSimulator, start_background
 from storage.runs import RunStore
 from tests.support.campaign_files import write_campaign
 from workers.spend import SPEND_CAP_REASON
+from tests.support.cli import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +53,7 @@ def _campaign(directory: Path, base_url: str, cap_tokens: int | None) -> Path:
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IRBENCH_")}
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=180, cwd=REPO, env=env)
+    return run_cli([*args], env=env, cwd=REPO, timeout_s=180)
 
 
 def _run(campaign: Path, data: Path, *extra: str) -> subprocess.CompletedProcess:

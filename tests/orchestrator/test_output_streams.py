@@ -13,6 +13,7 @@ from simulator.config import SimConfig, SimModel, load_sim_config
 from simulator.server import start_background
 from storage.availability import AvailabilityStore
 from deploy.processes import free_port
+from tests.support.cli import run_cli
 
 IRBENCH = [sys.executable, "-m", "orchestrator.cli.app"]
 REPO = Path(__file__).resolve().parents[2]
@@ -20,8 +21,7 @@ LOG_LINE = re.compile(r"run_finished|campaign_start|\[info|\"level\": ?\"info\""
 
 
 def _irbench(*args: str) -> subprocess.CompletedProcess:
-    out = subprocess.run([*IRBENCH, *args], capture_output=True, text=True, timeout=240,
-                         env={**os.environ, "COLUMNS": "250"}, cwd=REPO)
+    out = run_cli([*args], env={**os.environ, "COLUMNS": "250"}, cwd=REPO, timeout_s=240)
     assert "Traceback" not in out.stderr, out.stderr
     return out
 

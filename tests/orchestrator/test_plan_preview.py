@@ -14,13 +14,14 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from deploy.celery_workers import CeleryWorkers
+from tests.support.workers import CeleryWorkers
 from deploy.redis_server import RedisServer
 from simulator.config import SimConfig, SimModel
 from simulator.server import RunningSimulator, start_background
 from storage.prices import read_prices
 from storage.runs import RunStore
 from tests.support.campaign_files import write_campaign
+from tests.support.cli import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +49,7 @@ def _campaign(tmp_path: Path, base_url: str) -> Path:
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IRBENCH_")}
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    return run_cli([*args], env=env, cwd=REPO, timeout_s=120)
 
 
 def _plan(campaign: Path, data: Path) -> dict:

@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from deploy.celery_workers import CeleryWorkers
+from tests.support.workers import CeleryWorkers
 from deploy.redis_server import RedisServer
 from simulator.config import SimConfig, SimModel
 from simulator.server import RunningSimulator, start_background
 from storage.prompts import PromptStore
 from storage.runs import RunStore
 from tests.support.campaign_files import write_campaign
+from tests.support.cli import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "orchestrator.cli.app"]
@@ -33,8 +34,7 @@ def sim() -> Iterator[RunningSimulator]:
 
 def _run(campaign: Path, data: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IRBENCH_")}
-    return subprocess.run([*CLI, "run", str(campaign), "--data", str(data), "--no-progress", *extra],
-                          capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    return run_cli(["run", str(campaign), "--data", str(data), "--no-progress", *extra], env=env, cwd=REPO, timeout_s=120)
 
 
 def _campaign(tmp_path: Path, base_url: str) -> Path:

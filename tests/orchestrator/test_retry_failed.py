@@ -25,6 +25,7 @@ from orchestrator.campaign.outcome import ALL_FAILED_EXIT_CODE, SOME_FAILED_EXIT
 from storage.runs import RunStore
 from workers.errors import ConfigError
 from deploy.processes import free_port
+from tests.support.cli import run_cli
 
 IRBENCH = [sys.executable, "-m", "orchestrator.cli.app"]
 PROMPTS = Path(__file__).resolve().parents[2] / "examples" / "prompts"
@@ -32,8 +33,8 @@ N_PROMPTS = 12
 
 
 def _irbench(*args: str) -> subprocess.CompletedProcess:
-    out = subprocess.run([*IRBENCH, *args, "--no-progress"] if args[0] == "run" else [*IRBENCH, *args],
-                         capture_output=True, text=True, timeout=180, env={**os.environ, "COLUMNS": "250"})
+    out = run_cli([*args, "--no-progress"] if args[0] == "run" else args, timeout_s=180,
+                  env={**os.environ, "COLUMNS": "250"})
     assert "Traceback" not in out.stderr, out.stderr
     return out
 
@@ -137,7 +138,7 @@ def test_retry_failed_on_the_celery_executor_with_a_real_worker(tmp_path: Path) 
     """Endpoint down: every run is connect_error; endpoint up + --retry-failed on real `irbench
     worker` processes (deploy.celery_workers): each failed run is called once more, both executions are stored, and
     `status --broker` shows nothing left to retry."""
-    from deploy.celery_workers import CeleryWorkers
+    from tests.support.workers import CeleryWorkers
     from deploy.redis_server import RedisServer
 
     port = free_port()
@@ -148,9 +149,7 @@ def test_retry_failed_on_the_celery_executor_with_a_real_worker(tmp_path: Path) 
         env = {**os.environ, "IRBENCH_BROKER_URL": redis_srv.url, "COLUMNS": "250"}
 
         def celery(*args: str, code: int = 0) -> subprocess.CompletedProcess:
-            out = subprocess.run([*IRBENCH, "run", str(campaign), "--data", str(data), "--executor", "celery",
-                                  "--no-progress", "--no-analyze", *args], capture_output=True, text=True,
-                                 timeout=240, env=env)
+            out = run_cli(["run", str(campaign), "--data", str(data), "--executor", "celery", "--no-progress", "--no-analyze", *args], env=env, timeout_s=240)
             assert out.returncode == code and "Traceback" not in out.stderr, out.stderr
             return out
 
@@ -168,12 +167,10 @@ def test_retry_failed_on_the_celery_executor_with_a_real_worker(tmp_path: Path) 
             executions = store.read_executions(campaigns=["retry-demo"], columns=["outcome"])
             assert sorted(executions.column("outcome").to_pylist()) == ["connect_error"] * planned + ["ok"] * planned
             assert store.count_by_outcome("retry-demo") == {"ok": planned}
-            status = subprocess.run([*IRBENCH, "status", str(campaign), "--data", str(data)], env=env,
-                                    capture_output=True, text=True, timeout=120)
+            status = run_cli(["status", str(campaign), "--data", str(data)], env=env, timeout_s=120)
             assert "retryable" not in status.stdout and f"{planned}/{planned} runs stored" in " ".join(status.stdout.split())
             assert _requests(sim.base_url, "sim-a") == planned
-            live = subprocess.run([*IRBENCH, "status", str(campaign), "--data", str(data), "--broker", redis_srv.url],
-                                  env=env, capture_output=True, text=True, timeout=120)
+            live = run_cli(["status", str(campaign), "--data", str(data), "--broker", redis_srv.url], env=env, timeout_s=120)
             flat = " ".join(live.stdout.split())
             assert live.returncode == 0 and "runs finished in the last 120 s" in flat, live.stdout + live.stderr
             assert re.search(rf"sim-a │ 0 │ {2 * planned} │ [\d.]+ │ 0 │ 0:00:00", flat), flat  # both executions, just now

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.celery_workers import CeleryWorkers
+from tests.support.workers import CeleryWorkers
 from deploy.processes import free_port
 from deploy.redis_server import RedisServer
 from orchestrator.campaign.outcome import ALL_FAILED_EXIT_CODE, SOME_FAILED_EXIT_CODE
@@ -20,6 +20,7 @@ from simulator.config import SimConfig, SimModel
 from simulator.server import RunningSimulator, start_background
 from storage.runs import RunStore
 from tests.support.campaign_files import write_campaign
+from tests.support.cli import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "orchestrator.cli.app"]
@@ -40,8 +41,7 @@ def _campaign(tmp_path: Path, base_url: str, models: list[str]) -> Path:
 
 def _run(campaign: Path, data: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IRBENCH_")}
-    return subprocess.run([*CLI, "run", str(campaign), "--data", str(data), "--no-progress", *extra],
-                          capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    return run_cli(["run", str(campaign), "--data", str(data), "--no-progress", *extra], env=env, cwd=REPO, timeout_s=120)
 
 
 def _outcomes(data: Path) -> dict[str, list[str]]:
@@ -107,8 +107,7 @@ def test_status_does_not_call_an_unknown_models_cancelled_runs_retryable(tmp_pat
     assert _run(campaign, data).returncode == SOME_FAILED_EXIT_CODE
     stored = _outcomes(data)["gone"]
     assert "cancelled" in stored and "not_found" in stored  # closed after its first not_found(s)
-    status = subprocess.run([*CLI, "status", str(campaign), "--data", str(data)], capture_output=True, text=True,
-                            timeout=120, cwd=REPO)
+    status = run_cli(["status", str(campaign), "--data", str(data)], cwd=REPO, timeout_s=120)
     assert status.returncode == 0 and "retryable" not in status.stdout, status.stdout
     calls = sim.app.state.unknown_requests["gone"]
     again = _run(campaign, data, "--retry-failed")  # nothing to retry: no call

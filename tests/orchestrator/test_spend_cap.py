@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.celery_workers import CeleryWorkers
+from tests.support.workers import CeleryWorkers
 from deploy.redis_server import RedisServer
 from orchestrator.campaign.spend_cap import SPEND_CAP_EXIT_CODE
 from simulator.config import SimConfig, SimModel
@@ -24,6 +24,7 @@ from simulator.server import RunningSimulator, start_background
 from storage.runs import RunStore
 from tests.support.campaign_files import write_campaign
 from workers.spend import SPEND_CAP_REASON
+from tests.support.cli import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -50,8 +51,7 @@ def _campaign(tmp_path: Path, base_url: str, cap: str) -> Path:
 
 def _run(campaign: Path, data: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("IRBENCH_")}
-    return subprocess.run([*CLI, "run", str(campaign), "--data", str(data), "--no-progress", *extra],
-                          capture_output=True, text=True, timeout=180, cwd=REPO, env=env)
+    return run_cli(["run", str(campaign), "--data", str(data), "--no-progress", *extra], env=env, cwd=REPO, timeout_s=180)
 
 
 def _executions(data: Path) -> list[dict]:
@@ -119,8 +119,7 @@ def test_local_cap_at_half_stops_there_and_resumes_once_raised(tmp_path: Path, s
 
 def _check_status_json(campaign: Path, data: Path, cap: float) -> None:
     """``status --json`` says what was spent, per model, in total and per wave, and the cap."""
-    proc = subprocess.run([*CLI, "status", str(campaign), "--data", str(data), "--json"], capture_output=True,
-                          text=True, timeout=60, cwd=REPO)
+    proc = run_cli(["status", str(campaign), "--data", str(data), "--json"], cwd=REPO, timeout_s=60)
     assert proc.returncode == 0, proc.stderr
     spend = json.loads(proc.stdout)["spend"]
     rows = _called(_executions(data))

@@ -8,14 +8,14 @@ import sys
 from pathlib import Path
 
 from orchestrator.jobs.artifact_import import import_artifact
+from tests.support.cli import run_cli
 
 IRBENCH = [sys.executable, "-m", "orchestrator.cli.app"]
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _irbench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*IRBENCH, *args], capture_output=True, text=True, timeout=180,
-                          env={**os.environ, "COLUMNS": "200"})
+    return run_cli([*args], env={**os.environ, "COLUMNS": "200"}, timeout_s=180)
 
 
 def test_import_artifact_prints_a_short_table_and_lists_cells_with_v(tmp_path: Path, artifact_dir: Path) -> None:

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from deploy.celery_workers import CeleryWorkers
+from tests.support.workers import CeleryWorkers
 from deploy.redis_server import RedisServer
 from simulator.config import SimModel
 from storage.runs import RunStore
 from tests.support.terminal import with_default_sigint
 from tests.support.distributed import WORKER_ENV, executions_per_run, make_campaign, sim, stats, wait_for
+from tests.support import forked
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -40,10 +41,10 @@ def test_two_orchestrators_count_their_own_runs_and_each_others(tmp_path: Path) 
                 "--executor", "celery", "--broker", srv.url, "--no-progress", "--no-analyze"]
         # a few runs outstanding at a time: the second orchestrator's messages get their turn
         run_env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "IRBENCH_MAX_OUTSTANDING": "4"}
-        procs = [subprocess.Popen([*argv, "--runs-per-message", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        procs = [forked.popen([*argv, "--runs-per-message", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True, cwd=REPO, env=run_env)]
         wait_for(lambda: stats(s.base_url).get(model, {}).get("requests", 0) >= 1, 30, "the first one's calls")
-        procs.append(subprocess.Popen([*argv, "--runs-per-message", "2"], stdout=subprocess.PIPE,
+        procs.append(forked.popen([*argv, "--runs-per-message", "2"], stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, cwd=REPO, env=run_env))
         outs = [p.communicate(timeout=100) for p in procs]
         calls = stats(s.base_url)[model]["requests"]
@@ -76,7 +77,7 @@ def _local_run(campaign: Path, data: Path) -> subprocess.Popen:
     # SIGINT as a terminal gives it: a test sends Ctrl-C, and a backgrounded pytest ignores it
     argv = with_default_sigint([sys.executable, "-m", "orchestrator.cli.app", "run", str(campaign), "--data", str(data),
                                 "--no-progress"])
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    return forked.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                             env=env)
 
 

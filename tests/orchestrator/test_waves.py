@@ -27,6 +27,7 @@ from storage.runs import RunStore
 from storage.wave_selection import WaveSelection
 from storage.waves import list_waves
 from tests.support.distributed import FAST, Cluster, cluster  # noqa: F401  (cluster: a fixture by name)
+from tests.support.cli import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -39,8 +40,7 @@ PLANNED = N_PROMPTS * len(MODELS)
 
 def _irbench(*args: str) -> subprocess.CompletedProcess:
     extra = ["--no-progress"] if args[0] == "run" else []
-    out = subprocess.run([*IRBENCH, *args, *extra], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "COLUMNS": "250"})
+    out = run_cli([*args, *extra], env={**os.environ, "COLUMNS": "250"}, timeout_s=300)
     assert "Traceback" not in out.stderr, out.stderr
     return out
 

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from bench._cluster import write_campaign
-from deploy.celery_workers import CeleryWorkers
+from tests.support.workers import CeleryWorkers
 from deploy.redis_server import RedisServer
 from orchestrator.campaign.prepared import PreparedCampaign
 from orchestrator.distributed.executor import CeleryOptions, CeleryRun, run_campaign_celery

@@ -23,3 +23,10 @@ def with_default_sigint(argv: Sequence[str]) -> list[str]:
     """``argv`` (``argv[0]`` an absolute path, e.g. ``sys.executable``) run through a tiny
     launcher that resets SIGINT to its default before it execs the command."""
     return [sys.executable, "-c", _EXEC_WITH_DEFAULT_SIGINT, *argv]
+
+
+def unwrap_default_sigint(argv: Sequence[str]) -> tuple[list[str], bool]:
+    """The command ``with_default_sigint`` wraps, and whether ``argv`` was so wrapped."""
+    if len(argv) > 3 and list(argv[:3]) == [sys.executable, "-c", _EXEC_WITH_DEFAULT_SIGINT]:
+        return list(argv[3:]), True
+    return list(argv), False

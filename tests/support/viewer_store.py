@@ -33,6 +33,8 @@ from pathlib import Path
 from storage.prompts import PromptStore, PromptText
 from storage.records import Attempt, Outcome, ParseOutcome, RunRecord
 from storage.runs import RunStore
+from tests.support.cli import run_cli
+from tests.support import forked
 
 MODELS = ("org/model-a", "model b&c?", "model-c")
 HOSTILE_SCRIPT = "<script>window.__pwned='script'</script>"
@@ -149,9 +151,7 @@ def write_store(data: Path) -> list[RunRecord]:
 
 def analyze(data: Path, out: Path) -> None:
     """The real ``irbench analyze`` (few replicates) over the store."""
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli.app", "analyze", "--data",
-                           str(data), "--out", str(out), "--replicates", "200"],
-                          capture_output=True, text=True, timeout=300, check=False)
+    proc = run_cli(["analyze", "--data", str(data), "--out", str(out), "--replicates", "200"], timeout_s=300, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
@@ -173,9 +173,7 @@ class ViewerProcess:
 
 def report(data: Path, analysis: Path, out: Path) -> None:
     """The real ``irbench report`` of the store and its analysis."""
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli.app", "report", "--data",
-                           str(data), "--analysis", str(analysis), "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, check=False)
+    proc = run_cli(["report", "--data", str(data), "--analysis", str(analysis), "--out", str(out)], timeout_s=300, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
@@ -187,7 +185,7 @@ def start_viewer(data: Path, analysis: Path | None = None, report_dir: Path | No
         args += ["--analysis", str(analysis)]
     if report_dir is not None:
         args += ["--report", str(report_dir)]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = forked.popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     for line in proc.stdout:  # type: ignore[union-attr]
         seen.append(line)

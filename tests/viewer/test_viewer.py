@@ -8,8 +8,6 @@ figure is computed here from the records (tests/support/viewer_store.py), plus t
 from __future__ import annotations
 
 import datetime as dt
-import subprocess
-import sys
 from urllib.parse import quote
 
 import httpx
@@ -24,6 +22,7 @@ from tests.support.viewer_store import (
     run_id_of, sha_of, start_viewer, write_store,
 )
 from viewer.diff import pair_diff, text_diff
+from tests.support.cli import run_cli
 
 
 @pytest.fixture(scope="module")
@@ -233,9 +232,7 @@ def test_pages_escape_model_output_and_forbid_scripts(viewer) -> None:
 
 
 def test_cli_user_errors_are_one_line(tmp_path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli.app", "view", "--data",
-                           str(tmp_path / "missing")], capture_output=True, text=True,
-                          timeout=60, check=False)
+    proc = run_cli(["view", "--data", str(tmp_path / "missing")], timeout_s=60, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "does not exist" in proc.stderr
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from deploy.celery_workers import CeleryWorkers
+from tests.support.workers import CeleryWorkers
 from deploy.redis_server import RedisServer
 from workers.celery.runtime import WorkerSettings
 from workers.cpu_policy import apply_cpu_policy, current_policy

@@ -10,19 +10,18 @@ header of every hostile exchange, unmasked, reaching no error text: tests/worker
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from orchestrator.campaign.outcome import SOME_FAILED_EXIT_CODE
 from pathlib import Path
 
 import pyarrow.dataset as ds
 import pytest
 
-from deploy.celery_workers import CeleryWorkers
+from tests.support.workers import CeleryWorkers
 from tests.support.campaign_files import write_campaign
 from tests.support.hostile_server import hostile_server
 from deploy.redis_server import RedisServer
 from workers.secrets import SECRET_MARKER
+from tests.support.cli import run_cli
 
 KEY = "sk-echoTEST-5f4e3d2c1b0a99887766"
 REPO = Path(__file__).resolve().parents[2]
@@ -93,11 +92,7 @@ def test_echoed_key_never_stored_local(server, tmp_path: Path) -> None:  # type:
     campaign = _campaign(tmp_path, server.base_url)
     data, log = tmp_path / "data", tmp_path / "irbench.log"
     env = {"PATH": "/usr/bin:/bin", "ECHO_KEY": KEY}
-    proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli.app", "run", str(campaign), "--data", str(data), "--no-progress",
-         "--log-file", str(log), "--verbose"],
-        capture_output=True, text=True, env=env, timeout=120, cwd=REPO,
-    )
+    proc = run_cli(["run", str(campaign), "--data", str(data), "--no-progress", "--log-file", str(log), "--verbose"], env=env, cwd=REPO, timeout_s=120)
     assert proc.returncode == SOME_FAILED_EXIT_CODE, proc.stderr  # some models fail by design
     assert "failed: " in proc.stderr  # the per-model failure lines are searched for the key too
     assert all(r["headers"].get("authorization") == f"Bearer {KEY}" for r in server.received)
@@ -117,11 +112,7 @@ def test_echoed_key_never_stored_distributed(server, tmp_path: Path) -> None:  #
     with RedisServer(aof=True) as srv, CeleryWorkers(srv.url, count=1, concurrency=4,
                                                      env={**WORKER_ENV, "ECHO_KEY": KEY}) as workers:
         env = {"PATH": "/usr/bin:/bin", "ECHO_KEY": KEY}
-        proc = subprocess.run(
-            [sys.executable, "-m", "orchestrator.cli.app", "run", str(campaign), "--data", str(data), "--no-progress",
-             "--executor", "celery", "--broker", srv.url, "--no-analyze", "--log-file", str(log), "--verbose"],
-            capture_output=True, text=True, env=env, timeout=150, cwd=REPO,
-        )
+        proc = run_cli(["run", str(campaign), "--data", str(data), "--no-progress", "--executor", "celery", "--broker", srv.url, "--no-analyze", "--log-file", str(log), "--verbose"], env=env, cwd=REPO, timeout_s=150)
         assert proc.returncode == SOME_FAILED_EXIT_CODE, proc.stderr + workers.logs()  # some models fail by design
         assert "failed: " in proc.stderr  # the per-model failure lines are searched for the key too
         client = redis.Redis.from_url(srv.url)

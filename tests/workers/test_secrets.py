@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
-import sys
 from orchestrator.campaign.outcome import SOME_FAILED_EXIT_CODE
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import structlog
 from simulator.config import load_sim_config
 from simulator.server import start_background
 from workers.logs import REDACTED, Redactor, configure_logging
+from tests.support.cli import run_cli
 
 KEY = "sk-irbenchTEST-9f8e7d6c5b4a39281706"
 WRONG_KEY = "sk-wrongKEY-0123456789abcdefXYZ"
@@ -57,11 +56,7 @@ max_attempts = 1
         env = {"PATH": "/usr/bin:/bin", "IRBENCH_TEST_KEY": KEY, "IRBENCH_WRONG_KEY": WRONG_KEY}
         log = tmp_path / "irbench.log"
         data = tmp_path / "data"
-        proc = subprocess.run(
-            [sys.executable, "-m", "orchestrator.cli.app", "run", str(campaign), "--data", str(data),
-             "--no-progress", "--log-file", str(log), "--verbose"],
-            capture_output=True, text=True, env=env, timeout=120,
-        )
+        proc = run_cli(["run", str(campaign), "--data", str(data), "--no-progress", "--log-file", str(log), "--verbose"], env=env, timeout_s=120)
         assert proc.returncode == SOME_FAILED_EXIT_CODE, proc.stderr  # some models fail by design
         assert "failed: " in proc.stderr  # the per-model failure lines are searched for the key too
     table = ds.dataset(data / "runs", format="parquet", partitioning="hive").to_table()

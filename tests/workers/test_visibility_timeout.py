@@ -13,7 +13,7 @@ import pytest
 
 import redis
 
-from deploy.celery_workers import CeleryWorkers
+from tests.support.workers import CeleryWorkers
 from deploy.redis_server import RedisServer
 from orchestrator.distributed.executor import CeleryRun, run_campaign_celery
 from orchestrator.distributed.options import CeleryOptions
