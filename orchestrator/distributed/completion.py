@@ -118,7 +118,10 @@ class CompletionTracker:
 
     def _refresh(self) -> None:
         """One store look: the new rows' runs are stored (a retried run: by a newer execution)
-        and so done; the runs out among them are out no more."""
+        and so done; the runs out among them are out no more. A ``worker_died`` row (a killed
+        worker's call in flight, stored by its spool's recovery) is an execution for the
+        summary but settles nothing: its run has no done marker, stays pending and out, and the
+        reconciler sends it again when its claim expires (``max_task_failures`` makes it poison)."""
         table = self.cursor.refresh()
         if table is None or table.num_rows == 0:
             return
@@ -131,12 +134,13 @@ class CompletionTracker:
             eids = table.column("execution_id").to_pylist()
             for row in np.flatnonzero(retried).tolist():
                 counts[row] = eids[row] != self.again[int(index[row])]
-        self.stored.add(index[counts])
-        self.announce(index[counts])
         self.tally.add(index[counts], table.filter(pa.array(counts)))
+        settles = counts & (_column(table, "outcome") != Outcome.WORKER_DIED.value)
+        self.stored.add(index[settles])
+        self.announce(index[settles])
         plan = self._ctx.plan
-        for rid, counted in zip(table.column("run_id").to_pylist(), counts.tolist()):
-            if counted:
+        for rid, settled in zip(table.column("run_id").to_pylist(), settles.tolist()):
+            if settled:
                 plan.settled(rid)
 
     def check(self) -> bool:

@@ -20,6 +20,7 @@ from orchestrator.campaign.spec import load_campaign
 from orchestrator.distributed.campaign import Bundle, DistributedCampaign
 from orchestrator.distributed.executor import _cancelled_records
 from orchestrator.distributed.options import CeleryOptions
+from storage.outcomes import Outcome
 from storage.runs import RunStore
 from tests.support.campaign_files import write_campaign
 from workers.celery.app import make_celery_app
@@ -95,7 +96,9 @@ def test_a_resume_skips_what_is_stored_and_what_redis_has_out(tmp_path: Path, mo
     """Runs 0-99 stored, 100-159 queued by an earlier orchestrator at the start, 150-159 of them
     done before the window reaches them: the first window is runs 160-409 (the 50 still queued
     take their room), the done ones are announced (the store is to confirm them), the others are
-    out."""
+    out. Then a store look finds run 200 stored and run 201 as ``worker_died`` (a killed
+    worker's spool recovered): 200 is settled, 201 stays pending and out, for the reconciler to
+    send again once its claim expires."""
     prepared = prepare(load_campaign(_campaign(tmp_path)))
     plan = prepared.tasks
     assert isinstance(plan, LazyPlan)
@@ -113,15 +116,23 @@ def test_a_resume_skips_what_is_stored_and_what_redis_has_out(tmp_path: Path, mo
 
             built = _counting(monkeypatch)
             camp, sent, _ = _started(prepared, client, srv.url, store, finish)
-            queued = set(state.queued.dispatched_at())
+            queued, built_by_window = set(state.queued.dispatched_at()), built[0]
+            pending_before, unverified = camp.completion.pending_count, camp.completion.unverified().tolist()
+            died = _cancelled_records([plan.task(201)], "died")[0].model_copy(update={"outcome": Outcome.WORKER_DIED})
+            store.write([*_cancelled_records([plan.task(200)], "stored since"), died])
+            camp.completion.check()
         finally:
             client.close()
-    assert sent == WINDOW - 50 and built[0] == 60 + sent, (sent, built[0])
+    assert sent == WINDOW - 50 and built_by_window == 60 + sent, (sent, built_by_window)
     assert queued == {plan.run_id(i) for i in [*range(100, 150), *range(160, 410)]}
     tracker = camp.completion
-    assert tracker.pending_count == len(plan) - 100 - 10
-    assert tracker.unverified().tolist() == list(range(150, 160))  # done per Redis, not stored: verified later
+    assert pending_before == len(plan) - 100 - 10
+    assert unverified == list(range(150, 160))  # done per Redis, not stored: verified later
     assert all(plan.run_id(i) in camp.ctx.plan.inflight for i in range(100, 150))
+    assert tracker.pending_count == pending_before - 1
+    assert not tracker.is_pending(200) and plan.run_id(200) not in camp.ctx.plan.inflight
+    assert camp.dispatcher.pending_out([plan.run_id(200), plan.run_id(201)]) == [201]
+    assert tracker.executed() == (2, {plan.model_of(200): {"cancelled": 1}, plan.model_of(201): {"worker_died": 1}})
 
 
 def test_the_tally_keeps_the_execution_that_finished_last() -> None:
