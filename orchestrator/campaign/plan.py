@@ -197,6 +197,10 @@ class LazyPlan(Sequence[RunTask]):
     def __iter__(self) -> Iterator[RunTask]:
         return (self.task(i) for i in range(len(self)))
 
+    def spend_capped(self) -> bool:
+        """Whether a spend cap covers any run of the plan (the campaign's or one model's)."""
+        return any(m.fields["spend_capped"] for m in self._models)
+
     def planned_by_model(self) -> dict[str, int]:
         """Runs planned per model (spec order)."""
         return {m: self.per_model for m in self.models}

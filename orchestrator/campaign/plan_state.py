@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -90,7 +91,13 @@ def latest_runs(plan: LazyPlan, store: RunStore, *, skip_corrupt: bool = False) 
     return LatestRuns(found[keep][order], outcomes[order], tuple(skipped))
 
 
-def retryable_mask(plan: LazyPlan, latest: LatestRuns, outcomes: frozenset[Outcome]) -> np.ndarray:
+class ModelPositions(Protocol):
+    """A plan that says which model (spec position) each plan index is of (``LazyPlan`` does)."""
+
+    def model_positions(self, indices: np.ndarray) -> np.ndarray: ...
+
+
+def retryable_mask(plan: ModelPositions, latest: LatestRuns, outcomes: frozenset[Outcome]) -> np.ndarray:
     """Which of ``latest``'s runs ended in ``outcomes``; a ``cancelled`` run of a model that
     another run shows closed (``CLOSES_MODEL``, a class not in ``outcomes``) is left out: retrying
     it would meet the same wall (``orchestrator.campaign.retry.retryable_tasks``, on indices)."""

@@ -49,6 +49,25 @@ class RunBitmap:
             raise IndexError(f"index outside [0, {self.size})")
         np.bitwise_or.at(self._words, idx >> 3, (np.uint8(1) << (idx & 7).astype(np.uint8)))
 
+    def discard(self, indices: np.ndarray) -> None:
+        """Clear the bits of ``indices`` (any order, repeats allowed; each in ``[0, size)``)."""
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.size == 0:
+            return
+        if idx.min() < 0 or idx.max() >= self.size:
+            raise IndexError(f"index outside [0, {self.size})")
+        np.bitwise_and.at(self._words, idx >> 3, ~(np.uint8(1) << (idx & 7).astype(np.uint8)))
+
+    def test(self, indices: np.ndarray) -> np.ndarray:
+        """Whether each of ``indices`` is set (a bool array; each index in ``[0, size)``)."""
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.size == 0:
+            return np.zeros(0, dtype=bool)
+        return ((self._words[idx >> 3] >> (idx & 7).astype(np.uint8)) & 1).astype(bool)
+
+    def copy(self) -> RunBitmap:
+        return RunBitmap(self.size, self._words.copy())
+
     def __contains__(self, i: object) -> bool:
         if not isinstance(i, (int, np.integer)) or not 0 <= i < self.size:
             return False

@@ -1,4 +1,5 @@
-"""The Celery executor: dispatch, completion, reconcile, progress, publishing and message sizing, the store cursor, worker checks."""
+"""The Celery executor: the plan by index, dispatch, completion, reconcile, progress, publishing and message sizing,
+the store cursor and the per-run tally, worker checks."""
 
 __all__ = [
     "bucket_follower",
@@ -6,9 +7,12 @@ __all__ = [
     "completion",
     "context",
     "dispatcher",
+    "executed_tally",
     "executor",
+    "known_runs",
     "message_size",
     "options",
+    "plan_view",
     "progress",
     "publisher",
     "reconciler",

@@ -30,12 +30,12 @@ import structlog
 from celery import Celery
 
 from orchestrator.campaign.prepared import PreparedCampaign
-from orchestrator.campaign.plan import planned_models
 from orchestrator.distributed.completion import CompletionTracker
 from orchestrator.distributed.context import CampaignContext
 from orchestrator.distributed.dispatcher import Dispatcher, RecordsFor
 from orchestrator.distributed.message_size import MessageSizer
 from orchestrator.distributed.options import CeleryOptions
+from orchestrator.distributed.plan_view import PlanView
 from orchestrator.distributed.progress import CeleryModelProgress, CeleryProgressCallback, ProgressView
 from orchestrator.distributed.publisher import Publisher
 from orchestrator.distributed.reconciler import Reconciler
@@ -82,11 +82,11 @@ class DistributedCampaign:
     retry_outcomes: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
-        b, tasks = self.bundle, self.prepared.tasks
+        b, plan = self.bundle, PlanView(self.prepared.tasks)
         self.campaign = self.prepared.spec.name
-        self.ctx = CampaignContext(self.campaign, CampaignState(b.redis, self.campaign), {t.run_id: t for t in tasks},
+        self.ctx = CampaignContext(self.campaign, CampaignState(b.redis, self.campaign), plan,
                                    self.options, b.clock, b.sleep)
-        self.planned = planned_models(tasks)  # from the axes: no second pass over the tasks
+        self.planned = plan.planned()  # from the axes: no pass over the tasks
         sizer = MessageSizer(lambda: read_presence(b.redis), self.options.queue, b.clock)
         self.publisher = Publisher(self.ctx, b.broker, b.store_url or str(b.store.root), sizer)
         self.completion = CompletionTracker(self.ctx, b.store, self.publisher, self.retry_outcomes, b.follow_store)
@@ -106,8 +106,8 @@ class DistributedCampaign:
         self.completion.reopen_retried()
         self.reconciler.start()
         self.dispatcher.start()
-        log.info("celery_campaign_start", campaign=self.campaign, planned=len(self.ctx.by_id),
-                 pending=len(self.completion.pending), to_send=len(self.dispatcher.to_send))
+        log.info("celery_campaign_start", campaign=self.campaign, planned=len(self.ctx.plan),
+                 pending=self.completion.pending_count, known=len(self.dispatcher.known))
 
     def run(self, timeout_s: float | None = None) -> ExecutionSummary:
         """Drive the campaign until every planned run is stored (or ``timeout_s`` passes:

@@ -1,15 +1,16 @@
-"""What every collaborator of one distributed campaign shares: its Redis state, its plan, its
-options, the clock, and Redis calls retried until the campaign's deadline."""
+"""What every collaborator of one distributed campaign shares: its Redis state, its plan (by
+index, ``plan_view.PlanView``), its options, the clock, and Redis calls retried until the
+campaign's deadline."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 import uuid
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from orchestrator.distributed.options import CeleryOptions
-from workers.runtask import RunTask
+from orchestrator.distributed.plan_view import PlanView
 from workers.state.campaign_state import CampaignState
 from workers.state.redis_retry import with_retry
 
@@ -18,13 +19,13 @@ T = TypeVar("T")
 
 @dataclass
 class CampaignContext:
-    """``state``: the campaign's Redis state; ``by_id``: run_id -> planned task (read only);
+    """``state``: the campaign's Redis state; ``plan``: the planned runs by index and those out;
     ``clock``/``sleep``: monotonic seconds and the sleep on them; ``deadline``: the clock
     reading past which Redis calls stop retrying (None: retry forever), set when a run starts."""
 
     campaign: str
     state: CampaignState
-    by_id: Mapping[str, RunTask]
+    plan: PlanView
     options: CeleryOptions
     clock: Callable[[], float]
     sleep: Callable[[float], None]

@@ -189,7 +189,7 @@ def run_campaign_celery(prepared: PreparedCampaign, store: RunStore, broker_url:
                                   budget_s=budget) if options.honour_availability else {})
         run = DistributedCampaign(prepared, bundle, options, _cancelled_records, unavailable, run_as.on_progress,
                                   frozenset(o.value for o in run_as.retry_outcomes))
-        with tuned_collector(options.gc_young_threshold):  # the plan lives as long as the campaign
+        with tuned_collector(options.gc_young_threshold):  # the windows' tasks die young: few collections
             summary = run.run(timeout_s)
         if any(p.outcomes.get(Outcome.RETIRED.value) for p in run.progress.values()):
             _record_retirements(campaign, store, set())  # reads the store: only when a 410 happened

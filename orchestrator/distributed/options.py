@@ -51,7 +51,7 @@ class CeleryOptions:
     with a countdown travel alone. ``visibility_timeout_s``: the broker's redelivery horizon of an
     unacknowledged message; it must cover a whole message (``workers.celery.app``), and workers
     read the same variable; a redelivery inside it is harmless anyway. ``gc_young_threshold``:
-    while the campaign runs, the orchestrator's heap (the plan: every run's task) is frozen and
+    while the campaign runs, the orchestrator's heap (what the imports and the start left) is frozen and
     its young generation collected every this many allocations (``workers.gc_policy``, as the
     workers do; 0 leaves the collector alone).
     """

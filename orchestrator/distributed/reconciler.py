@@ -3,7 +3,8 @@
 Every ``reconcile_interval_s`` the reconciler re-sends a running run whose claim expired (its
 worker died or stalled past ``claim_ttl_s``: recovery within ~claim TTL + interval) and a
 queued run the broker has lost (a Redis restart); after a Redis restart (its ``run_id``
-changed) it re-sends every pending run Redis does not know. A run that failed
+changed) it re-sends every pending run it has out that Redis does not know (the runs Redis knew
+at start and the window has not reached yet are sent when it does). A run that failed
 ``max_task_failures`` times is poison (``Dispatcher.drop_poisoned``), never sent again.
 """
 
@@ -61,11 +62,11 @@ class Reconciler:
         if server == self._server:
             return 0
         self._server = server
-        pending = self._tracker.pending
-        known = ctx.call(lambda: ctx.state.known(pending), "reading the campaign state")
+        out = {rid: i for rid, i in ctx.plan.inflight.items() if self._tracker.is_pending(i)}
+        known = ctx.call(lambda: ctx.state.known(out), "reading the campaign state")
         self._tracker.restart_log()
-        sending = {t.run_id for t in self._dispatcher.to_send}
-        lost = [t for rid, t in pending.items() if rid not in known and rid not in sending]
+        self._dispatcher.forget_known()
+        lost = ctx.plan.out(i for rid, i in out.items() if rid not in known)
         self._publisher.resend(lost, "redis_restart")
         return len(lost)
 
@@ -75,7 +76,7 @@ class Reconciler:
         if not running:
             return 0
         dead = ctx.call(lambda: ctx.state.claims.lost(running), "finding dead claims")
-        tasks = self._dispatcher.drop_poisoned([ctx.by_id[r] for r in dead if r in self._tracker.pending])
+        tasks = self._dispatcher.drop_poisoned(self._dispatcher.pending_out(dead))
         self._publisher.resend(tasks, "claim_expired")
         return len(tasks)
 
@@ -86,14 +87,15 @@ class Reconciler:
             return 0
         now_r = ctx.call(ctx.state.now_s, "reading the Redis clock")
         ttl = ctx.options.claim_ttl_s
-        old = {r: s for r, s in queued.items() if s < now_r - ttl and r in self._tracker.pending}
+        out = self._dispatcher.pending_out([r for r, s in queued.items() if s < now_r - ttl])
+        old = {rid: queued[rid] for rid in (ctx.plan.run_id(i) for i in out)}
         if not old:
             return 0
         client, queue = self._broker_redis, ctx.options.queue
         waiting = ctx.call(lambda: waiting_ids(client, queue), "listing the broker queue")
         unacked = ctx.call(lambda: unacked_ids(client), "listing unacknowledged messages")
         # in a worker's hands but never claimed for 3 TTLs: that worker is gone (its prefetch)
-        lost = [ctx.by_id[r] for r, s in old.items()
-                if r not in waiting and (r not in unacked or s < now_r - 3 * ttl)]
+        lost = ctx.plan.out(ctx.plan.inflight[r] for r, s in old.items()
+                            if r not in waiting and (r not in unacked or s < now_r - 3 * ttl))
         self._publisher.resend(lost, "missing_from_broker")
         return len(lost)

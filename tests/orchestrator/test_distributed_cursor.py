@@ -49,7 +49,7 @@ def test_the_cursor_reads_the_store_while_runs_are_pending(cluster: str, tmp_pat
 
         def sleep(s: float) -> None:
             assert camp is not None
-            looks.append((len(camp.completion.pending), camp.completion.cursor.files_read))
+            looks.append((camp.completion.pending_count, camp.completion.cursor.files_read))
             time.sleep(s)
 
         bundle = Bundle(redis=client, broker=make_celery_app(cluster), store=store, clock=time.monotonic, sleep=sleep)
