@@ -10,6 +10,8 @@ from urllib.parse import quote
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+from analysis.waves.served import served_text
+
 CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
        "form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
 SECURITY_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
@@ -73,4 +75,5 @@ def environment() -> Environment:
     env.filters["fmt"] = fmt
     env.filters["ts"] = ts
     env.globals["LEGEND"] = LEGEND
+    env.globals["served_text"] = served_text
     return env

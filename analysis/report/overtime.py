@@ -22,12 +22,10 @@ from analysis.report.plots import OKABE_ITO, PlotStyle, _fontsize, _new_figure, 
 from analysis.report.tables import fmt_interval, fmt_num, fmt_p
 from analysis.waves.compare import CampaignWaves, WaveSide, compare_waves
 from analysis.waves.options import WaveOptions
+from analysis.waves.pairs import WAVE_COLUMNS
+from analysis.waves.served import served_text
 
 __all__ = ["CampaignOverTime", "load_over_time", "over_time_blocks", "wave_sides"]
-
-_COLUMNS = ("campaign", "model", "prompt_sha256", "run_id", "parse_outcome", "ir_json", "node_ids",
-            "wave", "panel", "budget_max_tokens", "outcome", "served_model", "system_fingerprint")
-
 
 @dataclass(frozen=True)
 class CampaignOverTime:
@@ -63,7 +61,7 @@ def load_over_time(data_dir: Path | None, options: WaveOptions | None = None) ->
 
     options = options or WaveOptions()
     store = RunStore(Path(data_dir), fsync=False)
-    columns = [c for c in _COLUMNS if c in store.dataset.spec.schema.names]
+    columns = [c for c in WAVE_COLUMNS if c in store.dataset.spec.schema.names]
     out = []
     for campaign, held in sorted(waves_of(Path(data_dir)).items()):
         numbers = tuple(sorted(w.wave for w in held))
@@ -132,19 +130,21 @@ def _revisions_table(c: CampaignOverTime) -> Table:
     for comp in c.comparisons:
         for m in comp.models:
             eff, iv = m.test.effect, m.test.effect_interval
-            served = {None: "unknown", True: "changed", False: "same"}[m.served_identity_changed]
             rows.append((Cell(m.model, m.model), Cell(f"{comp.from_wave} → {comp.to_wave}", comp.to_wave),
                          Cell("yes" if m.changed else "no"), Cell(fmt_p(m.test.p_value), m.test.p_value),
                          Cell(fmt_p(m.q_value), m.q_value),
                          Cell("—" if eff is None else f"{eff:+.3f}" + (
                              "" if iv is None else f" [{iv.low:+.3f}, {iv.high:+.3f}]"), eff),
-                         Cell(served)))
+                         Cell(served_text(m.served))))
             marks.append(m.changed)
     alpha = c.comparisons[0].alpha
     return Table(("model", "waves", "revised", "p", "q (BH)", "Jaccard change [interval]",
                   "served identity"), tuple(rows), table_id=f"over-time-revisions-{c.campaign}",
                  caption=f"Revision test per model and wave pair; revised at BH q ≤ {alpha:g} "
-                         "(irbench waves); highlighted rows are flagged.", highlight=tuple(marks))
+                         "(irbench waves); highlighted rows are flagged. Served identity: what the "
+                         "provider said answered (model name, fingerprint, digest) where it changed "
+                         "between the waves; unknown when a wave's rows name none.",
+                 highlight=tuple(marks))
 
 
 def _retirements(c: CampaignOverTime) -> Block:

@@ -31,6 +31,7 @@ from analysis.stats.ranks import min_ranks
 from analysis.waves.fdr import bh_qvalues
 from analysis.waves.mmd import DrawSettings, WaveRuns, WaveTest, wave_test
 from analysis.waves.options import WaveOptions
+from analysis.waves.served import ServedColumn, served_changed, served_columns
 from storage.outcomes import Outcome, succeeded_mask
 
 __all__ = ["REQUIRED_COLUMNS", "WaveSide", "ModelWaves", "CampaignWaves", "WaveComparison",
@@ -57,8 +58,9 @@ class WaveSide:
 @dataclass(frozen=True)
 class ModelWaves:
     """One model's comparison. ``changed``: q ≤ alpha; ``rank_change``: to-rank − from-rank
-    (positive = fell behind); ``served_identity_changed``: None when no served-identity column
-    has values in both waves; ``availability``: what the availability dataset says around the
+    (positive = fell behind); ``served``: each served-identity column holding values in either
+    wave; ``served_identity_changed``: a column with values in both waves differs between them
+    (None when no column has values in both); ``availability``: what the availability dataset says around the
     waves (None until :meth:`WaveComparison.with_availability` attaches it)."""
 
     model: str
@@ -69,6 +71,7 @@ class ModelWaves:
     to_side: WaveSide
     rank_change: int | None
     served_identity_changed: bool | None
+    served: tuple[ServedColumn, ...] = ()
     availability: AvailabilityChange | None = None
 
     @property
@@ -117,7 +120,8 @@ def _campaign_json(c: CampaignWaves) -> dict[str, object]:
     models = [{
         "model": m.model, "changed": m.changed, "p_value": m.test.p_value, "q_value": m.q_value,
         "effect": m.test.effect, "effect_interval": _interval(m.test.effect_interval),
-        "served_identity_changed": m.served_identity_changed, "p_mmd": m.test.p_mmd,
+        "served_identity_changed": m.served_identity_changed,
+        "served_identity": [s.to_json() for s in m.served], "p_mmd": m.test.p_mmd,
         "p_jaccard": m.test.p_jaccard, "p_shared": m.test.p_shared, "mmd": m.test.mmd,
         "prompts": m.test.prompts,
         "prompts_skipped": m.test.prompts_skipped, "permutations": m.test.permutations,
@@ -175,18 +179,6 @@ def _select(table: pa.Table, waves: tuple[int, int], options: WaveOptions) -> _R
                 if c in table.column_names})
 
 
-def _served_changed(rows: _Rows, idx: list[int], waves: tuple[int, int]) -> bool | None:
-    """Distinct non-null values of each served-identity column differ between the waves; None
-    when no column has values in both waves."""
-    verdict: bool | None = None
-    for values in rows.served.values():
-        seen = [{values[i] for i in idx if rows.wave[i] == w and values[i] is not None}
-                for w in waves]
-        if seen[0] and seen[1]:
-            verdict = bool(verdict) or seen[0] != seen[1]
-    return verdict
-
-
 def _model_runs(rows: _Rows, idx: list[int], waves: tuple[int, int]) -> WaveRuns:
     sets: dict[str, tuple[list[frozenset[str]], list[frozenset[str]]]] = defaultdict(lambda: ([], []))
     for i in idx:
@@ -239,12 +231,13 @@ def _campaign(rows: _Rows, idx: list[int], waves: tuple[int, int],
     models = []
     for k, m in enumerate(names):
         rf, rt = r_from[k], r_to[k]
+        served = served_columns(rows.served, by_model[m], rows.wave, waves)
         models.append(ModelWaves(
             model=m, test=tests[k], q_value=q_of.get(k), changed=q_of.get(k, 1.0) <= options.alpha,
             from_side=_side(rows, by_model[m], waves[0], tests[k].jaccard_a, rf),
             to_side=_side(rows, by_model[m], waves[1], tests[k].jaccard_b, rt),
             rank_change=None if rf is None or rt is None else rt - rf,
-            served_identity_changed=_served_changed(rows, by_model[m], waves)))
+            served_identity_changed=served_changed(served), served=served))
     return CampaignWaves(campaign=campaign, from_wave=waves[0], to_wave=waves[1],
                          alpha=options.alpha, models=tuple(models))
 

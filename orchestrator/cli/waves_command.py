@@ -16,10 +16,12 @@ import typer
 
 from orchestrator.cli.data_option import store_root
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from analysis.waves.options import WaveOptions
 from analysis.waves.pairs import OneWaveError, WavePair, pair_of
+from analysis.waves.served import served_text
 from orchestrator.cli.user_errors import fail
 from workers.errors import ConfigError, IrbenchError
 
@@ -74,7 +76,7 @@ def _table(c: CampaignWaves) -> Table:
         def side(s) -> str:
             return "—" if s.jaccard is None else f"{s.jaccard.point:.3f} ({s.rank})"
 
-        served = {None: "unknown", True: "changed", False: "same"}[m.served_identity_changed]
+        served = escape(served_text(m.served))  # the endpoint's text: never read as markup
         retired = f"{m.from_side.runs_retired} -> {m.to_side.runs_retired}" + (
             " [bold red]retired[/]" if m.newly_retired else "")
         t.add_row(m.model, "[bold red]yes[/]" if m.changed else "no",

@@ -1,5 +1,6 @@
 """The report's "Over time" section on a two-wave store with known ground truth: one model
-revised between the waves (simulated with a higher rename rate), one unchanged."""
+revised between the waves (simulated with a higher rename rate, and served under a new digest),
+one unchanged (the same digest and fingerprint in both waves)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from analysis.report.doc import Table
 from analysis.report.overtime import load_over_time, over_time_blocks, wave_sides
 from analysis.waves.options import WaveOptions
 from simulator.config import SimModel
@@ -18,6 +20,7 @@ from storage.waves import record_wave
 from tests.support.run_records import make_record
 
 UTC = dt.timezone.utc
+DIGEST = {("revised", 1): "1" * 64, ("revised", 2): "2" * 64, ("steady", 1): "5" * 64, ("steady", 2): "5" * 64}
 
 
 def _store(root: Path) -> None:
@@ -33,7 +36,8 @@ def _store(root: Path) -> None:
                     records.append(make_record(
                         i, model=model, campaign="c", run_id=f"{model}-{wave}-{p}-{r}", wave=wave,
                         prompt_sha256=f"{p:064x}", run_index=r, parse_outcome=ParseOutcome.OK,
-                        ir_json="{}", node_ids=sorted(ids)))
+                        ir_json="{}", node_ids=sorted(ids), served_model=model,
+                        system_fingerprint="fp_1", served_digest=DIGEST[model, wave]))
                     i += 1
     RunStore(root).write(records)
     record_wave(root, "c", 2, "later", dt.datetime(2026, 4, 1, tzinfo=UTC))
@@ -50,7 +54,11 @@ def test_over_time_flags_the_revised_model_only_and_renders(tmp_path: Path) -> N
     assert set(sides) == {"revised", "steady"} and set(sides["revised"]) == {1, 2}
     j1, j2 = sides["revised"][1].jaccard, sides["revised"][2].jaccard
     assert j1 is not None and j2 is not None and j2.point < j1.point  # renames lower the overlap
-    assert over_time_blocks([camp])  # the section has content (plot, ranks, revisions)
+    assert {m.model: m.served_identity_changed for m in comparison.models} == {"revised": True, "steady": False}
+    blocks = over_time_blocks([camp])
+    (revisions,) = [b for b in blocks if isinstance(b, Table) and b.table_id == "over-time-revisions-c"]
+    served = {row[0].text: row[revisions.columns.index("served identity")].text for row in revisions.rows}
+    assert served == {"revised": f"served_digest: {'1' * 64} → {'2' * 64}", "steady": "same"}
 
 
 def test_a_single_wave_store_has_no_over_time_section(tmp_path: Path) -> None:

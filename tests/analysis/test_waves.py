@@ -162,6 +162,59 @@ def test_rows_without_wave_or_served_identity_columns_are_wave_one_and_unknown()
     assert m["from"]["runs_ok"] == 9 and m["to"]["runs_total"] == 0
 
 
+def _identity_rows(model: str, digests: list[list[str | None]]) -> pa.Table:
+    """Two prompts x two runs of ``model`` per wave; ``digests[w]``: the served_digest of wave
+    w+1's four rows; every row has the same node set and no other served-identity value."""
+    rows = [{"campaign": "c", "model": model, "prompt_sha256": f"sha{k % 2}",
+             "run_id": f"{model}-{k}", "parse_outcome": "ok", "ir_json": "{}", "node_ids": ["a", "b"],
+             "wave": w + 1, "served_model": None, "served_digest": d, "outcome": "ok"}
+            for w, wave in enumerate(digests) for k, d in enumerate(wave)]
+    return pa.Table.from_pylist(rows, schema=pa.schema([
+        ("campaign", pa.string()), ("model", pa.string()), ("prompt_sha256", pa.string()),
+        ("run_id", pa.string()), ("parse_outcome", pa.string()), ("ir_json", pa.string()),
+        ("node_ids", pa.list_(pa.string())), ("wave", pa.int64()), ("served_model", pa.string()),
+        ("served_digest", pa.string()), ("outcome", pa.string())]))
+
+
+def test_a_digest_change_is_flagged_and_a_missing_identity_is_no_change():
+    from analysis.waves.served import served_text
+
+    d1, d2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    table = pa.concat_tables([
+        _identity_rows("revised", [[d1] * 4, [d2] * 4]),
+        _identity_rows("steady", [[d1] * 4, [d1] * 4]),
+        _identity_rows("older", [[None] * 4, [d2] * 4]),  # wave 1 predates the column
+        _identity_rows("patchy", [[d1, None, d1, d1], [None, d1, None, d1]]),  # some answers name none
+        _identity_rows("silent", [[None] * 4, [None] * 4]),  # a provider that names nothing
+        _identity_rows("midwave", [[d1] * 4, [d1, d2, d2, d2]]),  # re-pulled during wave 2
+    ])
+    out = compare_waves(table, 1, 2, WaveOptions(permutations=19, bootstrap_replicates=100))
+    (camp,) = out.campaigns
+    by = {m.model: m for m in camp.models}
+    verdict = {name: m.served_identity_changed for name, m in by.items()}
+    assert verdict == {"revised": True, "steady": False, "older": None, "patchy": False,
+                       "silent": None, "midwave": True}
+    (col,) = by["revised"].served
+    assert (col.column, col.from_values, col.to_values, col.changed) == ("served_digest", (d1,), (d2,), True)
+    assert by["silent"].served == ()  # served_model is all null: no column to show
+    assert served_text(by["revised"].served) == f"served_digest: {d1} → {d2}"
+    assert served_text(by["midwave"].served) == f"served_digest: {d1} → {d1}, {d2}"
+    assert [served_text(by[m].served) for m in ("steady", "older", "silent")] == ["same", "unknown", "unknown"]
+    doc = {m["model"]: m for m in json.loads(out.to_json())["campaigns"][0]["models"]}
+    assert doc["older"]["served_identity_changed"] is None
+    assert doc["older"]["served_identity"] == [{"column": "served_digest", "from": [], "to": [d2],
+                                                "from_distinct": 0, "to_distinct": 1, "changed": None}]
+
+
+def test_an_endpoint_naming_a_new_version_per_answer_keeps_three_values():
+    from analysis.waves.served import served_columns, served_text
+
+    values: list[object] = [f"v{k:02d}" for k in range(40)]
+    (col,) = served_columns({"served_model": values}, range(40), [1] * 20 + [2] * 20, (1, 2))
+    assert col.from_values == ("v00", "v01", "v02") and (col.from_distinct, col.to_distinct) == (20, 20)
+    assert served_text([col]) == "served_model: v00, v01, v02 (+17 more) → v20, v21, v22 (+17 more)"
+
+
 # ---------------------------------------------------------------- known truth (reduced)
 
 BASE = SimModel(drop_prob=0.1, rename_prob=0.05, add_rate=0.5)

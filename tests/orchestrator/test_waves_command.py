@@ -1,6 +1,7 @@
 """`irbench waves` on a real store: two waves measured against the simulator, one model revised
-between them (it drops nodes) and one left alone; the comparison flags the revised model only,
-names the served-identity change, and bad input (one wave, an unfinished wave, a wave not held)
+between them (it drops nodes, and Ollama's /api/tags lists a new digest for it) and one left alone
+(the same OpenAI fingerprint); the comparison flags the revised model only, names the
+served-identity change, and bad input (one wave, an unfinished wave, a wave not held)
 is one line with exit 2."""
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ pytestmark = pytest.mark.slow
 PROMPTS = Path(__file__).resolve().parents[2] / "examples" / "prompts"
 
 
-def _campaign(tmp_path: Path, port: int) -> Path:
+def _campaign(tmp_path: Path, port: int, revised_endpoint: str = "sim") -> Path:
     path = tmp_path / "wc.toml"
     path.write_text(f'name = "wc"\nruns = 3\n[corpus]\npaths = ["{PROMPTS}"]\n'
                     f'[endpoints.sim]\nbase_url = "http://127.0.0.1:{port}"\n'
+                    f'[endpoints.simo]\nbase_url = "http://127.0.0.1:{port}"\nwire_format = "ollama"\n'
                     '[defaults]\nconnect_timeout_s = 2\ntotal_timeout_s = 20\n'
-                    '[models.steady]\nendpoint = "sim"\n[models.revised]\nendpoint = "sim"\n')
+                    f'[models.steady]\nendpoint = "sim"\n[models.revised]\nendpoint = "{revised_endpoint}"\n')
     return path
 
 
@@ -42,8 +44,8 @@ def _one_error(out: subprocess.CompletedProcess, says: str) -> None:
 @pytest.mark.timeout(240)
 def test_waves_flags_the_revised_model_and_not_the_steady_one(tmp_path: Path) -> None:
     port, data = free_port(), str(tmp_path / "data")
-    campaign = str(_campaign(tmp_path, port))
-    before = SimModel(drop_prob=0.15, add_rate=0.3, system_fingerprint="fp_1")
+    campaign = str(_campaign(tmp_path, port, revised_endpoint="simo"))  # revised: Ollama's wire
+    before = SimModel(drop_prob=0.15, add_rate=0.3, served_digest="1" * 64)
     with start_background(_sim(1, before), port=port):
         assert run_irbench("run", campaign, "--data", data, "--no-progress").returncode == 0
     _one_error(run_irbench("waves", "--data", data, "--campaign", "wc"), "has one wave")
@@ -51,7 +53,7 @@ def test_waves_flags_the_revised_model_and_not_the_steady_one(tmp_path: Path) ->
     _one_error(run_irbench("waves", "--data", data, "--alpha", "2"), "--alpha: Input should be less than 1")
 
     # re-seeded simulator (new noise for both), and the revised model now drops many more nodes
-    after = SimModel(drop_prob=0.6, add_rate=0.3, system_fingerprint="fp_2")
+    after = SimModel(drop_prob=0.6, add_rate=0.3, served_digest="2" * 64)  # re-pulled under its name
     with start_background(_sim(2, after), port=port):
         new = run_irbench("run", campaign, "--data", data, "--new-wave", "--no-progress")
         assert new.returncode == 0, new.stderr
@@ -63,9 +65,15 @@ def test_waves_flags_the_revised_model_and_not_the_steady_one(tmp_path: Path) ->
     assert models["revised"]["changed"] and models["revised"]["q_value"] <= 0.05
     assert models["revised"]["effect"] < -0.1 and models["revised"]["effect_interval"][1] < 0
     assert models["revised"]["served_identity_changed"] is True
+    served = {c["column"]: c for c in models["revised"]["served_identity"]}
+    assert (served["served_digest"]["from"], served["served_digest"]["to"]) == (["1" * 64], ["2" * 64])
+    assert served["served_model"]["changed"] is False and "system_fingerprint" not in served  # Ollama has none
     assert not models["steady"]["changed"] and models["steady"]["served_identity_changed"] is False
+    assert {c["column"]: c["changed"] for c in models["steady"]["served_identity"]} == {
+        "served_model": False, "system_fingerprint": False}  # OpenAI's wire: no digest
     table = run_irbench("waves", "--data", data, "--campaign", "wc", "--from", "1", "--to", "2")
     assert table.returncode == 0 and "wc: wave 1 -> wave 2" in table.stdout
+    assert "served_digest: " in next(line for line in table.stdout.splitlines() if "revised" in line)
     _one_error(run_irbench("waves", "--data", data, "--campaign", "wc", "--to", "3"), "has waves 1, 2, not 3")
     _one_error(run_irbench("waves", "--data", data, "--campaign", "nope"), "holds no runs of campaign 'nope'")
 

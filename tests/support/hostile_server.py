@@ -16,7 +16,8 @@ deep-answer              200, valid wire JSON; the answer is 100k ``[`` + 100k `
 big-body-<n>             200, a valid answer padded to n bytes (Content-Length set)
 big-answer-<n>           200, a valid wire body whose answer is n characters of IR-ish text
 retry-after-<v>          429 with ``Retry-After: <v>``
-echo-key                 200, the Authorization key inside content, reasoning and finish_reason
+echo-key                 200, the Authorization key inside content, reasoning and finish_reason, and
+                         as the answer's ``model`` with zero-width spaces between its characters
 echo-key-error           500 whose body echoes the key
 invalid-json             200, ``application/json`` that is not JSON
 html                     200, an HTML page
@@ -28,9 +29,12 @@ lone-surrogate           200, content, reasoning and an error-free IR whose id h
                          ``\ud800`` escapes (valid JSON, not valid Unicode once decoded)
 wrong-length             200, ``Content-Length: 5000`` then 40 bytes and a close
 hostile-identity         200, a valid IR whose ``model`` is 100k characters, ``system_fingerprint``
-                         echoes the key between control characters, ``digest`` is a number
+                         echoes the key between control characters and again hidden, ``digest``
+                         is a number
 endless-chunked          200, chunked, 64 KiB chunks forever (until the client hangs up)
 =======================  ==========================================================
+
+``GET /api/tags`` lists ``echo-key`` and ``echo-key--ollama`` with that hidden key as their digest.
 
 ``received`` lists every request (path, lower-cased headers, decoded JSON body), so a test can
 count what the endpoint saw as well as what the store holds. ``bytes_sent`` counts body bytes
@@ -64,17 +68,18 @@ class HostileServer:
         return sum(1 for r in self.received if r["body"].get("model") == model)
 
 
-def _wire(model: str, content: Any, *, ollama: bool, reasoning: str = "", finish: str = "stop") -> bytes:
+def _wire(model: str, content: Any, *, ollama: bool, reasoning: str = "", finish: str = "stop",
+          served: str | None = None) -> bytes:
     if ollama:
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if reasoning:
             message["thinking"] = reasoning
-        body: dict[str, Any] = {"model": model, "message": message, "done": True, "done_reason": finish}
+        body: dict[str, Any] = {"model": served or model, "message": message, "done": True, "done_reason": finish}
     else:
         message = {"role": "assistant", "content": content}
         if reasoning:
             message["reasoning_content"] = reasoning
-        body = {"model": model, "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+        body = {"model": served or model, "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
     return json.dumps(body).encode()
 
 
@@ -87,6 +92,17 @@ def _head(status: int, headers: dict[str, str]) -> bytes:
 def _simple(status: int, body: bytes, content_type: str = "application/json", **extra: str) -> bytes:
     headers = {"Content-Type": content_type, "Content-Length": str(len(body)), "Connection": "close", **extra}
     return _head(status, headers) + body
+
+
+def _hidden(key: str) -> str:
+    """``key`` with a zero-width space between its characters: whole again once they are dropped."""
+    return "\u200b".join(key)
+
+
+def _tags(key: str) -> bytes:
+    """``GET /api/tags``: the echo-key models listed with the key (hidden) as their digest."""
+    entries = [{"name": n, "model": n, "digest": _hidden(key)} for n in ("echo-key", "echo-key--ollama")]
+    return _simple(200, json.dumps({"models": entries}).encode())
 
 
 def _response(model: str, key: str, ollama: bool) -> bytes | None:  # noqa: C901  (one branch per hostile behaviour)
@@ -109,7 +125,8 @@ def _response(model: str, key: str, ollama: bool) -> bytes | None:  # noqa: C901
         return _simple(429, b'{"error": "slow down"}', **{"Retry-After": model.split("-", 2)[2]})
     if model == "echo-key":
         return _simple(
-            200, _wire(model, f"{IR_TEXT}\nyour key is {key}", ollama=ollama, reasoning=f"I saw {key}", finish=key)
+            200, _wire(model, f"{IR_TEXT}\nyour key is {key}", ollama=ollama, reasoning=f"I saw {key}", finish=key,
+                       served=_hidden(key))
         )
     if model == "echo-key-error":
         return _simple(500, json.dumps({"error": f"bad key {key}"}).encode())
@@ -131,7 +148,8 @@ def _response(model: str, key: str, ollama: bool) -> bytes | None:  # noqa: C901
         return _simple(200, _wire(model, text, ollama=ollama, reasoning="think \udfff"))
     if model == "hostile-identity":
         body = json.loads(_wire(model, IR_TEXT, ollama=ollama))
-        body.update(model="m" * 100_000, system_fingerprint=f"fp\x00\x1b[31m{key}\u2028end", digest=12345)
+        body.update(model="m" * 100_000, system_fingerprint=f"fp\x00\x1b[31m{key}\u2028end-{_hidden(key)}",
+                    digest=12345)
         return _simple(200, json.dumps(body).encode())
     if model == "wrong-length":
         return _head(200, {"Content-Type": "application/json", "Content-Length": "5000", "Connection": "close"}) + (
@@ -170,7 +188,7 @@ def _make_handler(state: HostileServer):  # type: ignore[no-untyped-def]
             state.received.append({"path": path, "headers": headers, "body": body})
             model = str(body.get("model", "ok")).split("--")[0]
             key = headers.get("authorization", "").removeprefix("Bearer ")
-            fixed = _response(model, key, path.startswith("/api/"))
+            fixed = _tags(key) if path.startswith("/api/tags") else _response(model, key, path.startswith("/api/"))
             if fixed is not None:
                 writer.write(fixed)
                 state.bytes_sent[model] += len(fixed)

@@ -114,7 +114,9 @@ def test_the_page_shows_the_figures_irbench_waves_prints(site) -> None:
         assert row["effect"] == f"{m['effect']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
         assert row["from"] == _jac(m["from"]) and row["to"] == _jac(m["to"])
         assert row["from-rank"] == str(m["from"]["rank"]) and row["to-rank"] == str(m["to"]["rank"])
-        assert row["served"] == {None: "unknown", True: "changed", False: "same"}[m["served_identity_changed"]]
+        changes = "; ".join(f"{c['column']}: {', '.join(c['from'])} → {', '.join(c['to'])}"
+                            for c in m["served_identity"] if c["changed"])
+        assert row["served"] == (changes or {None: "unknown", False: "same"}[m["served_identity_changed"]])
         assert row["retired"].startswith(f"{m['retired']['from']} → {m['retired']['to']}")
     revised = {m["model"]: m for m in c["models"]}[MODELS[0]]
     assert revised["changed"] and shown[MODELS[0]]["changed"] == "yes"

@@ -150,6 +150,9 @@ def test_echoed_key_in_a_200_answer_is_masked(server, tmp_path: Path, wire: str)
     assert KEY not in record.model_dump_json()
     assert SECRET_MARKER in (record.response_text or "") and SECRET_MARKER in (record.reasoning_text or "")
     assert record.finish_reason == SECRET_MARKER
+    # the key with zero-width spaces between its characters: masked once they are dropped
+    assert record.served_model == SECRET_MARKER
+    assert record.served_digest == (SECRET_MARKER if wire == "ollama" else None)  # Ollama's from /api/tags
     assert record.succeeded  # masking left the IR itself intact
 
 
@@ -213,4 +216,18 @@ def test_the_served_identity_is_bounded_masked_and_typed(server, tmp_path: Path,
     assert record.outcome is Outcome.OK and record.served_model == "m" * SERVED_IDENTITY_MAX_CHARS
     assert record.served_digest is None  # a number is not a digest
     # read wherever given: control characters dropped, the echoed key masked
-    assert record.system_fingerprint == f"fp[31m{SECRET_MARKER}end"
+    assert record.system_fingerprint == f"fp[31m{SECRET_MARKER}end-{SECRET_MARKER}"
+
+
+def test_a_served_identity_never_keeps_a_key_hidden_or_cut() -> None:
+    from storage.records import SERVED_IDENTITY_MAX_CHARS
+    from workers.providers._text import IDENTITY_SCAN_CHARS, identity_text
+
+    assert identity_text("\x00".join(KEY), [KEY]) == SECRET_MARKER  # whole once the NULs are gone
+    # the key straddles the end of what is read: no start of it is kept
+    cut = identity_text("\x00" * (IDENTITY_SCAN_CHARS - 10) + KEY, [KEY])
+    assert cut is None
+    tail = "v" * (IDENTITY_SCAN_CHARS - 10) + KEY
+    assert identity_text(tail, [KEY]) == "v" * SERVED_IDENTITY_MAX_CHARS
+    assert identity_text("v" * 190 + KEY, [KEY]) == "v" * 190 + SECRET_MARKER  # masked before the cut
+    assert identity_text("served-v2", [KEY]) == "served-v2" and identity_text("\x00\u200b", [KEY]) is None

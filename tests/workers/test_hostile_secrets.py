@@ -75,6 +75,9 @@ def _check_store(data: Path, expect_runs: int) -> None:
     answers = [r["response_text"] for r in rows if r["model"].startswith("echo-key--") or r["model"] == "echo-key"]
     assert len(answers) == 8
     assert answers and all(SECRET_MARKER in a for a in answers)  # the echo was there, and masked
+    echoed = [r for r in rows if r["model"] in ("echo-key", "echo-key--ollama")]
+    assert {r["served_model"] for r in echoed} == {SECRET_MARKER}  # the key hidden by zero-width spaces
+    assert {r["served_digest"] for r in echoed if r["model"] == "echo-key--ollama"} == {SECRET_MARKER}
 
 
 def _no_key(haystacks: list[str]) -> None:

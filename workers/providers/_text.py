@@ -7,7 +7,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from storage.records import ERROR_TEXT_MAX_CHARS, SERVED_IDENTITY_MAX_CHARS, Outcome
-from workers.secrets import mask_secrets
+from workers.secrets import MIN_SECRET_CHARS, mask_secrets
+
+#: How much of a served-identity value is read: a 100k-character ``model`` costs no more than this.
+IDENTITY_SCAN_CHARS = 16 * SERVED_IDENTITY_MAX_CHARS
 
 
 def storable(text: str) -> str:
@@ -30,14 +33,22 @@ def clip(text: str, secrets: Iterable[str | None] = ()) -> str:
 
 
 def identity_text(value: Any, secrets: Iterable[str | None] = ()) -> str | None:
-    """A served-identity field as stored: a string only (anything else is None), secrets masked,
-    valid Unicode, control characters dropped, at most ``SERVED_IDENTITY_MAX_CHARS``; "" -> None."""
+    """A served-identity field as stored: a string only (anything else is None), valid Unicode,
+    control characters dropped, secrets masked, at most ``SERVED_IDENTITY_MAX_CHARS``; "" -> None.
+
+    Characters are dropped before masking, since a key interleaved with control characters is whole
+    only once they are gone, and masking precedes the final cut, which could leave part of a key.
+    Only the first ``IDENTITY_SCAN_CHARS`` are read (the cost per answer stays bounded); when the
+    value is longer, what could be the start of a key at the end of that scan is dropped too."""
     if not isinstance(value, str):
         return None
-    # masked whole first: a cut could leave part of a key unmasked
-    masked = mask_secrets(value, secrets)[: 4 * SERVED_IDENTITY_MAX_CHARS]
-    text = "".join(ch for ch in storable(masked) if ch.isprintable())
-    return text[:SERVED_IDENTITY_MAX_CHARS] or None
+    keys = tuple(s for s in secrets if s and len(s) >= MIN_SECRET_CHARS)
+    text = storable(value[:IDENTITY_SCAN_CHARS])
+    if not text.isprintable():
+        text = "".join(ch for ch in text if ch.isprintable())
+    if len(value) > IDENTITY_SCAN_CHARS and keys:
+        text = text[: max(0, len(text) - max(map(len, keys)) + 1)]
+    return mask_secrets(text, keys)[:SERVED_IDENTITY_MAX_CHARS] or None
 
 
 def answer_outcome(finish_reason: str | None, answer: str) -> Outcome:
