@@ -152,7 +152,7 @@ def test_cli_commands(tmp_path: Path, artifact_dir: Path) -> None:
     assert bad.exit_code == 2 and "--base-url" in bad.output
     with start_background(_config()) as sim:
         ok = runner.invoke(app, ["availability", "check", "--data", str(data), "--models", "alive,ghost",
-                                 "--base-url", sim.base_url, "--timeout", "2"])
+                                 "--base-url", sim.base_url, "--timeout", "10"])
     assert ok.exit_code == 0, ok.output
     assert "available" in ok.output and "not_listed" in ok.output
     assert AvailabilityStore(data).read(sources=["check"]).num_rows == 2

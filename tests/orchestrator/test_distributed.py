@@ -143,8 +143,9 @@ def test_worker_killed_mid_campaign(live: Cluster, tmp_path: Path, per_message: 
     assert not summary.interrupted
     # the killed worker's acknowledged runs survive in its spool; its in-flight runs go again
     assert_every_run_stored(store, prepared, max_duplicates=RUN_SLOTS)
-    # its calls in flight too: the orchestrator publishes the dead worker's intents (worker_died)
-    assert_calls_equal_attempts(store, name, st, models)
+    # its calls in flight too: the orchestrator publishes the dead worker's intents (worker_died);
+    # a kill between an intent's fsync and its send stores an attempt the endpoint never saw
+    assert_calls_equal_attempts(store, name, st, models, unsent=RUN_SLOTS)
     outcomes = Counter(r.outcome.value for rs in records_by_model(store, name).values() for r in rs)
     assert outcomes == {"ok": 72}
     # bounded by the claim TTL (3 s) + reconcile interval, not a fixed horizon: the remaining
