@@ -16,7 +16,11 @@ NOTE_PREFIX = {"missing": "ℹ️ ", "warning": "⚠️ ", "info": ""}
 
 
 def _esc(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    """Table-cell text as Markdown that shows it verbatim: a pipe ends no cell, and a ``<`` opens
+    no HTML tag in a viewer that renders inline HTML (cells carry endpoint-given text, such as a
+    served model's name)."""
+    return (text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+            .replace("<", "&lt;").replace(">", "&gt;"))
 
 
 def _table(t: Table) -> str:

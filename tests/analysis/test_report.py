@@ -407,3 +407,17 @@ def test_leaderboard_rows_link_to_the_viewer(full_report) -> None:
     models = [m["model"] for m in pq.read_table(full_report[0] / "models.parquet").to_pylist()]
     assert [text for _, text in links] == models
     assert [href for href, _ in links] == [f"models/synth/{m}" for m in models]  # relative
+
+
+def test_markdown_cells_show_endpoint_text_verbatim_and_open_no_tag(tmp_path: Path) -> None:
+    """A served model's name is endpoint-given: in a Markdown cell it ends no cell and opens no HTML tag."""
+    from analysis.report.doc import Cell, Document, Section, Table
+    from analysis.report.md import render_md
+
+    hostile = 'gpt<img src=x onerror="alert(1)">|x'
+    table = Table(columns=("model",), rows=((Cell(hostile),),))
+    text, _ = render_md(Document(title="t", subtitle="s", sections=(Section(anchor="over-time", title="Over time", blocks=(table,)),)),
+                        tmp_path / "figures")
+    row = next(line for line in text.splitlines() if "gpt" in line)
+    assert "<img" not in text and "&lt;img" in row and "\\|x" in row
+    assert row.count(" | ") == 0 and row.startswith("| ") and row.endswith(" |")
