@@ -40,22 +40,25 @@ class RunBitmap:
             words[-1] = (1 << (size & 7)) - 1
         return cls(size, words)
 
+    def _checked(self, indices: np.ndarray) -> np.ndarray:
+        """``indices`` as int64, each in ``[0, size)`` (``IndexError`` otherwise)."""
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.size):
+            raise IndexError(f"index outside [0, {self.size})")
+        return idx
+
     def add(self, indices: np.ndarray) -> None:
         """Set the bits of ``indices`` (any order, repeats allowed; each in ``[0, size)``)."""
-        idx = np.asarray(indices, dtype=np.int64)
+        idx = self._checked(indices)
         if idx.size == 0:
             return
-        if idx.min() < 0 or idx.max() >= self.size:
-            raise IndexError(f"index outside [0, {self.size})")
         np.bitwise_or.at(self._words, idx >> 3, (np.uint8(1) << (idx & 7).astype(np.uint8)))
 
     def discard(self, indices: np.ndarray) -> None:
         """Clear the bits of ``indices`` (any order, repeats allowed; each in ``[0, size)``)."""
-        idx = np.asarray(indices, dtype=np.int64)
+        idx = self._checked(indices)
         if idx.size == 0:
             return
-        if idx.min() < 0 or idx.max() >= self.size:
-            raise IndexError(f"index outside [0, {self.size})")
         np.bitwise_and.at(self._words, idx >> 3, ~(np.uint8(1) << (idx & 7).astype(np.uint8)))
 
     def test(self, indices: np.ndarray) -> np.ndarray:
