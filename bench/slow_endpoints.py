@@ -155,6 +155,7 @@ def main() -> None:
     p.add_argument("--models", type=int, default=20)
     p.add_argument("--cap", type=int, default=50, help="each model's max_concurrency")
     p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--threads", type=int, default=None, help="threads per worker (default: the workers' DEFAULT_THREADS)")
     p.add_argument("--memory-budget-mib", type=int, default=None, help="IRBENCH_MEMORY_BUDGET_MIB (default: the workers')")
     p.add_argument("--run-slots", type=int, default=None, help="IRBENCH_RUN_SLOTS (default: the workers')")
     p.add_argument("--max-outstanding", type=int, default=None, help="CeleryOptions.max_outstanding (default: its own)")
@@ -184,7 +185,7 @@ def main() -> None:
                       for i in range(args.models))
         (tmp_path / "sim.toml").write_text("seed = 1\n" + sim)
         workers = args.workers if args.celery else 0
-        with BenchCluster(tmp_path / "sim.toml", workers=workers, concurrency=DEFAULT_THREADS, worker_env=env) as c:
+        with BenchCluster(tmp_path / "sim.toml", workers=workers, concurrency=args.threads or DEFAULT_THREADS, worker_env=env) as c:
             if args.celery:
                 run_celery(c, tmp_path, args, bound_s)
             if args.local:

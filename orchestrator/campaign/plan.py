@@ -31,7 +31,7 @@ import numpy as np
 from orchestrator.campaign.corpus import Corpus
 from orchestrator.campaign.instruction import Instruction
 from orchestrator.campaign.spec import CampaignSpec, ModelSpec
-from workers.runtask import RunTask
+from workers.runtask import ModelLimits, RunTask
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -200,6 +200,10 @@ class LazyPlan(Sequence[RunTask]):
     def spend_capped(self) -> bool:
         """Whether a spend cap covers any run of the plan (the campaign's or one model's)."""
         return any(m.fields["spend_capped"] for m in self._models)
+
+    def model_limits(self) -> dict[str, ModelLimits]:
+        """Each model's limits (spec order), without building a task."""
+        return {name: m.fields["limits"] for name, m in zip(self.models, self._models)}
 
     def planned_by_model(self) -> dict[str, int]:
         """Runs planned per model (spec order)."""

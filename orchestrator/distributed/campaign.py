@@ -5,7 +5,7 @@ campaign or the store:
 
 * **cancel** and **dispatch** (``dispatcher.Dispatcher``): never-dispatched runs of a cancelled
   campaign or an unavailable model are recorded ``cancelled``; pending runs go out while fewer
-  than ``max_outstanding`` are queued or running, due deferred runs go out again, poison runs
+  than the window (``max_outstanding``, or auto) are queued or running, due deferred runs go out again, poison runs
   are stored as ``worker_error``;
 * **progress** (``progress.ProgressView``) comes from the campaign's Redis counters (O(models));
 * **completion** (``completion.CompletionTracker``) reads the done log from a cursor (O(runs
@@ -34,7 +34,7 @@ from orchestrator.distributed.completion import CompletionTracker
 from orchestrator.distributed.context import CampaignContext
 from orchestrator.distributed.dispatcher import Dispatcher, RecordsFor
 from orchestrator.distributed.message_size import MessageSizer
-from orchestrator.distributed.options import CeleryOptions
+from orchestrator.distributed.options import CeleryOptions, window_runs
 from orchestrator.distributed.plan_view import PlanView
 from orchestrator.distributed.progress import CeleryModelProgress, CeleryProgressCallback, ProgressView
 from orchestrator.distributed.publisher import Publisher
@@ -85,7 +85,8 @@ class DistributedCampaign:
         b, plan = self.bundle, PlanView(self.prepared.tasks)
         self.campaign = self.prepared.spec.name
         self.ctx = CampaignContext(self.campaign, CampaignState(b.redis, self.campaign), plan,
-                                   self.options, b.clock, b.sleep)
+                                   self.options, b.clock, b.sleep,
+                                   window_runs=window_runs(self.options.max_outstanding, plan.allowed_calls()))
         self.planned = plan.planned()  # from the axes: no pass over the tasks
         sizer = MessageSizer(lambda: read_presence(b.redis), self.options.queue, b.clock)
         self.publisher = Publisher(self.ctx, b.broker, b.store_url or str(b.store.root), sizer)

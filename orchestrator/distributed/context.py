@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from orchestrator.distributed.options import CeleryOptions
+from orchestrator.distributed.options import AUTO_WINDOW_RUNS, CeleryOptions
 from orchestrator.distributed.plan_view import PlanView
 from workers.state.campaign_state import CampaignState
 from workers.state.redis_retry import with_retry
@@ -21,7 +21,8 @@ T = TypeVar("T")
 class CampaignContext:
     """``state``: the campaign's Redis state; ``plan``: the planned runs by index and those out;
     ``clock``/``sleep``: monotonic seconds and the sleep on them; ``deadline``: the clock
-    reading past which Redis calls stop retrying (None: retry forever), set when a run starts."""
+    reading past which Redis calls stop retrying (None: retry forever), set when a run starts;
+    ``window_runs``: the outstanding window (``options.window_runs`` of the options and the plan)."""
 
     campaign: str
     state: CampaignState
@@ -30,6 +31,7 @@ class CampaignContext:
     clock: Callable[[], float]
     sleep: Callable[[float], None]
     deadline: float | None = None
+    window_runs: int = AUTO_WINDOW_RUNS  # runs queued or executing at most (options.window_runs)
     # rides in every message this run sends and counts its executions apart from another orchestrator's
     dispatch: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 

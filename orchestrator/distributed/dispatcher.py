@@ -1,6 +1,6 @@
 """What a distributed campaign still has to send, and sending it.
 
-* **dispatch** publishes pending runs (models interleaved) while fewer than ``max_outstanding``
+* **dispatch** publishes pending runs (models interleaved) while fewer than the window (``max_outstanding``, or auto)
   are queued or running, and re-publishes deferred runs whose time has come
   (``DelayedRuns.pop_due``: the delayed set is ours, in Redis, not countdown messages inside
   workers that can die; a run due before the next look, at most ``poll_interval_s`` ahead, goes
@@ -162,7 +162,7 @@ class Dispatcher:
             self._publisher.send(tasks, self._tracker.pending_count, countdown_s=due)
             sent += len(tasks)
         if self.unsent and not self._all_closed:
-            room = max(options.max_outstanding - ctx.call(state.outstanding, "counting outstanding runs"), 0)
+            room = max(ctx.window_runs - ctx.call(state.outstanding, "counting outstanding runs"), 0)
             batch = self._window(room) if room else []
             self._publisher.send(batch, self._tracker.pending_count)
             sent += len(batch)

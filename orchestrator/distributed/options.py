@@ -26,10 +26,28 @@ ENV_VARS = {
 }
 
 
+#: the auto window's floor (runs queued or executing)
+AUTO_WINDOW_RUNS = 2000
+#: the auto window over the calls the campaign's models allow at once
+WINDOW_PER_CALL = 3
+
+
+def window_runs(max_outstanding: int, allowed_calls: int | None) -> int:
+    """Runs that may be queued or executing at once: ``max_outstanding`` when set (> 0); for
+    auto (0), ``AUTO_WINDOW_RUNS`` or ``WINDOW_PER_CALL`` x ``allowed_calls`` (the sum of the
+    models' ``max_concurrency``; None when a model has none), whichever is more."""
+    if max_outstanding > 0:
+        return max_outstanding
+    return max(AUTO_WINDOW_RUNS, WINDOW_PER_CALL * (allowed_calls or 0))
+
+
 @dataclass(frozen=True)
 class CeleryOptions:
     """``max_outstanding``: runs queued in the broker or executing at most (bounds broker memory
-    and the reconciler's broker listing; messages carry the prompt). ``dispatch_batch``:
+    and the reconciler's broker listing; messages carry the prompt). Default 0, auto
+    (:func:`window_runs`): ``AUTO_WINDOW_RUNS``, or three times the calls the campaign's models
+    allow at once when that is more, so the workers hold runs of every model beyond its
+    permits and a freed permit finds a run waiting (bench/slow_endpoints.py measures it). ``dispatch_batch``:
     messages per producer round. ``claim_ttl_s``: the workers' claim TTL: a running run whose
     claim expired, or a queued run the broker has lost for this long, is re-sent (so
     recovery after a worker SIGKILL or a Redis restart takes ~claim TTL + reconcile interval).
@@ -56,7 +74,7 @@ class CeleryOptions:
     workers do; 0 leaves the collector alone).
     """
 
-    max_outstanding: int = 2000
+    max_outstanding: int = 0  # 0: auto (window_runs)
     dispatch_batch: int = 100
     claim_ttl_s: float = 30.0
     reconcile_interval_s: float = 5.0
@@ -75,8 +93,11 @@ class CeleryOptions:
         for name in ("claim_ttl_s", "reconcile_interval_s", "poll_interval_s", "verify_grace_s", "visibility_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 s, got {getattr(self, name)}")
-        if min(self.max_task_failures, self.max_outstanding, self.dispatch_batch) < 1:
-            raise ConfigError("max_task_failures, max_outstanding and dispatch_batch must be >= 1")
+        if min(self.max_task_failures, self.dispatch_batch) < 1:
+            raise ConfigError("max_task_failures and dispatch_batch must be >= 1")
+        if self.max_outstanding < 0:
+            raise ConfigError(f"IRBENCH_MAX_OUTSTANDING / --max-outstanding must be >= 1, or 0 for auto "
+                              f"(sized to the calls the models allow), got {self.max_outstanding}")
         if self.runs_per_message < 0:
             raise ConfigError(f"IRBENCH_RUNS_PER_MESSAGE / --runs-per-message must be >= 1, or 0 for auto "
                               f"(sized to the live workers), got {self.runs_per_message}")

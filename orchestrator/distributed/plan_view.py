@@ -54,6 +54,20 @@ class PlanView:
         """model -> runs planned (from the axes of a ``LazyPlan``)."""
         return planned_models(self.tasks)
 
+    def allowed_calls(self) -> int | None:
+        """Calls the planned models allow at once: the sum of their ``max_concurrency`` (None
+        when a model sets none, or the plan is empty)."""
+        if self._lazy is not None:
+            limits = self._lazy.model_limits() if len(self._lazy) else {}
+        else:
+            limits = {}
+            for t in self.tasks:
+                limits.setdefault(t.model, t.limits)
+        caps = [m.max_concurrency for m in limits.values()]
+        if not caps or any(c is None for c in caps):
+            return None
+        return sum(c for c in caps if c is not None)
+
     def spend_capped(self) -> bool:
         """Whether a spend cap covers any planned run."""
         if self._lazy is not None:

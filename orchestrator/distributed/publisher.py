@@ -7,6 +7,7 @@ per message, so a poison run cannot take its message-mates with it more than onc
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -26,6 +27,9 @@ log = structlog.get_logger("irbench.celery")
 
 #: a countdown shorter than this (seconds) is no countdown
 _NO_WAIT_S = 0.001
+#: runs due within this many seconds of each other share a message, sent with the latest
+#: countdown of them (late, never early: a reserved rate slot is never run into early)
+COUNTDOWN_STEP_S = 0.1
 
 
 class Publisher:
@@ -44,7 +48,8 @@ class Publisher:
 
     def send(self, tasks: Sequence[RunTask], runs_left: int, countdown_s: dict[str, float] | None = None) -> None:
         """First sends of ``tasks`` (``runs_left``: the campaign's runs still pending, for the
-        auto size); a run in ``countdown_s`` (run_id -> seconds) goes alone, with that countdown."""
+        auto size); runs in ``countdown_s`` (run_id -> seconds) go with their countdown, those
+        due together in one message (``_messages``)."""
         if tasks:
             self._publish(tasks, self._runs_per_message(runs_left), countdown_s or {}, first=True)
 
@@ -83,7 +88,7 @@ class Publisher:
         options = self._ctx.options
         if options.runs_per_message != AUTO:
             return options.runs_per_message
-        return self._sizer.size(min(options.max_outstanding, runs_left))
+        return self._sizer.size(min(self._ctx.window_runs, runs_left))
 
     def _send(self, producer: Any, group: list[RunTask], wait_s: float) -> None:
         # argsrepr: Celery's default is a saferepr of the whole task JSON, ~a quarter of the
@@ -102,10 +107,19 @@ class Publisher:
 
 def _messages(batch: list[RunTask], k: int, countdown_s: dict[str, float]) -> list[tuple[list[RunTask], float]]:
     """``batch`` as broker messages: groups of up to ``k`` runs in dispatch order (``k`` is
-    1 for re-sent runs); a run with a countdown alone. The plan interleaves
+    1 for re-sent runs); runs with a countdown grouped by it, in steps of ``COUNTDOWN_STEP_S``
+    (a deferred run sent alone would take a worker thread for one call). The plan interleaves
     the models, so a message holds runs of several models, whose permits do not compete,
     and the worker runs them concurrently: a model waiting on its limit holds one run slot
     per waiting run, never the others' runs."""
-    alone = [([t], countdown_s[t.run_id]) for t in batch if countdown_s.get(t.run_id, 0.0) > _NO_WAIT_S]
-    rest = [t for t in batch if countdown_s.get(t.run_id, 0.0) <= _NO_WAIT_S]
-    return alone + [(rest[i : i + k], 0.0) for i in range(0, len(rest), k)]
+    steps: dict[int, list[RunTask]] = {}
+    rest = []
+    for t in batch:
+        wait_s = countdown_s.get(t.run_id, 0.0)
+        if wait_s > _NO_WAIT_S:
+            steps.setdefault(math.ceil(wait_s / COUNTDOWN_STEP_S), []).append(t)
+        else:
+            rest.append(t)
+    waiting = [(group[i : i + k], step * COUNTDOWN_STEP_S) for step, group in sorted(steps.items())
+               for i in range(0, len(group), k)]
+    return waiting + [(rest[i : i + k], 0.0) for i in range(0, len(rest), k)]

@@ -48,6 +48,16 @@ class Deferred(Exception):
         self.reserved = reserved
 
 
+class MessageCalls:
+    """How many runs of one broker message hold a permit (granted, not yet through
+    ``execute_run``). While any does, the message's task thread is held by it anyway, so a
+    sibling's wait for a concurrency permit costs no thread and need not defer. Touched only
+    on the worker's event loop."""
+
+    def __init__(self) -> None:
+        self.calling = 0
+
+
 class PermitRegistry(Protocol):
     """What the limiter reports held permits to (the worker runtime: its heartbeat renews them)."""
 
@@ -82,7 +92,8 @@ class DeferringLimiter:
     """
 
     def __init__(self, inner: RedisLimiter, gate: RedisGate, runtime: PermitRegistry, *,
-                 first: Permit | None = None, release_later: bool = False, release_grace_s: float = 0.05) -> None:
+                 first: Permit | None = None, release_later: bool = False, release_grace_s: float = 0.05,
+                 message: MessageCalls | None = None) -> None:
         self._inner, self._gate, self._rt = inner, gate, runtime
         self._max_wait_s = runtime.settings.max_wait_s
         self._min_defer_s = runtime.settings.min_defer_s
@@ -96,6 +107,8 @@ class DeferringLimiter:
         self._lock = threading.Lock()  # the loop and the task thread both take the noted release
         self._noted: tuple[Permit, int | None] | None = None
         self._flushes: set[asyncio.Task[None]] = set()
+        self._message = message
+        self._calling = False  # counted in message.calling
 
     async def acquire(self, model: str, limits: ModelLimits, holder: str, cost_tokens: int) -> Permit:
         self._acquisitions += 1
@@ -112,7 +125,7 @@ class DeferringLimiter:
                 late_s = self._late_s(permit)
                 if late_s is None and cooling_s <= 0:
                     self._rt.hold_permit(permit)
-                    return permit
+                    return self._granted(permit)
                 log.info("permit_regranted", model=model, late_s=round(late_s or 0.0, 3),
                          cooling_s=round(cooling_s, 3), regrant=0)
             await self._release_now(first)
@@ -125,6 +138,8 @@ class DeferringLimiter:
                 permit, cooling_s = await self._admit(permit)
             except WaitBudgetExceeded as exc:
                 d = exc.decision
+                if d.reason == CONCURRENCY and self._siblings_calling():
+                    continue  # the message's thread is held by a sibling's call: waiting costs no thread
                 if d.reason == CONCURRENCY:  # the wait is an upper bound: a release comes sooner
                     raise Deferred(self._min_defer_s, d.reason) from None
                 raise Deferred(d.wait_s, d.reason, reserved=d.reserved_at_s is not None) from None
@@ -136,7 +151,7 @@ class DeferringLimiter:
             cooling_s = max(cooling_s, self._rt.cooldowns.remaining_s(model))
             late_s = self._late_s(permit)
             if cooling_s <= 0 and (late_s is None or regrant >= self._max_regrants):
-                return permit
+                return self._granted(permit)
             # CPU starvation: the grant is older than the limiter's jitter allowance, so sending
             # now could put one request too many into the provider's window; or a 429 started a
             # cooldown after the grant. Give it back (its rate slot stays spent: never a burst)
@@ -146,6 +161,23 @@ class DeferringLimiter:
                      cooling_s=round(cooling_s, 3), regrant=regrant + 1)
             await self._release_now(permit)
             regrant += 1
+
+    def _granted(self, permit: Permit) -> Permit:
+        if self._message is not None and not self._calling:
+            self._calling = True
+            self._message.calling += 1
+        return permit
+
+    def _siblings_calling(self) -> bool:
+        """Whether another run of this run's message holds a permit (this one holds none while
+        it waits for its first)."""
+        return self._message is not None and self._message.calling > (1 if self._calling else 0)
+
+    def through(self) -> None:
+        """The run is through ``execute_run``: it no longer holds its message's thread."""
+        if self._message is not None and self._calling:
+            self._calling = False
+            self._message.calling -= 1
 
     async def _sit_out_outage(self, exc: Exception, since: float | None) -> float:
         """Redis could not grant or admit. The first permit defers (nothing called yet: the run

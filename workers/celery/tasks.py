@@ -35,7 +35,9 @@ The claims of the runs that get a slot together, and the appends and done marker
 that finish together, go out together (``workers.celery.coalesce``): under load, one fsync (in
 a thread) and one ``EVALSHA`` (on the loop's async client) for many runs.
 
-A permit that is not available within a second or two *defers* the run: it is parked in the
+A permit that is not available within a second or two (``max_wait_s``; for a concurrency
+permit, that long after the last of the message's other calls is through: until then the
+message holds its thread anyway) *defers* the run: it is parked in the
 campaign's delayed set in Redis and its claim dropped (the message is still acknowledged, so no
 deferred run waits inside a worker that can die); the orchestrator re-publishes it when due.
 When the limiter reserved a rate slot for the run, the delay is exactly the time to that slot;
@@ -65,7 +67,7 @@ from workers.state.campaign_state import CampaignState
 from workers.state.run_claims import CLAIMED
 from workers.state.claim_permit import Claimed
 from workers.celery.coalesce import Coalescer
-from workers.celery.deferring import Deferred, DeferringLimiter
+from workers.celery.deferring import Deferred, DeferringLimiter, MessageCalls
 from workers.state.gate import RedisGate
 from workers.state.spend_counters import RedisSpendMeter
 from workers.celery.message import decode_runs
@@ -97,6 +99,7 @@ class _Run:
     failure: str | None = None  # the execution raised: the failure's text
     held: list[tuple[Permit, int | None]] = field(default_factory=list)  # permits still to release
     dispatch: str = ""  # the token of the orchestrator run that sent the message
+    message: MessageCalls | None = None  # shared by the runs of one delivered message
 
     @property
     def result(self) -> str:
@@ -223,7 +226,7 @@ async def _call(rt: WorkerRuntime, run: _Run, claimed: Claimed, data_dir: str | 
     assert claimed.view is not None
     gate = RedisGate(run.state, disable_after_consecutive=task.retry.disable_after_consecutive, async_client=rt.aredis)
     gate.prime(task.model, claimed.view)  # read with the claim: execute_run's first check is answered here
-    limiter = DeferringLimiter(rt.limiter, gate, rt, first=claimed.permit, release_later=True)
+    limiter = DeferringLimiter(rt.limiter, gate, rt, first=claimed.permit, release_later=True, message=run.message)
     journal = _RunJournal(rt, data_dir) if rt.settings.intent_journal else None
     try:
         spend = RedisSpendMeter(run.state.base, rt.aredis) if task.spend_capped else None
@@ -238,6 +241,7 @@ async def _call(rt: WorkerRuntime, run: _Run, claimed: Claimed, data_dir: str | 
         if journal is not None:
             await journal.forget()
     finally:
+        limiter.through()
         run.held = limiter.take_unreleased()
 
 
@@ -317,11 +321,12 @@ def run_message(holder: RuntimeHolder, hostname: str, tasks: Sequence[RunTask], 
     rt = holder.get()
     token = uuid.uuid4().hex[:12]
     states: dict[str, CampaignState] = {}
+    message = MessageCalls()
     runs = []
     for i, task in enumerate(tasks):
         if task.campaign not in states:
             states[task.campaign] = CampaignState(rt.redis, task.campaign, prefix=f"{rt.settings.key_prefix}:camp")
-        runs.append(_Run(task, states[task.campaign], f"{hostname}:{token}.{i}", dispatch=dispatch))
+        runs.append(_Run(task, states[task.campaign], f"{hostname}:{token}.{i}", dispatch=dispatch, message=message))
     try:
         rt.spool(data_dir)  # a data dir problem raises here, before anything is claimed or called
     except Exception as exc:
