@@ -4,6 +4,7 @@
         env = s3.env()                              # AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...
         ...
         s3.stop(kill=True); s3.start()              # same ports and data: a crash and a restart
+        s3.send_signal(signal.SIGSTOP)              # unreachable (connections hang) until SIGCONT
 
 For the tests and the benchmarks: the bucket is created at start with one credential pair
 (``access_key`` / ``secret_key``, random unless given). Stops the server on exit.
@@ -115,6 +116,13 @@ class SeaweedServer(ChildServer):
             return True
         except (BotoCoreError, ClientError):
             return False
+
+    def send_signal(self, sig: int) -> None:
+        """Send ``sig`` to the server's process group (SIGSTOP / SIGCONT: an object store that
+        accepts connections but answers nothing, then carries on)."""
+        if self._proc is None:
+            raise SeaweedServerError("weed mini is not running")
+        os.killpg(self._proc.pid, sig)
 
     def stop(self, *, kill: bool = False) -> None:
         """Stop the server (SIGKILL if ``kill``, else SIGTERM with a SIGKILL fallback)."""

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -20,9 +19,6 @@ from deploy.seaweed_server import SeaweedServer
 from orchestrator.campaign.prepared import prepare
 from orchestrator.campaign.spec import load_campaign
 from simulator.config import SimModel
-from storage.objectstore.location import S3Location
-from storage.objectstore.session import BucketOptions, BucketSession
-from storage.runs import RunStore
 from tests.support.distributed import (
     WORKER_ENV,
     assert_calls_equal_attempts,
@@ -32,19 +28,11 @@ from tests.support.distributed import (
     stats,
     wait_for,
 )
+from tests.support.bucket_cluster import reader
 from tests.support.paths import REPO
 from tests.support import forked
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
-
-
-def _fresh_copy(s3: SeaweedServer, url: str, cache: Path, monkeypatch: pytest.MonkeyPatch) -> RunStore:
-    """What a new machine reads from the bucket: a mirror pulled into an empty cache."""
-    for name, value in s3.env().items():
-        monkeypatch.setenv(name, value)
-    bucket, _, prefix = url[len("s3://"):].partition("/")
-    session = BucketSession(S3Location(bucket, prefix), BucketOptions(cache_dir=cache, push_interval_s=0)).open()
-    return RunStore(session.root)
 
 
 def _irbench(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
@@ -82,7 +70,7 @@ def test_a_campaign_on_a_bucket_survives_a_worker_kill_and_an_object_store_crash
             assert url in out
             time.sleep(1.5)  # the workers' uploaders drain (a duplicate execution may still finish)
         st = stats(server.base_url)
-        store = _fresh_copy(s3, url, tmp_path / "cache-reader", monkeypatch)
+        store = reader(s3, url, tmp_path / "cache-reader", monkeypatch)
         prepared = prepare(load_campaign(camp))
         assert_every_run_stored(store, prepared, max_duplicates=4)
         assert_calls_equal_attempts(store, "bucketc", st, ["slow"])  # the killed worker's calls: worker_died

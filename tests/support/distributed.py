@@ -110,14 +110,17 @@ def stats(base_url: str) -> dict:
         return json.load(resp)["models"]
 
 
-def executions_per_run(store: RunStore) -> Counter[str]:
+def executions_per_run(store: RunStore, campaign: str | None = None) -> Counter[str]:
     """Distinct executions per run_id over every published file, read one by one (NOT the
-    deduplicating reader): what the endpoint's calls must be matched against."""
+    deduplicating reader): what the endpoint's calls must be matched against. ``campaign``: only
+    its rows (a store several campaigns share)."""
     seen: set[tuple[str, str]] = set()
     for f in sorted((store.root / "runs").rglob("*.parquet")):
         if not f.name.startswith("."):
-            t = pq.read_table(f, columns=["run_id", "execution_id"])
-            seen.update(zip(t.column("run_id").to_pylist(), t.column("execution_id").to_pylist()))
+            t = pq.read_table(f, columns=["run_id", "execution_id", "campaign"])
+            rows = zip(t.column("run_id").to_pylist(), t.column("execution_id").to_pylist(),
+                       t.column("campaign").to_pylist())
+            seen.update((r, e) for r, e, c in rows if campaign is None or c == campaign)
     return Counter(r for r, _ in seen)
 
 
@@ -132,7 +135,7 @@ def attempts_by_model(store: RunStore, campaign: str) -> Counter[str]:
 
 def assert_every_run_stored(store: RunStore, prepared: PreparedCampaign, *, max_duplicates: int = 0) -> Counter[str]:
     """Every planned run has at least one execution; at most ``max_duplicates`` have more."""
-    execs = executions_per_run(store)
+    execs = executions_per_run(store, prepared.spec.name)
     planned = {t.run_id for t in prepared.tasks}
     assert set(execs) == planned, f"missing {len(planned - set(execs))}, extra {len(set(execs) - planned)}"
     dup = {r: n for r, n in execs.items() if n != 1}
