@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,14 +54,21 @@ def _check_stored(cluster: BucketCluster, name: str, camp: Path, base_url: str, 
     return {m: st[m]["requests"] for m in models}
 
 
+def _under_way(cluster: BucketCluster, tmp_path: Path, name: str, base_url: str) -> tuple[Path, Any]:
+    """A campaign of 80 runs on the bucket, its orchestrator started and 20 calls made; the
+    campaign file and the orchestrator process."""
+    camp = make_campaign(tmp_path, name, base_url, {f"{name}-{m}": {} for m in MODELS}, prompts=10, runs=4)
+    orch = orchestrate(cluster, camp, tmp_path / "cache-orch")
+    wait_for(lambda: orch.poll() is None and _calls(base_url, name) >= 20 or orch.poll() is not None, 60,
+             "calls under way")
+    assert orch.poll() is None, orch.communicate()
+    return camp, orch
+
+
 def test_redis_restart_mid_campaign_on_a_bucket(bucket_live: BucketCluster, tmp_path: Path, monkeypatch) -> None:  # noqa: F811
     name = "br"
     with sim({f"{name}-{m}": SimModel(latency_ms_median=60, latency_sigma=0.1) for m in MODELS}) as s:
-        camp = make_campaign(tmp_path, name, s.base_url, {f"{name}-{m}": {} for m in MODELS}, prompts=10, runs=4)
-        orch = orchestrate(bucket_live, camp, tmp_path / "cache-orch")
-        wait_for(lambda: orch.poll() is None and _calls(s.base_url, name) >= 20 or orch.poll() is not None, 60,
-                 "calls under way")
-        assert orch.poll() is None, orch.communicate()
+        camp, orch = _under_way(bucket_live, tmp_path, name, s.base_url)
         bucket_live.redis.restart(kill=True)  # SIGKILL: AOF (fsync always) carries the campaign and the upload log
         at_restart, t_restart = _calls(s.base_url, name), time.monotonic()
         out, err = orch.communicate(timeout=120)
@@ -99,11 +107,7 @@ def test_object_store_unreachable_mid_campaign(bucket_live: BucketCluster, tmp_p
                                                outage_s: float) -> None:
     name = f"bo-{how}{int(outage_s)}"
     with sim({f"{name}-{m}": SimModel(latency_ms_median=60, latency_sigma=0.1) for m in MODELS}) as s:
-        camp = make_campaign(tmp_path, name, s.base_url, {f"{name}-{m}": {} for m in MODELS}, prompts=10, runs=4)
-        orch = orchestrate(bucket_live, camp, tmp_path / "cache-orch")
-        wait_for(lambda: orch.poll() is None and _calls(s.base_url, name) >= 20 or orch.poll() is not None, 60,
-                 "calls under way")
-        assert orch.poll() is None, orch.communicate()
+        camp, orch = _under_way(bucket_live, tmp_path, name, s.base_url)
         at_stop = _calls(s.base_url, name)
 
         def still_running() -> None:
